@@ -1,0 +1,146 @@
+// rdmaxx/completion_queue.hpp: CompletionChannel (ibv_create_comp_channel(3)) and
+// CompletionQueue (ibv_create_cq(3), ibv_poll_cq(3), ibv_req_notify_cq(3)).
+//
+// Lifetime: both borrow their Context; a CQ borrows its channel; QueuePairs borrow their CQs.
+// Destroy QPs, then CQs, then channels.
+#pragma once
+
+#include "detail/handle.hpp"
+#include "device.hpp"
+#include "error.hpp"
+
+#include <poll.h>
+
+#include <chrono>
+#include <cstddef>
+#include <span>
+
+namespace rdmaxx {
+
+/// A completion event channel: lets a CompletionQueue be waited on instead of busy-polled.
+class CompletionChannel {
+public:
+  CompletionChannel() noexcept = default;
+
+  /// ibv_create_comp_channel. Errors: errc::null_handle, errno (EMFILE, ENOMEM).
+  [[nodiscard]] static result<CompletionChannel> create(const Context &ctx) noexcept {
+    if (!ctx) return make_error_code(errc::null_handle);
+    detail::parent_node *node = detail::new_parent_node();
+    if (!node) return std::make_error_code(std::errc::not_enough_memory);
+    ibv_comp_channel *ch = ::ibv_create_comp_channel(ctx.native_handle());
+    if (!ch) {
+      const auto ec = last_errno();
+      delete node;
+      return ec;
+    }
+    CompletionChannel c;
+    c.h_ = detail::handle<traits>(ch, ctx.h_.node(), node);
+    return c;
+  }
+  [[nodiscard]] ibv_comp_channel *native_handle() const noexcept { return h_.get(); }
+  [[nodiscard]] explicit operator bool() const noexcept { return bool(h_); }
+  [[nodiscard]] int fd() const noexcept { return h_ ? h_.get()->fd : -1; }
+
+private:
+  struct traits {
+    using native = ibv_comp_channel;
+    static constexpr const char *object = "CompletionChannel";
+    static constexpr const char *verb = "ibv_destroy_comp_channel";
+    static constexpr bool is_parent = true;
+    static int destroy(native *c) noexcept { return ::ibv_destroy_comp_channel(c); }
+  };
+  friend class CompletionQueue;
+  detail::handle<traits> h_;
+};
+
+class CompletionQueue {
+public:
+  CompletionQueue() noexcept = default;
+
+  /// ibv_create_cq with at least `cqe` entries, optionally attached to `channel` for wait().
+  /// Errors: errc::null_handle, errc::zero_length (cqe 0), errno of ibv_create_cq (EINVAL: cqe
+  /// above the device's max_cqe, ENOMEM).
+  [[nodiscard]] static result<CompletionQueue> create(const Context &ctx, int cqe,
+                                                      const CompletionChannel *channel = nullptr) noexcept {
+    if (!ctx || (channel && !*channel)) return make_error_code(errc::null_handle);
+    if (cqe <= 0) return make_error_code(errc::zero_length);
+    detail::parent_node *node = detail::new_parent_node();
+    if (!node) return std::make_error_code(std::errc::not_enough_memory);
+    ibv_cq *cq = ::ibv_create_cq(ctx.native_handle(), cqe, nullptr,
+                                 channel ? channel->native_handle() : nullptr, 0);
+    if (!cq) {
+      const auto ec = last_errno();
+      delete node;
+      return ec;
+    }
+    CompletionQueue q;
+    q.channel_link_ = detail::child_link(channel ? channel->h_.node() : nullptr);
+    q.h_ = detail::handle<traits>(cq, ctx.h_.node(), node);
+    return q;
+  }
+
+  [[nodiscard]] ibv_cq *native_handle() const noexcept { return h_.get(); }
+  [[nodiscard]] explicit operator bool() const noexcept { return bool(h_); }
+  [[nodiscard]] int capacity() const noexcept { return h_ ? h_.get()->cqe : 0; }
+
+  /// ibv_poll_cq into `out`: the number of completions written (0 when none). Fast path: inline,
+  /// no allocation, no check of the handle. Each completion carries its own status: turn it
+  /// into an error_code with wc_error(). Errors: errno when the provider reports a CQ failure
+  /// (e.g. an overrun on some providers).
+  [[nodiscard]] result<std::size_t> poll(std::span<ibv_wc> out) noexcept {
+    const int n = ::ibv_poll_cq(h_.get(), int(out.size()), out.data());
+    if (n < 0) [[unlikely]] return errno_code(n);
+    return std::size_t(n);
+  }
+
+  /// Wait up to `timeout` for completions and poll them into `out` (needs a channel):
+  /// poll; if empty, arm (ibv_req_notify_cq), poll again to close the race, then wait on the
+  /// channel fd (poll(2)), ibv_get_cq_event + ibv_ack_cq_events, and poll. Returns the number
+  /// written (>= 1). Errors: errc::wrong_state (no channel), errc::timeout, errno of the verbs.
+  [[nodiscard]] result<std::size_t> wait(std::span<ibv_wc> out,
+                                         std::chrono::milliseconds timeout) noexcept {
+    if (!h_) return make_error_code(errc::null_handle);
+    ibv_comp_channel *ch = h_.get()->channel;
+    if (!ch) return make_error_code(errc::wrong_state);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      RDMAXX_TRY(n, poll(out));
+      if (n) return n;
+      if (const int rc = ::ibv_req_notify_cq(h_.get(), 0)) return errno_code(rc);
+      RDMAXX_TRY(m, poll(out));
+      if (m) return m;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return make_error_code(errc::timeout);
+      pollfd p{ch->fd, POLLIN, 0};
+      const int pr = ::poll(&p, 1, int(left.count()));
+      if (pr < 0 && errno != EINTR) return last_errno();
+      if (pr <= 0) continue; // timeout or EINTR: the loop re-checks the deadline
+      ibv_cq *ev_cq = nullptr;
+      void *ev_ctx = nullptr;
+      if (::ibv_get_cq_event(ch, &ev_cq, &ev_ctx)) return last_errno();
+      ::ibv_ack_cq_events(ev_cq, 1);
+    }
+  }
+
+  /// Destroy now (ibv_destroy_cq). Errors: errc::busy while QPs use it, errno of ibv_destroy_cq.
+  result<void> destroy() noexcept {
+    RDMAXX_TRYV(h_.destroy());
+    channel_link_.drop();
+    return success();
+  }
+
+private:
+  struct traits {
+    using native = ibv_cq;
+    static constexpr const char *object = "CompletionQueue";
+    static constexpr const char *verb = "ibv_destroy_cq";
+    static constexpr bool is_parent = true;
+    static int destroy(native *c) noexcept { return ::ibv_destroy_cq(c); }
+  };
+  friend class QueuePair;
+  detail::child_link channel_link_; // released after the CQ is destroyed
+  detail::handle<traits> h_;
+};
+
+} // namespace rdmaxx

@@ -1,0 +1,59 @@
+// rdmaxx/detail/pages.hpp: page-aligned anonymous memory owned by an allocate-and-register MR.
+#pragma once
+
+#include "handle.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <utility>
+
+namespace rdmaxx::detail {
+
+/// An anonymous private mapping: huge pages (MAP_HUGETLB) when the length is a multiple of the
+/// 2 MiB huge page size and the system has them reserved, normal pages otherwise.
+class owned_pages {
+public:
+  owned_pages() noexcept = default;
+  owned_pages(owned_pages &&) noexcept = default;
+  owned_pages &operator=(owned_pages &&o) noexcept {
+    owned_pages tmp(std::move(o));
+    std::swap(p_, tmp.p_);
+    std::swap(len_, tmp.len_);
+    std::swap(huge_, tmp.huge_);
+    return *this;
+  }
+  ~owned_pages() {
+    if (void *p = p_.release()) ::munmap(p, len_);
+  }
+
+  static constexpr std::size_t huge_page_size = std::size_t(2) << 20;
+
+  /// mmap. Errors: errno of mmap (ENOMEM).
+  [[nodiscard]] static result<owned_pages> map(std::size_t length) noexcept {
+    const std::size_t page = std::size_t(::sysconf(_SC_PAGESIZE));
+    if (length % huge_page_size == 0) {
+      void *p = ::mmap(nullptr, length, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+      if (p != MAP_FAILED) return owned_pages(p, length, true);
+    }
+    const std::size_t len = (length + page - 1) / page * page;
+    void *p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return last_errno();
+    return owned_pages(p, len, false);
+  }
+
+  [[nodiscard]] void *data() const noexcept { return p_.get(); }
+  [[nodiscard]] std::size_t mapped_length() const noexcept { return len_; }
+  [[nodiscard]] bool huge() const noexcept { return huge_; }
+  [[nodiscard]] explicit operator bool() const noexcept { return p_.get() != nullptr; }
+
+private:
+  owned_pages(void *p, std::size_t len, bool huge) noexcept : p_(p), len_(len), huge_(huge) {}
+  moved_ptr<void> p_;
+  std::size_t len_ = 0;
+  bool huge_ = false;
+};
+
+} // namespace rdmaxx::detail

@@ -1,0 +1,233 @@
+// rdmaxx/device.hpp: the device list, the device Context and its Capabilities.
+//
+// Lifetime: a Context is the root parent. ProtectionDomains, CompletionQueues and
+// CompletionChannels borrow it and must be destroyed first (see detail/handle.hpp).
+#pragma once
+
+#include "detail/handle.hpp"
+#include "error.hpp"
+
+#include <infiniband/verbs.h>
+#if RDMAXX_HAVE_MLX5
+#include <infiniband/mlx5dv.h>
+#endif
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <span>
+#include <string_view>
+
+namespace rdmaxx {
+
+/// The RDMA devices present (ibv_get_device_list(3)); owns the list, frees it on destruction.
+class DeviceList {
+public:
+  DeviceList() noexcept = default;
+
+  /// ibv_get_device_list. Errors: the errno of ibv_get_device_list (ENOSYS: no kernel support,
+  /// EPERM). An empty list is not an error.
+  [[nodiscard]] static result<DeviceList> get() noexcept {
+    int n = 0;
+    ibv_device **l = ::ibv_get_device_list(&n);
+    if (!l) return last_errno();
+    return DeviceList(l, n);
+  }
+
+  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+  [[nodiscard]] bool empty() const noexcept { return n_ == 0; }
+  [[nodiscard]] ibv_device *operator[](std::size_t i) const noexcept { return h_.get()[i]; }
+  [[nodiscard]] std::span<ibv_device *const> devices() const noexcept { return {h_.get(), n_}; }
+  [[nodiscard]] ibv_device **native_handle() const noexcept { return h_.get(); }
+  /// The device called `name`, or nullptr.
+  [[nodiscard]] ibv_device *find(std::string_view name) const noexcept {
+    for (ibv_device *d : devices())
+      if (name == ::ibv_get_device_name(d)) return d;
+    return nullptr;
+  }
+
+private:
+  struct traits {
+    using native = ibv_device *;
+    static constexpr const char *object = "DeviceList";
+    static constexpr const char *verb = "ibv_free_device_list";
+    static constexpr bool is_parent = false;
+    static int destroy(native *l) noexcept { ::ibv_free_device_list(l); return 0; }
+  };
+  DeviceList(ibv_device **l, int n) noexcept : h_(l, nullptr, nullptr), n_(std::size_t(n)) {}
+  detail::handle<traits> h_;
+  std::size_t n_ = 0;
+};
+
+/// Yes / no / not known (a capability verbs does not report and that was not probed).
+enum class tristate : std::uint8_t { unknown, no, yes };
+
+/// What a device can do for memory registration, windows and indirect keys.
+struct Capabilities {
+  char name[IBV_SYSFS_NAME_MAX] = {};
+  std::uint32_t vendor_id = 0;
+  std::uint32_t vendor_part_id = 0;
+  std::uint8_t phys_port_cnt = 0;
+  bool mw_type1 = false;   ///< IBV_DEVICE_MEM_WINDOW
+  bool mw_type2a = false;  ///< IBV_DEVICE_MEM_WINDOW_TYPE_2A
+  bool mw_type2b = false;  ///< IBV_DEVICE_MEM_WINDOW_TYPE_2B
+  std::uint32_t max_mw = 0;
+  std::uint32_t max_mr = 0;
+  std::uint64_t max_mr_size = 0;
+  std::uint32_t max_sge = 0;
+  std::uint32_t max_qp_wr = 0;
+  std::uint32_t max_cqe = 0;
+  std::uint32_t max_qp_rd_atom = 0;
+  bool atomics = false;    ///< atomic_cap != IBV_ATOMIC_NONE
+  /// Largest max_inline_data a RC QP accepted when probed (verbs does not report it);
+  /// 0 when not probed or the probe failed.
+  std::uint32_t max_inline_data = 0;
+  bool mlx5dv = false;     ///< mlx5dv_is_supported (false when built without the mlx5 option)
+  /// ibv_rereg_mr works here: probed by re-registering a scratch MR with unchanged access.
+  tristate native_rereg = tristate::unknown;
+};
+
+/// Which live probes query_capabilities runs (each creates and destroys scratch objects).
+struct probe_options {
+  bool inline_data = true;
+  bool native_rereg = true;
+};
+
+/// An open device (ibv_open_device(3)).
+class Context {
+public:
+  Context() noexcept = default;
+
+  /// ibv_open_device. Errors: the errno of ibv_open_device (ENOMEM, EPERM, ...).
+  [[nodiscard]] static result<Context> open(ibv_device *dev) noexcept {
+    if (!dev) return make_error_code(errc::no_device);
+    detail::parent_node *node = detail::new_parent_node();
+    if (!node) return std::make_error_code(std::errc::not_enough_memory);
+    ibv_context *c = ::ibv_open_device(dev);
+    if (!c) {
+      const auto ec = last_errno();
+      delete node;
+      return ec;
+    }
+    return Context(c, node);
+  }
+  /// Open the device called `name`. Errors: errc::no_device when absent, then as open().
+  [[nodiscard]] static result<Context> open(std::string_view name) noexcept {
+    RDMAXX_TRY(list, DeviceList::get());
+    return open(list.find(name));
+  }
+  /// Open the first device. Errors: errc::no_device when there is none, then as open().
+  [[nodiscard]] static result<Context> open_first() noexcept {
+    RDMAXX_TRY(list, DeviceList::get());
+    return open(list.empty() ? nullptr : list[0]);
+  }
+
+  [[nodiscard]] ibv_context *native_handle() const noexcept { return h_.get(); }
+  [[nodiscard]] explicit operator bool() const noexcept { return bool(h_); }
+  [[nodiscard]] std::string_view name() const noexcept {
+    return h_ ? ::ibv_get_device_name(h_.get()->device) : std::string_view{};
+  }
+  /// Close now (ibv_close_device) and report the outcome. Errors: errc::busy while children live.
+  result<void> close() noexcept { return h_.destroy(); }
+
+  /// ibv_query_port. Errors: errc::null_handle, errno of ibv_query_port (EINVAL: bad port).
+  [[nodiscard]] result<ibv_port_attr> query_port(std::uint8_t port = 1) const noexcept {
+    if (!h_) return make_error_code(errc::null_handle);
+    ibv_port_attr a{};
+    if (const int rc = ::ibv_query_port(h_.get(), port, &a)) return errno_code(rc);
+    return a;
+  }
+  /// ibv_query_gid. Errors: errc::null_handle, errno of ibv_query_gid.
+  [[nodiscard]] result<ibv_gid> query_gid(std::uint8_t port, int index) const noexcept {
+    if (!h_) return make_error_code(errc::null_handle);
+    ibv_gid g{};
+    if (::ibv_query_gid(h_.get(), port, index, &g)) return last_errno();
+    return g;
+  }
+
+  /// ibv_query_device_ex, plus the live probes chosen in `probes` (scratch PD, CQ, QP and MR,
+  /// destroyed before returning). Errors: errc::null_handle, errno of ibv_query_device_ex.
+  /// Allocates only inside verbs (the probes' scratch objects).
+  [[nodiscard]] result<Capabilities> query_capabilities(probe_options probes = {}) const noexcept {
+    if (!h_) return make_error_code(errc::null_handle);
+    ibv_device_attr_ex ax{};
+    if (const int rc = ::ibv_query_device_ex(h_.get(), nullptr, &ax)) return errno_code(rc);
+    const ibv_device_attr &a = ax.orig_attr;
+    Capabilities c;
+    const std::string_view n = name();
+    n.copy(c.name, sizeof c.name - 1);
+    c.vendor_id = a.vendor_id;
+    c.vendor_part_id = a.vendor_part_id;
+    c.phys_port_cnt = a.phys_port_cnt;
+    c.mw_type1 = (a.device_cap_flags & IBV_DEVICE_MEM_WINDOW) != 0;
+    c.mw_type2a = (a.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2A) != 0;
+    c.mw_type2b = (a.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0;
+    c.max_mw = std::uint32_t(a.max_mw);
+    c.max_mr = std::uint32_t(a.max_mr);
+    c.max_mr_size = a.max_mr_size;
+    c.max_sge = std::uint32_t(a.max_sge);
+    c.max_qp_wr = std::uint32_t(a.max_qp_wr);
+    c.max_cqe = std::uint32_t(a.max_cqe);
+    c.max_qp_rd_atom = std::uint32_t(a.max_qp_rd_atom);
+    c.atomics = a.atomic_cap != IBV_ATOMIC_NONE;
+#if RDMAXX_HAVE_MLX5
+    c.mlx5dv = ::mlx5dv_is_supported(h_.get()->device);
+#endif
+    if (probes.inline_data || probes.native_rereg) probe(c, probes);
+    return c;
+  }
+
+private:
+  struct traits {
+    using native = ibv_context;
+    static constexpr const char *object = "Context";
+    static constexpr const char *verb = "ibv_close_device";
+    static constexpr bool is_parent = true;
+    static int destroy(native *c) noexcept { return ::ibv_close_device(c); }
+  };
+  Context(ibv_context *c, detail::parent_node *node) noexcept : h_(c, nullptr, node) {}
+
+  // The live probes use raw verbs: they run once, off the fast path, on scratch objects.
+  [[gnu::cold]] void probe(Capabilities &c, probe_options probes) const noexcept {
+    ibv_pd *pd = ::ibv_alloc_pd(h_.get());
+    if (!pd) return;
+    if (probes.inline_data) {
+      if (ibv_cq *cq = ::ibv_create_cq(h_.get(), 1, nullptr, nullptr, 0)) {
+        for (std::uint32_t want : {1024u, 512u, 256u, 128u, 64u, 32u}) {
+          ibv_qp_init_attr ia{};
+          ia.send_cq = ia.recv_cq = cq;
+          ia.qp_type = IBV_QPT_RC;
+          ia.cap = {1, 1, 1, 1, want};
+          if (ibv_qp *qp = ::ibv_create_qp(pd, &ia)) {
+            c.max_inline_data = ia.cap.max_inline_data;
+            ::ibv_destroy_qp(qp);
+            break;
+          }
+        }
+        ::ibv_destroy_cq(cq);
+      }
+    }
+    if (probes.native_rereg) {
+      void *buf = std::aligned_alloc(4096, 4096);
+      const int acc = IBV_ACCESS_LOCAL_WRITE;
+      if (ibv_mr *mr = buf ? ::ibv_reg_mr(pd, buf, 4096, acc) : nullptr) {
+        errno = 0;
+        const int rc = ::ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, acc);
+        if (rc == 0)
+          c.native_rereg = tristate::yes;
+        else if (rc == IBV_REREG_MR_ERR_CMD && detail::is_unsupported_errno(errno))
+          c.native_rereg = tristate::no;
+        ::ibv_dereg_mr(mr);
+      }
+      std::free(buf);
+    }
+    ::ibv_dealloc_pd(pd);
+  }
+
+  friend class ProtectionDomain;
+  friend class CompletionQueue;
+  friend class CompletionChannel;
+  detail::handle<traits> h_;
+};
+
+} // namespace rdmaxx

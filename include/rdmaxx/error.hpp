@@ -1,0 +1,451 @@
+// rdmaxx/error.hpp: the error model of rdmaxx.
+//
+// Every fallible call returns result<T> (Boost.Outcome's std_result over std::error_code,
+// [[nodiscard]] by construction). Codes come from five places:
+//   - errno from a verb: generic_category, built by errno_code() / last_errno();
+//   - what rdmaxx itself detects: rdmaxx::errc in rdmaxx::error_category();
+//   - a failed work completion: ibv_wc_status in rdmaxx::wc_category();
+//   - a failed QP state transition: qp_transition_category(), which names the transition and
+//     the attribute together with the errno;
+//   - a failed re-registration: rereg_category(), which says which MR is left valid.
+// All of them map to portable std::errc conditions, and every "this device does not support it"
+// answer compares equal to rdmaxx::condition::unsupported (see is_unsupported()).
+#pragma once
+
+#include <boost/outcome/std_result.hpp>
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <system_error>
+#include <utility>
+
+namespace rdmaxx {
+
+namespace outcome = BOOST_OUTCOME_V2_NAMESPACE;
+
+namespace detail {
+#if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
+// .value() on a failed result throws std::system_error (Outcome's default): the caller's choice.
+template <class T>
+using result_policy = outcome::policy::default_policy<T, std::error_code, void>;
+#else
+// Without exceptions, .value() on a failed result terminates; no boost::throw_exception needed.
+template <class T>
+using result_policy = outcome::policy::terminate;
+#endif
+} // namespace detail
+
+/// The result of every fallible rdmaxx call: a T or a std::error_code. [[nodiscard]].
+/// rdmaxx itself never calls .value() on a failed result: it throws nothing.
+template <class T>
+using result = outcome::std_result<T, std::error_code, detail::result_policy<T>>;
+
+using outcome::success;
+
+// Propagate a failure from a function that itself returns a result. Our own macros, because
+// BOOST_OUTCOME_TRY changed meaning between Boost 1.74 and 1.76.
+#define RDMAXX_CAT2_(a, b) a##b
+#define RDMAXX_CAT_(a, b) RDMAXX_CAT2_(a, b)
+/// RDMAXX_TRYV(expr): return expr's error if it failed.
+#define RDMAXX_TRYV(...)                                                                        \
+  do {                                                                                         \
+    auto &&rdmaxx_try_r_ = (__VA_ARGS__);                                                      \
+    if (!rdmaxx_try_r_) [[unlikely]] return rdmaxx_try_r_.error();                             \
+  } while (0)
+/// RDMAXX_TRY(var, expr): return expr's error if it failed, else bind its value to `var`.
+#define RDMAXX_TRY(var, ...)                                                                   \
+  auto &&RDMAXX_CAT_(rdmaxx_try_, __LINE__) = (__VA_ARGS__);                                   \
+  if (!RDMAXX_CAT_(rdmaxx_try_, __LINE__)) [[unlikely]]                                        \
+    return RDMAXX_CAT_(rdmaxx_try_, __LINE__).error();                                         \
+  auto &&var = std::move(RDMAXX_CAT_(rdmaxx_try_, __LINE__)).assume_value()
+
+/// What rdmaxx detects on its own, before or after calling verbs.
+enum class errc : int {
+  invalid_argument = 1,      ///< an argument is malformed (see the more specific codes)
+  null_address,              ///< a null address where memory is required
+  zero_length,               ///< an empty range where a non-empty one is required
+  remote_write_needs_local_write,   ///< IBV_ACCESS_REMOTE_WRITE without IBV_ACCESS_LOCAL_WRITE
+  remote_atomic_needs_local_write,  ///< IBV_ACCESS_REMOTE_ATOMIC without IBV_ACCESS_LOCAL_WRITE
+  unknown_access_flag,       ///< an access bit this library does not know
+  out_of_range,              ///< a range or index lies outside its object or limit
+  wrong_state,               ///< the object is not in a state that allows the operation
+  null_handle,               ///< the handle is empty (moved from or never created)
+  unusable,                  ///< the object was left unusable; it can only be destroyed
+  busy,                      ///< the object still has dependants (children, bound windows)
+  unsupported,               ///< the device or build does not support the operation
+  pd_mismatch,               ///< objects that must share a protection domain do not
+  no_device,                 ///< no RDMA device (of that name) is present
+  timeout,                   ///< a bounded wait ran out
+  nothing_to_change,         ///< a modification call that asks for no change
+  missing_access,            ///< a region lacks an access right the operation needs
+  too_many_entries,          ///< more entries than the object or device allows
+  verb_failed_without_errno, ///< a verb reported failure but left errno at 0
+  malformed_input,           ///< bytes received from a peer do not decode
+  wrong_version,             ///< bytes received from a peer carry an unknown version
+};
+
+namespace detail {
+class rdmaxx_category_impl final : public std::error_category {
+public:
+  const char *name() const noexcept override { return "rdmaxx"; }
+  std::string message(int c) const override {
+    switch (static_cast<errc>(c)) {
+    case errc::invalid_argument: return "invalid argument";
+    case errc::null_address: return "null address: a registered range needs real memory";
+    case errc::zero_length: return "zero length: the range must not be empty";
+    case errc::remote_write_needs_local_write:
+      return "invalid access: remote write requires local write";
+    case errc::remote_atomic_needs_local_write:
+      return "invalid access: remote atomic requires local write";
+    case errc::unknown_access_flag: return "invalid access: unknown access flag bit";
+    case errc::out_of_range: return "out of range: the range does not lie inside its object";
+    case errc::wrong_state: return "wrong state for this operation";
+    case errc::null_handle: return "null handle (moved from or never created)";
+    case errc::unusable: return "object is unusable after a failed operation; it can only be destroyed";
+    case errc::busy: return "object is still in use by dependent objects";
+    case errc::unsupported: return "operation not supported by this device or build";
+    case errc::pd_mismatch: return "objects belong to different protection domains";
+    case errc::no_device: return "no such RDMA device";
+    case errc::timeout: return "timed out";
+    case errc::nothing_to_change: return "nothing to change: no modification was requested";
+    case errc::missing_access: return "the region lacks an access right this operation needs";
+    case errc::too_many_entries: return "too many entries for this object or device";
+    case errc::verb_failed_without_errno: return "a verb failed without setting errno";
+    case errc::malformed_input: return "malformed input";
+    case errc::wrong_version: return "input has an unsupported version";
+    }
+    return "unknown rdmaxx error";
+  }
+  std::error_condition default_error_condition(int c) const noexcept override {
+    switch (static_cast<errc>(c)) {
+    case errc::out_of_range: return std::errc::result_out_of_range;
+    case errc::wrong_state:
+    case errc::unusable: return std::errc::operation_not_permitted;
+    case errc::busy: return std::errc::device_or_resource_busy;
+    case errc::unsupported: return std::errc::operation_not_supported;
+    case errc::no_device: return std::errc::no_such_device;
+    case errc::timeout: return std::errc::timed_out;
+    case errc::missing_access: return std::errc::permission_denied;
+    case errc::too_many_entries: return std::errc::argument_list_too_long;
+    case errc::malformed_input:
+    case errc::wrong_version: return std::errc::bad_message;
+    case errc::verb_failed_without_errno: return std::errc::io_error;
+    default: return std::errc::invalid_argument;
+    }
+  }
+};
+} // namespace detail
+
+/// The category of rdmaxx::errc.
+inline const std::error_category &error_category() noexcept {
+  static const detail::rdmaxx_category_impl c;
+  return c;
+}
+inline std::error_code make_error_code(errc e) noexcept {
+  return {static_cast<int>(e), error_category()};
+}
+
+// ---------------------------------------------------------------------------------------------
+// errno from verbs
+
+/// An errno value (as returned by a verb, or read from errno) as a std::error_code.
+/// errno 0 after a reported failure becomes errc::verb_failed_without_errno.
+[[nodiscard]] inline std::error_code errno_code(int e) noexcept {
+  if (e < 0) e = -e; // some verbs return -errno
+  if (e == 0) return make_error_code(errc::verb_failed_without_errno);
+  return {e, std::generic_category()};
+}
+/// The current errno as a std::error_code (call right after the failing verb).
+[[nodiscard]] inline std::error_code last_errno() noexcept { return errno_code(errno); }
+
+// ---------------------------------------------------------------------------------------------
+// work completions
+
+namespace detail {
+class wc_category_impl final : public std::error_category {
+public:
+  const char *name() const noexcept override { return "ibv_wc_status"; }
+  std::string message(int c) const override {
+    return ibv_wc_status_str(static_cast<ibv_wc_status>(c));
+  }
+  std::error_condition default_error_condition(int c) const noexcept override {
+    switch (static_cast<ibv_wc_status>(c)) {
+    case IBV_WC_SUCCESS: return {};
+    case IBV_WC_REM_ACCESS_ERR:
+    case IBV_WC_LOC_PROT_ERR:
+    case IBV_WC_MW_BIND_ERR:
+    case IBV_WC_LOC_ACCESS_ERR: return std::errc::permission_denied;
+    case IBV_WC_WR_FLUSH_ERR: return std::errc::operation_canceled;
+    case IBV_WC_RETRY_EXC_ERR:
+    case IBV_WC_RNR_RETRY_EXC_ERR:
+    case IBV_WC_RESP_TIMEOUT_ERR: return std::errc::timed_out;
+    case IBV_WC_LOC_LEN_ERR:
+    case IBV_WC_REM_INV_REQ_ERR:
+    case IBV_WC_REM_INV_RD_REQ_ERR: return std::errc::invalid_argument;
+    default: return std::errc::io_error;
+    }
+  }
+};
+} // namespace detail
+
+/// The category of work-completion status codes (message from ibv_wc_status_str).
+inline const std::error_category &wc_category() noexcept {
+  static const detail::wc_category_impl c;
+  return c;
+}
+/// A completion status as an error_code; IBV_WC_SUCCESS gives the empty (success) code.
+[[nodiscard]] inline std::error_code wc_error(ibv_wc_status s) noexcept {
+  if (s == IBV_WC_SUCCESS) return {};
+  return {static_cast<int>(s), wc_category()};
+}
+[[nodiscard]] inline std::error_code wc_error(const ibv_wc &wc) noexcept { return wc_error(wc.status); }
+
+// ---------------------------------------------------------------------------------------------
+// conditions
+
+/// Error conditions that group codes from several categories.
+enum class condition : int {
+  unsupported = 1, ///< the device, provider or build does not support the operation
+};
+
+namespace detail {
+[[nodiscard]] inline bool is_unsupported_errno(int e) noexcept {
+  // EOPNOTSUPP (== ENOTSUP on Linux) is what providers answer; ENOSYS and EPROTONOSUPPORT
+  // come from missing kernel or provider entry points; EAFNOSUPPORT from missing transports.
+  return e == EOPNOTSUPP || e == ENOTSUP || e == ENOSYS || e == EPROTONOSUPPORT || e == EAFNOSUPPORT;
+}
+class condition_category_impl final : public std::error_category {
+public:
+  const char *name() const noexcept override { return "rdmaxx.condition"; }
+  std::string message(int c) const override {
+    return c == static_cast<int>(condition::unsupported) ? "not supported by this device"
+                                                         : "unknown condition";
+  }
+  bool equivalent(const std::error_code &ec, int cond) const noexcept override;
+};
+} // namespace detail
+
+inline const std::error_category &condition_category() noexcept {
+  static const detail::condition_category_impl c;
+  return c;
+}
+inline std::error_condition make_error_condition(condition c) noexcept {
+  return {static_cast<int>(c), condition_category()};
+}
+
+} // namespace rdmaxx
+
+template <> struct std::is_error_code_enum<rdmaxx::errc> : std::true_type {};
+template <> struct std::is_error_condition_enum<rdmaxx::condition> : std::true_type {};
+
+namespace rdmaxx {
+
+/// True for every "not supported by this device/provider/build" answer, whichever category
+/// carries it: EOPNOTSUPP and relatives from verbs, rdmaxx::errc::unsupported, and the same
+/// errno inside a qp_transition or rereg code. Equivalent to ec == condition::unsupported.
+[[nodiscard]] inline bool is_unsupported(const std::error_code &ec) noexcept {
+  return ec == condition::unsupported;
+}
+
+// ---------------------------------------------------------------------------------------------
+// QP transitions: the code packs the target state, the attribute blamed and the errno, so a
+// failed connect says "INIT->RTR: IBV_QP_PATH_MTU: Invalid argument" and still compares equal to
+// std::errc::invalid_argument.
+
+namespace detail {
+[[nodiscard]] inline const char *qp_state_name(int s) noexcept {
+  switch (s) {
+  case IBV_QPS_RESET: return "RESET";
+  case IBV_QPS_INIT: return "INIT";
+  case IBV_QPS_RTR: return "RTR";
+  case IBV_QPS_RTS: return "RTS";
+  case IBV_QPS_SQD: return "SQD";
+  case IBV_QPS_SQE: return "SQE";
+  case IBV_QPS_ERR: return "ERR";
+  default: return "?";
+  }
+}
+[[nodiscard]] inline const char *qp_attr_name(int bit) noexcept {
+  switch (bit) {
+  case -1: return "attribute not identified";
+  case 0: return "IBV_QP_STATE";
+  case 1: return "IBV_QP_CUR_STATE";
+  case 2: return "IBV_QP_EN_SQD_ASYNC_NOTIFY";
+  case 3: return "IBV_QP_ACCESS_FLAGS";
+  case 4: return "IBV_QP_PKEY_INDEX";
+  case 5: return "IBV_QP_PORT";
+  case 6: return "IBV_QP_QKEY";
+  case 7: return "IBV_QP_AV";
+  case 8: return "IBV_QP_PATH_MTU";
+  case 9: return "IBV_QP_TIMEOUT";
+  case 10: return "IBV_QP_RETRY_CNT";
+  case 11: return "IBV_QP_RNR_RETRY";
+  case 12: return "IBV_QP_RQ_PSN";
+  case 13: return "IBV_QP_MAX_QP_RD_ATOMIC";
+  case 14: return "IBV_QP_ALT_PATH";
+  case 15: return "IBV_QP_MIN_RNR_TIMER";
+  case 16: return "IBV_QP_SQ_PSN";
+  case 17: return "IBV_QP_MAX_DEST_RD_ATOMIC";
+  case 18: return "IBV_QP_PATH_MIG_STATE";
+  case 19: return "IBV_QP_CAP";
+  case 20: return "IBV_QP_DEST_QPN";
+  default: return "IBV_QP_?";
+  }
+}
+// value layout: bits 0..15 errno, 16..23 attribute bit + 1 (0 = not identified), 24..27 from,
+// 28..30 to.
+class qp_transition_category_impl final : public std::error_category {
+public:
+  const char *name() const noexcept override { return "rdmaxx.qp_transition"; }
+  std::string message(int v) const override {
+    std::string m = qp_state_name((v >> 24) & 0xf);
+    m += "->";
+    m += qp_state_name((v >> 28) & 0x7);
+    m += " failed: ";
+    m += qp_attr_name(((v >> 16) & 0xff) - 1);
+    m += ": ";
+    m += std::generic_category().message(v & 0xffff);
+    return m;
+  }
+  std::error_condition default_error_condition(int v) const noexcept override {
+    return {v & 0xffff, std::generic_category()};
+  }
+};
+} // namespace detail
+
+inline const std::error_category &qp_transition_category() noexcept {
+  static const detail::qp_transition_category_impl c;
+  return c;
+}
+/// A failed ibv_modify_qp from state `from` to `to`; attr_bit is the index of the IBV_QP_* mask
+/// bit blamed (log2 of the flag), or -1 when no single attribute could be identified.
+[[nodiscard]] inline std::error_code qp_transition_error(ibv_qp_state from, ibv_qp_state to,
+                                                         int attr_bit, int err) noexcept {
+  if (err < 0) err = -err;
+  if (err == 0) err = EIO;
+  const int v = (err & 0xffff) | (((attr_bit + 1) & 0xff) << 16) | ((int(from) & 0xf) << 24) |
+                ((int(to) & 0x7) << 28);
+  return {v, qp_transition_category()};
+}
+/// The attribute bit blamed in a qp_transition code (-1 when none or another category).
+[[nodiscard]] inline int qp_transition_attribute(const std::error_code &ec) noexcept {
+  if (ec.category() != qp_transition_category()) return -1;
+  return ((ec.value() >> 16) & 0xff) - 1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Re-registration: which memory region a failed rereg left behind (ibv_rereg_mr(3)).
+
+/// What a failed re-registration left in the MemoryRegion handle.
+enum class rereg_state : int {
+  old_valid = 1,   ///< nothing changed: the MR is still the old, valid registration
+  new_valid = 2,   ///< the new registration is in place and valid (-3: fork of old range failed)
+  unusable = 3,    ///< the MR can only be deregistered (-4, -5)
+};
+
+namespace detail {
+// value layout: bits 0..15 errno, 16..19 rereg_state, 20..23 -(ibv_rereg_mr return) (0 = none)
+class rereg_category_impl final : public std::error_category {
+public:
+  const char *name() const noexcept override { return "rdmaxx.rereg"; }
+  std::string message(int v) const override {
+    std::string m = "re-registration failed";
+    if (const int rc = (v >> 20) & 0xf) {
+      static const char *const names[] = {"", "IBV_REREG_MR_ERR_INPUT", "IBV_REREG_MR_ERR_DONT_FORK_NEW",
+                                          "IBV_REREG_MR_ERR_DO_FORK_OLD", "IBV_REREG_MR_ERR_CMD",
+                                          "IBV_REREG_MR_ERR_CMD_AND_DO_FORK_NEW"};
+      m += " (";
+      m += rc <= 5 ? names[rc] : "?";
+      m += ")";
+    }
+    switch (static_cast<rereg_state>((v >> 16) & 0xf)) {
+    case rereg_state::old_valid: m += "; the old MR is unchanged and valid"; break;
+    case rereg_state::new_valid: m += "; the new MR is in place and valid"; break;
+    case rereg_state::unusable: m += "; the MR is unusable and can only be deregistered"; break;
+    }
+    m += ": ";
+    m += std::generic_category().message(v & 0xffff);
+    return m;
+  }
+  std::error_condition default_error_condition(int v) const noexcept override {
+    return {v & 0xffff, std::generic_category()};
+  }
+};
+} // namespace detail
+
+inline const std::error_category &rereg_category() noexcept {
+  static const detail::rereg_category_impl c;
+  return c;
+}
+/// A failed re-registration: the state left behind, the ibv_rereg_mr return code (0 when the
+/// failure came from the replacement path) and the errno.
+[[nodiscard]] inline std::error_code rereg_error(rereg_state s, int verb_rc, int err) noexcept {
+  if (err < 0) err = -err;
+  if (err == 0) err = EIO;
+  const int v = (err & 0xffff) | ((int(s) & 0xf) << 16) | (((-verb_rc) & 0xf) << 20);
+  return {v, rereg_category()};
+}
+/// The state a failed rereg left, or old_valid for any code that is not a rereg code (every
+/// other rdmaxx failure changes nothing).
+[[nodiscard]] inline rereg_state rereg_state_of(const std::error_code &ec) noexcept {
+  if (ec.category() != rereg_category()) return rereg_state::old_valid;
+  return static_cast<rereg_state>((ec.value() >> 16) & 0xf);
+}
+
+inline bool detail::condition_category_impl::equivalent(const std::error_code &ec,
+                                                        int cond) const noexcept {
+  if (cond != static_cast<int>(condition::unsupported)) return false;
+  if (ec.category() == rdmaxx::error_category()) return ec.value() == static_cast<int>(errc::unsupported);
+  if (ec.category() == std::generic_category() || ec.category() == std::system_category())
+    return is_unsupported_errno(ec.value());
+  if (ec.category() == qp_transition_category() || ec.category() == rereg_category())
+    return is_unsupported_errno(ec.value() & 0xffff);
+  return false;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Destruction failures: destructors cannot return errors, so they report them here.
+
+/// What a destructor could not do.
+struct destroy_failure {
+  const char *object;        ///< "ProtectionDomain", "MemoryRegion", ...
+  const char *verb;          ///< the verb that failed or was withheld, e.g. "ibv_dealloc_pd"
+  std::error_code error;     ///< errno of the verb, or errc::busy when children are alive
+  unsigned live_children;    ///< children still alive (the object was left allocated for them)
+};
+
+using destroy_failure_handler = void (*)(const destroy_failure &) noexcept;
+
+namespace detail {
+inline void default_destroy_failure_handler(const destroy_failure &f) noexcept {
+  if (f.live_children != 0)
+    std::fprintf(stderr,
+                 "rdmaxx: %s destroyed while %u child object(s) still use it; %s was not called "
+                 "and the %s is left allocated so the children stay valid. Destroy children "
+                 "before their parent.\n",
+                 f.object, f.live_children, f.verb, f.object);
+  else
+    std::fprintf(stderr, "rdmaxx: %s failed while destroying a %s: %s\n", f.verb, f.object,
+                 f.error.message().c_str());
+}
+inline std::atomic<destroy_failure_handler> &destroy_failure_hook() noexcept {
+  static std::atomic<destroy_failure_handler> h{&default_destroy_failure_handler};
+  return h;
+}
+[[gnu::cold]] inline void report_destroy_failure(const destroy_failure &f) noexcept {
+  destroy_failure_hook().load(std::memory_order_acquire)(f);
+}
+} // namespace detail
+
+/// Install the handler that destructors call when a destroy verb fails or is withheld because
+/// children are alive. Returns the previous handler. The default prints one line to stderr.
+inline destroy_failure_handler set_destroy_failure_handler(destroy_failure_handler h) noexcept {
+  if (h == nullptr) h = &detail::default_destroy_failure_handler;
+  return detail::destroy_failure_hook().exchange(h, std::memory_order_acq_rel);
+}
+
+} // namespace rdmaxx

@@ -1,0 +1,59 @@
+// rdmaxx/protection_domain.hpp: ProtectionDomain (ibv_alloc_pd(3)).
+//
+// Lifetime: borrows its Context. MemoryRegions, MemoryWindows and QueuePairs borrow the PD and
+// must be destroyed before it; destroying it earlier is reported (detail/handle.hpp), not leaked
+// silently.
+#pragma once
+
+#include "detail/handle.hpp"
+#include "device.hpp"
+#include "error.hpp"
+
+namespace rdmaxx {
+
+class ProtectionDomain {
+public:
+  ProtectionDomain() noexcept = default;
+
+  /// ibv_alloc_pd. Errors: errc::null_handle (empty context), errno of ibv_alloc_pd (ENOMEM).
+  [[nodiscard]] static result<ProtectionDomain> alloc(const Context &ctx) noexcept {
+    if (!ctx) return make_error_code(errc::null_handle);
+    detail::parent_node *node = detail::new_parent_node();
+    if (!node) return std::make_error_code(std::errc::not_enough_memory);
+    ibv_pd *pd = ::ibv_alloc_pd(ctx.native_handle());
+    if (!pd) {
+      const auto ec = last_errno();
+      delete node;
+      return ec;
+    }
+    return ProtectionDomain(pd, ctx.h_.node(), node);
+  }
+
+  [[nodiscard]] ibv_pd *native_handle() const noexcept { return h_.get(); }
+  [[nodiscard]] explicit operator bool() const noexcept { return bool(h_); }
+  [[nodiscard]] ibv_context *context() const noexcept { return h_ ? h_.get()->context : nullptr; }
+  /// Objects (MRs, MWs, QPs) that still use this PD.
+  [[nodiscard]] std::uint32_t live_children() const noexcept { return h_.live_children(); }
+  /// ibv_dealloc_pd now. Errors: errc::busy while children live (nothing is called), errno of
+  /// ibv_dealloc_pd. On failure the PD stays valid.
+  result<void> dealloc() noexcept { return h_.destroy(); }
+
+private:
+  struct traits {
+    using native = ibv_pd;
+    static constexpr const char *object = "ProtectionDomain";
+    static constexpr const char *verb = "ibv_dealloc_pd";
+    static constexpr bool is_parent = true;
+    static int destroy(native *p) noexcept { return ::ibv_dealloc_pd(p); }
+  };
+  ProtectionDomain(ibv_pd *pd, detail::parent_node *parent, detail::parent_node *node) noexcept
+      : h_(pd, parent, node) {}
+  friend class MemoryRegion;
+  friend class MemoryWindow;
+  friend class QueuePair;
+  friend class IndirectKey;
+  [[nodiscard]] detail::parent_node *node() const noexcept { return h_.node(); }
+  detail::handle<traits> h_;
+};
+
+} // namespace rdmaxx

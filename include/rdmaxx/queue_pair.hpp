@@ -1,0 +1,479 @@
+// rdmaxx/queue_pair.hpp: reliable-connected QueuePair (ibv_create_qp_ex(3), ibv_modify_qp(3)),
+// its connection, and the send batch (ibv_wr_start(3) .. ibv_wr_complete) and post_recv.
+//
+// Lifetime: borrows its ProtectionDomain and both CompletionQueues (destroy the QP first).
+// Type-2 memory windows bound through a QP count as its children: destroy or invalidate them
+// before the QP (rxe blocks for ~50 s destroying a QP with a bound type-2 window).
+#pragma once
+
+#include "completion_queue.hpp"
+#include "detail/flags.hpp"
+#include "detail/handle.hpp"
+#include "error.hpp"
+#include "protection_domain.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace rdmaxx {
+
+/// Work-request flags (enum ibv_send_flags).
+enum class send_flag : unsigned {
+  fence = IBV_SEND_FENCE,
+  signaled = IBV_SEND_SIGNALED,
+  solicited = IBV_SEND_SOLICITED,
+  inline_data = IBV_SEND_INLINE,
+};
+RDMAXX_FLAGS_OPERATORS(send_flag)
+using send_flags = flags<send_flag>;
+
+/// Send operations a QP is created with (IBV_QP_EX_WITH_*).
+enum class send_op : std::uint64_t {
+  rdma_write = IBV_QP_EX_WITH_RDMA_WRITE,
+  rdma_write_imm = IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM,
+  send = IBV_QP_EX_WITH_SEND,
+  send_imm = IBV_QP_EX_WITH_SEND_WITH_IMM,
+  rdma_read = IBV_QP_EX_WITH_RDMA_READ,
+  atomic_cmp_swp = IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP,
+  atomic_fetch_add = IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD,
+  local_inv = IBV_QP_EX_WITH_LOCAL_INV,
+  bind_mw = IBV_QP_EX_WITH_BIND_MW,
+  send_inv = IBV_QP_EX_WITH_SEND_WITH_INV,
+};
+RDMAXX_FLAGS_OPERATORS(send_op)
+using send_ops = flags<send_op>;
+
+/// Every operation the rdmaxx features need (the default).
+inline constexpr send_ops all_send_ops =
+    send_op::rdma_write | send_op::rdma_write_imm | send_op::send | send_op::send_imm |
+    send_op::rdma_read | send_op::atomic_cmp_swp | send_op::atomic_fetch_add |
+    send_op::local_inv | send_op::bind_mw | send_op::send_inv;
+
+/// Queue sizes of a QP (struct ibv_qp_cap).
+struct qp_caps {
+  std::uint32_t max_send_wr = 64;
+  std::uint32_t max_recv_wr = 64;
+  std::uint32_t max_send_sge = 4;
+  std::uint32_t max_recv_sge = 4;
+  std::uint32_t max_inline_data = 64;
+};
+
+/// What a peer needs to connect to a QP: exchange it out of band.
+struct endpoint {
+  std::uint32_t qpn = 0;
+  std::uint32_t psn = 0;
+  ibv_gid gid{};
+  std::uint16_t lid = 0;
+  ibv_mtu mtu = IBV_MTU_1024;
+};
+
+/// The local side's choices for a connection.
+struct connect_options {
+  std::uint8_t port = 1;
+  int gid_index = 1;            ///< on rxe, 1 is the RoCEv2 IPv4-mapped GID
+  ibv_mtu mtu = IBV_MTU_1024;   ///< the smaller of this and the peer's mtu is used
+  std::uint32_t psn = 0;        ///< our send PSN
+  std::uint8_t timeout = 14;    ///< 4.096 us * 2^timeout
+  std::uint8_t retry_cnt = 7;
+  std::uint8_t rnr_retry = 7;
+  std::uint8_t min_rnr_timer = 12;
+  std::uint8_t max_rd_atomic = 1;
+  std::uint8_t max_dest_rd_atomic = 1;
+  /// Remote operations this QP accepts as a target.
+  unsigned qp_access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                       IBV_ACCESS_REMOTE_ATOMIC;
+};
+
+/// An address in a peer's registered memory: where to read or write and the key that allows it.
+struct remote_addr {
+  std::uint64_t addr = 0;
+  std::uint32_t rkey = 0;
+};
+
+/// Identity and flags of one work request.
+struct wr {
+  std::uint64_t id = 0;
+  send_flags flags{};
+};
+
+/// An open send batch (ibv_wr_start). Add operations, then submit() (ibv_wr_complete). A batch
+/// dropped without submit() is aborted (ibv_wr_abort): nothing of it is posted. One batch at a
+/// time per QP. Every member is inline, noexcept and allocation-free.
+class [[nodiscard]] SendBatch {
+public:
+  SendBatch(SendBatch &&) noexcept = default;
+  SendBatch &operator=(SendBatch &&) = delete;
+  ~SendBatch() {
+    if (ibv_qp_ex *q = qp_.release()) ::ibv_wr_abort(q);
+  }
+
+  // Each operation: start the WR with its op verb (which takes id and flags), then its data.
+  SendBatch &write(wr w, remote_addr r, const ibv_sge &s) noexcept {
+    begin(w); ::ibv_wr_rdma_write(q(), r.rkey, r.addr); set(s); return *this;
+  }
+  SendBatch &write(wr w, remote_addr r, std::span<const ibv_sge> s) noexcept {
+    begin(w); ::ibv_wr_rdma_write(q(), r.rkey, r.addr); set(s); return *this;
+  }
+  /// IBV_SEND_INLINE write: the bytes are copied at post time, no lkey needed.
+  SendBatch &write_inline(wr w, remote_addr r, std::span<const std::byte> data) noexcept {
+    w.flags |= send_flag::inline_data;
+    begin(w); ::ibv_wr_rdma_write(q(), r.rkey, r.addr); set_inline(data); return *this;
+  }
+  SendBatch &write_imm(wr w, remote_addr r, std::uint32_t imm_be, const ibv_sge &s) noexcept {
+    begin(w); ::ibv_wr_rdma_write_imm(q(), r.rkey, r.addr, imm_be); set(s); return *this;
+  }
+  SendBatch &read(wr w, remote_addr r, const ibv_sge &s) noexcept {
+    begin(w); ::ibv_wr_rdma_read(q(), r.rkey, r.addr); set(s); return *this;
+  }
+  SendBatch &read(wr w, remote_addr r, std::span<const ibv_sge> s) noexcept {
+    begin(w); ::ibv_wr_rdma_read(q(), r.rkey, r.addr); set(s); return *this;
+  }
+  SendBatch &send(wr w, const ibv_sge &s) noexcept {
+    begin(w); ::ibv_wr_send(q()); set(s); return *this;
+  }
+  SendBatch &send(wr w, std::span<const ibv_sge> s) noexcept {
+    begin(w); ::ibv_wr_send(q()); set(s); return *this;
+  }
+  SendBatch &send_inline(wr w, std::span<const std::byte> data) noexcept {
+    w.flags |= send_flag::inline_data;
+    begin(w); ::ibv_wr_send(q()); set_inline(data); return *this;
+  }
+  /// imm_be is in network byte order, as the verbs API wants it.
+  SendBatch &send_imm(wr w, std::uint32_t imm_be, const ibv_sge &s) noexcept {
+    begin(w); ::ibv_wr_send_imm(q(), imm_be); set(s); return *this;
+  }
+  /// Send that invalidates the peer's rkey `invalidate_rkey` (a type-2 window or an indirect key).
+  SendBatch &send_inv(wr w, std::uint32_t invalidate_rkey, std::span<const ibv_sge> s) noexcept {
+    begin(w); ::ibv_wr_send_inv(q(), invalidate_rkey); set(s); return *this;
+  }
+  SendBatch &local_inv(wr w, std::uint32_t key) noexcept {
+    begin(w); ::ibv_wr_local_inv(q(), key); return *this;
+  }
+  SendBatch &atomic_cmp_swp(wr w, remote_addr r, std::uint64_t compare, std::uint64_t swap,
+                            const ibv_sge &result8) noexcept {
+    begin(w); ::ibv_wr_atomic_cmp_swp(q(), r.rkey, r.addr, compare, swap); set(result8); return *this;
+  }
+  SendBatch &atomic_fetch_add(wr w, remote_addr r, std::uint64_t add, const ibv_sge &result8) noexcept {
+    begin(w); ::ibv_wr_atomic_fetch_add(q(), r.rkey, r.addr, add); set(result8); return *this;
+  }
+  /// Raw type-2 window bind (ibv_wr_bind_mw). MemoryWindow::bind() is the checked way.
+  SendBatch &bind_mw(wr w, ibv_mw *mw, std::uint32_t rkey, const ibv_mw_bind_info &info) noexcept {
+    begin(w); ::ibv_wr_bind_mw(q(), mw, rkey, &info); return *this;
+  }
+
+  /// ibv_wr_complete: post everything added. Errors: errno of ibv_wr_complete (ENOMEM: send
+  /// queue full, EINVAL: a malformed work request). Nothing of a failed batch is posted.
+  result<void> submit() noexcept {
+    ibv_qp_ex *qp = qp_.release();
+    if (const int rc = ::ibv_wr_complete(qp)) [[unlikely]] return errno_code(rc);
+    return success();
+  }
+  [[nodiscard]] ibv_qp_ex *native_handle() const noexcept { return qp_.get(); }
+
+private:
+  friend class QueuePair;
+  explicit SendBatch(ibv_qp_ex *q) noexcept : qp_(q) { ::ibv_wr_start(q); }
+  ibv_qp_ex *q() const noexcept { return qp_.get(); }
+  void begin(wr w) noexcept {
+    q()->wr_id = w.id;
+    q()->wr_flags = w.flags.native();
+  }
+  void set(const ibv_sge &s) noexcept { ::ibv_wr_set_sge(q(), s.lkey, s.addr, s.length); }
+  void set(std::span<const ibv_sge> s) noexcept { ::ibv_wr_set_sge_list(q(), s.size(), s.data()); }
+  void set_inline(std::span<const std::byte> d) noexcept {
+    ::ibv_wr_set_inline_data(q(), const_cast<std::byte *>(d.data()), d.size());
+  }
+  detail::moved_ptr<ibv_qp_ex> qp_;
+};
+
+class QueuePair {
+public:
+  QueuePair() noexcept = default;
+
+  /// ibv_create_qp_ex: an RC QP on `pd` with the given CQs, queue sizes and send operations.
+  /// Errors: errc::null_handle, errc::pd_mismatch (CQs of another device), errno of
+  /// ibv_create_qp_ex (EINVAL: caps above the device limits, EOPNOTSUPP: send ops the provider
+  /// lacks, ENOMEM).
+  [[nodiscard]] static result<QueuePair> create(const ProtectionDomain &pd,
+                                                const CompletionQueue &send_cq,
+                                                const CompletionQueue &recv_cq, qp_caps caps = {},
+                                                send_ops ops = all_send_ops) noexcept {
+    if (!pd || !send_cq || !recv_cq) return make_error_code(errc::null_handle);
+    if (send_cq.native_handle()->context != pd.context() ||
+        recv_cq.native_handle()->context != pd.context())
+      return make_error_code(errc::pd_mismatch);
+    detail::parent_node *node = detail::new_parent_node();
+    if (!node) return std::make_error_code(std::errc::not_enough_memory);
+    ibv_qp_init_attr_ex a{};
+    a.qp_type = IBV_QPT_RC;
+    a.send_cq = send_cq.native_handle();
+    a.recv_cq = recv_cq.native_handle();
+    a.cap = {caps.max_send_wr, caps.max_recv_wr, caps.max_send_sge, caps.max_recv_sge,
+             caps.max_inline_data};
+    a.pd = pd.native_handle();
+    a.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    a.send_ops_flags = ops.native();
+    ibv_qp *qp = ::ibv_create_qp_ex(pd.context(), &a);
+    if (!qp) {
+      const auto ec = last_errno();
+      delete node;
+      return ec;
+    }
+    QueuePair r;
+    r.send_cq_link_ = detail::child_link(send_cq.h_.node());
+    r.recv_cq_link_ = detail::child_link(recv_cq.h_.node());
+    r.h_ = detail::handle<traits>(qp, pd.node(), node);
+    r.qpx_.reset(::ibv_qp_to_qp_ex(qp));
+    r.caps_ = {a.cap.max_send_wr, a.cap.max_recv_wr, a.cap.max_send_sge, a.cap.max_recv_sge,
+               a.cap.max_inline_data};
+    return r;
+  }
+
+  [[nodiscard]] ibv_qp *native_handle() const noexcept { return h_.get(); }
+  [[nodiscard]] ibv_qp_ex *native_handle_ex() const noexcept { return qpx_.get(); }
+  [[nodiscard]] explicit operator bool() const noexcept { return bool(h_); }
+  [[nodiscard]] std::uint32_t qp_num() const noexcept { return h_ ? h_.get()->qp_num : 0; }
+  [[nodiscard]] ibv_pd *pd() const noexcept { return h_ ? h_.get()->pd : nullptr; }
+  /// The capacities the provider actually granted (may exceed what was asked).
+  [[nodiscard]] const qp_caps &caps() const noexcept { return caps_; }
+
+  // ---- fast path ----
+
+  /// Open a send batch (ibv_wr_start). Not checked: the QP must be non-null.
+  [[nodiscard]] SendBatch start_send() noexcept { return SendBatch(qpx_.get()); }
+
+  /// ibv_post_recv of one receive with the caller's SGEs. Errors: errno of ibv_post_recv
+  /// (ENOMEM: receive queue full, EINVAL: too many SGEs or bad state).
+  result<void> post_recv(std::uint64_t wr_id, std::span<const ibv_sge> sges) noexcept {
+    ibv_recv_wr w{};
+    w.wr_id = wr_id;
+    w.sg_list = const_cast<ibv_sge *>(sges.data());
+    w.num_sge = int(sges.size());
+    ibv_recv_wr *bad = nullptr;
+    if (const int rc = ::ibv_post_recv(h_.get(), &w, &bad)) [[unlikely]] return errno_code(rc);
+    return success();
+  }
+  result<void> post_recv(std::uint64_t wr_id, const ibv_sge &sge) noexcept {
+    return post_recv(wr_id, std::span<const ibv_sge>(&sge, 1));
+  }
+
+  // ---- connection ----
+
+  /// Our side of the connection, to send to the peer (ibv_query_port, ibv_query_gid).
+  /// Errors: errc::null_handle, errno of the queries.
+  [[nodiscard]] result<endpoint> local_endpoint(const connect_options &o = {}) const noexcept {
+    if (!h_) return make_error_code(errc::null_handle);
+    ibv_context *ctx = h_.get()->context;
+    ibv_port_attr pa{};
+    if (const int rc = ::ibv_query_port(ctx, o.port, &pa)) return errno_code(rc);
+    endpoint e;
+    if (::ibv_query_gid(ctx, o.port, o.gid_index, &e.gid)) return last_errno();
+    e.qpn = qp_num();
+    e.psn = o.psn & 0xffffff;
+    e.lid = pa.lid;
+    e.mtu = o.mtu < pa.active_mtu ? o.mtu : pa.active_mtu;
+    return e;
+  }
+
+  /// ibv_modify_qp RESET->INIT. Errors: qp_transition codes naming the attribute blamed.
+  result<void> to_init(const connect_options &o = {}) noexcept {
+    if (!h_) return make_error_code(errc::null_handle);
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.pkey_index = 0;
+    a.port_num = o.port;
+    a.qp_access_flags = o.qp_access;
+    return modify(a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
+                  IBV_QPS_RESET, o);
+  }
+  /// ibv_modify_qp INIT->RTR towards `remote`. Errors: qp_transition codes.
+  result<void> to_rtr(const endpoint &remote, const connect_options &o = {}) noexcept {
+    if (!h_) return make_error_code(errc::null_handle);
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = o.mtu < remote.mtu ? o.mtu : remote.mtu;
+    a.dest_qp_num = remote.qpn;
+    a.rq_psn = remote.psn;
+    a.max_dest_rd_atomic = o.max_dest_rd_atomic;
+    a.min_rnr_timer = o.min_rnr_timer;
+    a.ah_attr.port_num = o.port;
+    a.ah_attr.dlid = remote.lid;
+    a.ah_attr.is_global = 1;
+    a.ah_attr.grh.dgid = remote.gid;
+    a.ah_attr.grh.sgid_index = std::uint8_t(o.gid_index);
+    a.ah_attr.grh.hop_limit = 64;
+    return modify(a,
+                  IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                      IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
+                  IBV_QPS_INIT, o);
+  }
+  /// ibv_modify_qp RTR->RTS. Errors: qp_transition codes.
+  result<void> to_rts(const connect_options &o = {}) noexcept {
+    if (!h_) return make_error_code(errc::null_handle);
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = o.timeout;
+    a.retry_cnt = o.retry_cnt;
+    a.rnr_retry = o.rnr_retry;
+    a.sq_psn = o.psn & 0xffffff;
+    a.max_rd_atomic = o.max_rd_atomic;
+    return modify(a,
+                  IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                      IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC,
+                  IBV_QPS_RTR, o);
+  }
+  /// RESET->INIT->RTR->RTS towards `remote`; remembered for reconnect().
+  result<void> connect(const endpoint &remote, const connect_options &o = {}) noexcept {
+    RDMAXX_TRYV(to_init(o));
+    RDMAXX_TRYV(to_rtr(remote, o));
+    RDMAXX_TRYV(to_rts(o));
+    remote_ = remote;
+    opts_ = o;
+    connected_once_ = true;
+    return success();
+  }
+  /// Move to RESET (from any state, typically ERR after a failed work request: outstanding work
+  /// is flushed, poll it away) and connect again to the remembered peer. The peer must be reset
+  /// and reconnected too if it went to ERR. Errors: errc::wrong_state (never connected),
+  /// qp_transition codes.
+  result<void> reset_and_reconnect() noexcept {
+    if (!h_) return make_error_code(errc::null_handle);
+    if (!connected_once_) return make_error_code(errc::wrong_state);
+    RDMAXX_TRYV(reset());
+    return connect(remote_, opts_);
+  }
+  /// ibv_modify_qp to RESET. Errors: qp_transition codes.
+  result<void> reset() noexcept {
+    if (!h_) return make_error_code(errc::null_handle);
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_RESET;
+    if (const int rc = ::ibv_modify_qp(h_.get(), &a, IBV_QP_STATE))
+      return qp_transition_error(current_state(), IBV_QPS_RESET, 0, rc);
+    return success();
+  }
+  /// ibv_modify_qp to ERR (flushes outstanding work). Errors: qp_transition codes.
+  result<void> to_error() noexcept {
+    if (!h_) return make_error_code(errc::null_handle);
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_ERR;
+    if (const int rc = ::ibv_modify_qp(h_.get(), &a, IBV_QP_STATE))
+      return qp_transition_error(current_state(), IBV_QPS_ERR, 0, rc);
+    return success();
+  }
+  /// The state as the device reports it (ibv_query_qp). Errors: errno of ibv_query_qp.
+  [[nodiscard]] result<ibv_qp_state> state() const noexcept {
+    if (!h_) return make_error_code(errc::null_handle);
+    ibv_qp_attr a{};
+    ibv_qp_init_attr ia{};
+    if (const int rc = ::ibv_query_qp(h_.get(), &a, IBV_QP_STATE, &ia)) return errno_code(rc);
+    return a.qp_state;
+  }
+  /// The peer given to the last successful connect().
+  [[nodiscard]] const endpoint &remote() const noexcept { return remote_; }
+
+  /// Destroy now (ibv_destroy_qp). Errors: errc::busy while type-2 windows bound through this QP
+  /// are alive, errno of ibv_destroy_qp. On failure the QP stays valid.
+  result<void> destroy() noexcept {
+    RDMAXX_TRYV(h_.destroy());
+    send_cq_link_.drop();
+    recv_cq_link_.drop();
+    qpx_.release();
+    return success();
+  }
+  /// Type-2 windows bound through this QP and not yet invalidated or deallocated.
+  [[nodiscard]] std::uint32_t live_children() const noexcept { return h_.live_children(); }
+
+private:
+  struct traits {
+    using native = ibv_qp;
+    static constexpr const char *object = "QueuePair";
+    static constexpr const char *verb = "ibv_destroy_qp";
+    static constexpr bool is_parent = true;
+    static int destroy(native *q) noexcept { return ::ibv_destroy_qp(q); }
+  };
+
+  [[nodiscard]] ibv_qp_state current_state() const noexcept {
+    auto s = state();
+    return s ? s.value() : IBV_QPS_UNKNOWN;
+  }
+
+  result<void> modify(ibv_qp_attr &a, int mask, ibv_qp_state from, const connect_options &o) noexcept {
+    if (const int rc = ::ibv_modify_qp(h_.get(), &a, mask)) [[unlikely]]
+      return qp_transition_error(from, a.qp_state, diagnose(a, mask, o), rc);
+    return success();
+  }
+
+  // Which attribute of a refused transition is out of the device's limits. Cold: only on failure.
+  [[gnu::cold]] int diagnose(const ibv_qp_attr &a, int mask, const connect_options &o) const noexcept {
+    ibv_context *ctx = h_.get()->context;
+    ibv_device_attr da{};
+    ibv_port_attr pa{};
+    const bool have_dev = ::ibv_query_device(ctx, &da) == 0;
+    const bool have_port = ::ibv_query_port(ctx, o.port, &pa) == 0;
+    auto bit = [](int flag) { return __builtin_ctz(unsigned(flag)); };
+    if (!have_port || (have_dev && (o.port == 0 || o.port > da.phys_port_cnt)))
+      return mask & IBV_QP_PORT ? bit(IBV_QP_PORT) : bit(IBV_QP_AV);
+    if (mask & IBV_QP_STATE) {
+      const ibv_qp_state cur = current_state();
+      const ibv_qp_state expect =
+          a.qp_state == IBV_QPS_INIT ? IBV_QPS_RESET
+          : a.qp_state == IBV_QPS_RTR ? IBV_QPS_INIT
+          : a.qp_state == IBV_QPS_RTS ? IBV_QPS_RTR : cur;
+      if (cur != expect && !(a.qp_state == IBV_QPS_INIT && cur == IBV_QPS_INIT)) return bit(IBV_QP_STATE);
+    }
+    if ((mask & IBV_QP_ACCESS_FLAGS) &&
+        (a.qp_access_flags & ~unsigned(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                       IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC)))
+      return bit(IBV_QP_ACCESS_FLAGS);
+    if ((mask & IBV_QP_PKEY_INDEX) && have_port && a.pkey_index >= pa.pkey_tbl_len)
+      return bit(IBV_QP_PKEY_INDEX);
+    if (mask & IBV_QP_AV) {
+      if (have_port && a.ah_attr.is_global && int(a.ah_attr.grh.sgid_index) >= pa.gid_tbl_len)
+        return bit(IBV_QP_AV);
+      ibv_gid g{};
+      if (a.ah_attr.is_global &&
+          ::ibv_query_gid(ctx, o.port, a.ah_attr.grh.sgid_index, &g) == 0) {
+        bool zero = true;
+        for (auto b : g.raw) zero = zero && b == 0;
+        if (zero) return bit(IBV_QP_AV);
+      }
+    }
+    if ((mask & IBV_QP_PATH_MTU) && have_port &&
+        (a.path_mtu < IBV_MTU_256 || a.path_mtu > IBV_MTU_4096 || a.path_mtu > pa.max_mtu))
+      return bit(IBV_QP_PATH_MTU);
+    if ((mask & IBV_QP_DEST_QPN) && (a.dest_qp_num == 0 || a.dest_qp_num > 0xffffff))
+      return bit(IBV_QP_DEST_QPN);
+    if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && have_dev && a.max_dest_rd_atomic > da.max_qp_rd_atom)
+      return bit(IBV_QP_MAX_DEST_RD_ATOMIC);
+    if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && have_dev && a.max_rd_atomic > da.max_qp_init_rd_atom)
+      return bit(IBV_QP_MAX_QP_RD_ATOMIC);
+    if ((mask & IBV_QP_MIN_RNR_TIMER) && a.min_rnr_timer > 31) return bit(IBV_QP_MIN_RNR_TIMER);
+    if ((mask & IBV_QP_TIMEOUT) && a.timeout > 31) return bit(IBV_QP_TIMEOUT);
+    if ((mask & IBV_QP_RETRY_CNT) && a.retry_cnt > 7) return bit(IBV_QP_RETRY_CNT);
+    if ((mask & IBV_QP_RNR_RETRY) && a.rnr_retry > 7) return bit(IBV_QP_RNR_RETRY);
+    return -1;
+  }
+
+  friend class MemoryWindow;
+  friend class IndirectKey;
+  detail::child_link send_cq_link_;
+  detail::child_link recv_cq_link_;
+  detail::handle<traits> h_;
+  detail::moved_ptr<ibv_qp_ex> qpx_;
+  qp_caps caps_{};
+  endpoint remote_{};
+  connect_options opts_{};
+  bool connected_once_ = false;
+};
+
+/// Connect two QPs of one device to each other (loopback), both with options `o` (each uses its
+/// own local endpoint). Errors: as local_endpoint() and connect().
+inline result<void> connect_loopback(QueuePair &a, QueuePair &b, const connect_options &o = {}) noexcept {
+  RDMAXX_TRY(ea, a.local_endpoint(o));
+  RDMAXX_TRY(eb, b.local_endpoint(o));
+  RDMAXX_TRYV(a.connect(eb, o));
+  return b.connect(ea, o);
+}
+
+} // namespace rdmaxx

@@ -1,0 +1,10 @@
+// rdmaxx/rdmaxx.hpp: the umbrella header.
+#pragma once
+
+#include "error.hpp"
+#include "access.hpp"
+#include "device.hpp"
+#include "protection_domain.hpp"
+#include "memory_region.hpp"
+#include "completion_queue.hpp"
+#include "queue_pair.hpp"

@@ -1,0 +1,126 @@
+// Shared setup of the device tests: a real RDMA device (rxe0 under tools/rxe-vm, or the device
+// named by RDMAXX_TEST_DEVICE), a PD, CQs and two loopback-connected RC QPs.
+#pragma once
+
+#include <rdmaxx/rdmaxx.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace rxe {
+
+using namespace rdmaxx;
+using namespace std::chrono_literals;
+
+/// REQUIRE a result and hand back its value; on failure print the error message.
+template <class T>
+T need(result<T> r, const char *what) {
+  INFO(what << ": " << (r ? std::string("ok") : r.error().message()));
+  REQUIRE(r.has_value());
+  return std::move(r).value();
+}
+inline void need(result<void> r, const char *what) {
+  INFO(what << ": " << (r ? std::string("ok") : r.error().message()));
+  REQUIRE(r.has_value());
+}
+
+inline Context open_device() {
+  const char *name = std::getenv("RDMAXX_TEST_DEVICE");
+  auto c = name ? Context::open(name) : Context::open_first();
+  INFO("open device " << (name ? name : "(first)") << ": "
+                      << (c ? "ok" : c.error().message()) << " -- run the rxe suite through tools/rxe-vm");
+  REQUIRE(c.has_value());
+  return std::move(c).value();
+}
+
+/// Poll `cq` until `n` completions arrived or `timeout` passed (emulated VMs are slow).
+inline std::vector<ibv_wc> wait_wc(CompletionQueue &cq, std::size_t n,
+                                   std::chrono::milliseconds timeout = 10s) {
+  std::vector<ibv_wc> out;
+  ibv_wc wc[16];
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
+    auto got = cq.poll(wc);
+    REQUIRE(got.has_value());
+    out.insert(out.end(), wc, wc + got.value());
+    if (got.value() == 0) std::this_thread::sleep_for(100us);
+  }
+  INFO("waited for " << n << " completion(s), got " << out.size());
+  REQUIRE(out.size() == n);
+  return out;
+}
+
+/// One completion, which must have the expected status.
+inline ibv_wc wait_one(CompletionQueue &cq, ibv_wc_status expect = IBV_WC_SUCCESS) {
+  const ibv_wc wc = wait_wc(cq, 1).front();
+  INFO("completion status: " << ibv_wc_status_str(wc.status));
+  REQUIRE(wc.status == expect);
+  return wc;
+}
+
+/// Nothing arrives on `cq` for `quiet`.
+inline void expect_no_completion(CompletionQueue &cq, std::chrono::milliseconds quiet = 300ms) {
+  ibv_wc wc[4];
+  const auto deadline = std::chrono::steady_clock::now() + quiet;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto got = cq.poll(wc);
+    REQUIRE(got.has_value());
+    REQUIRE(got.value() == 0);
+    std::this_thread::sleep_for(1ms);
+  }
+}
+
+inline void fill(void *p, std::size_t n, unsigned seed) {
+  auto *b = static_cast<unsigned char *>(p);
+  for (std::size_t i = 0; i < n; ++i) b[i] = static_cast<unsigned char>((i * 131 + seed * 7 + 1) & 0xff);
+}
+inline bool all_equal(const void *p, std::size_t n, unsigned char v) {
+  auto *b = static_cast<const unsigned char *>(p);
+  for (std::size_t i = 0; i < n; ++i)
+    if (b[i] != v) return false;
+  return true;
+}
+
+constexpr access_flags remote_rw = access::local_write | access::remote_write | access::remote_read;
+
+/// A device with two RC QPs connected to each other (loopback). `a` initiates, `b` is the target.
+struct loopback {
+  Context ctx = open_device();
+  ProtectionDomain pd = need(ProtectionDomain::alloc(ctx), "alloc_pd");
+  CompletionQueue cq_a = need(CompletionQueue::create(ctx, 64), "create_cq a");
+  CompletionQueue cq_b = need(CompletionQueue::create(ctx, 64), "create_cq b");
+  QueuePair a = need(QueuePair::create(pd, cq_a, cq_a), "create_qp a");
+  QueuePair b = need(QueuePair::create(pd, cq_b, cq_b), "create_qp b");
+
+  loopback() { need(connect_loopback(a, b), "connect_loopback"); }
+
+  /// After a remote error both QPs are in ERR: drain flushed work and reconnect both.
+  void recover() {
+    ibv_wc wc[16];
+    while (cq_a.poll(wc).value() > 0) {}
+    while (cq_b.poll(wc).value() > 0) {}
+    need(a.reset_and_reconnect(), "reconnect a");
+    need(b.reset_and_reconnect(), "reconnect b");
+  }
+
+  /// One signalled RDMA write from `src` on QP a; returns its completion status.
+  ibv_wc_status write(const ibv_sge &src, remote_addr dst, std::uint64_t id = 1) {
+    auto batch = a.start_send();
+    batch.write({id, send_flag::signaled}, dst, src);
+    need(batch.submit(), "submit write");
+    return wait_wc(cq_a, 1).front().status;
+  }
+  ibv_wc_status read(const ibv_sge &dst, remote_addr src, std::uint64_t id = 2) {
+    auto batch = a.start_send();
+    batch.read({id, send_flag::signaled}, src, dst);
+    need(batch.submit(), "submit read");
+    return wait_wc(cq_a, 1).front().status;
+  }
+};
+
+} // namespace rxe
