@@ -46,7 +46,6 @@ private:
     using native = ibv_comp_channel;
     static constexpr const char *object = "CompletionChannel";
     static constexpr const char *verb = "ibv_destroy_comp_channel";
-    static constexpr bool is_parent = true;
     static int destroy(native *c) noexcept { return ::ibv_destroy_comp_channel(c); }
   };
   friend class CompletionQueue;
@@ -135,7 +134,6 @@ private:
     using native = ibv_cq;
     static constexpr const char *object = "CompletionQueue";
     static constexpr const char *verb = "ibv_destroy_cq";
-    static constexpr bool is_parent = true;
     static int destroy(native *c) noexcept { return ::ibv_destroy_cq(c); }
   };
   friend class QueuePair;

@@ -51,7 +51,6 @@ private:
     using native = ibv_device *;
     static constexpr const char *object = "DeviceList";
     static constexpr const char *verb = "ibv_free_device_list";
-    static constexpr bool is_parent = false;
     static int destroy(native *l) noexcept { ::ibv_free_device_list(l); return 0; }
   };
   DeviceList(ibv_device **l, int n) noexcept : h_(l, nullptr, nullptr), n_(std::size_t(n)) {}
@@ -182,7 +181,6 @@ private:
     using native = ibv_context;
     static constexpr const char *object = "Context";
     static constexpr const char *verb = "ibv_close_device";
-    static constexpr bool is_parent = true;
     static int destroy(native *c) noexcept { return ::ibv_close_device(c); }
   };
   Context(ibv_context *c, detail::parent_node *node) noexcept : h_(c, nullptr, node) {}

@@ -86,6 +86,7 @@ enum class errc : int {
   verb_failed_without_errno, ///< a verb reported failure but left errno at 0
   malformed_input,           ///< bytes received from a peer do not decode
   wrong_version,             ///< bytes received from a peer carry an unknown version
+  iova_page_offset_mismatch, ///< an IOVA whose offset within the page differs from the address's
 };
 
 namespace detail {
@@ -117,6 +118,8 @@ public:
     case errc::verb_failed_without_errno: return "a verb failed without setting errno";
     case errc::malformed_input: return "malformed input";
     case errc::wrong_version: return "input has an unsupported version";
+    case errc::iova_page_offset_mismatch:
+      return "IOVA and address must have the same offset within a page";
     }
     return "unknown rdmaxx error";
   }

@@ -54,10 +54,15 @@ public:
     return reg_impl(pd, addr, length, reinterpret_cast<std::uintptr_t>(addr), acc, mr_kind::user);
   }
   /// ibv_reg_mr_iova2: the region is addressed through `iova` (local SGEs and remote accesses both
-  /// use IOVA addresses). Errors: as reg().
+  /// use IOVA addresses). The kernel requires iova and addr to share their offset within a page.
+  /// Errors: as reg(), plus errc::iova_page_offset_mismatch.
   [[nodiscard]] static result<MemoryRegion> reg_iova(const ProtectionDomain &pd, void *addr,
                                                      std::size_t length, std::uint64_t iova,
                                                      access_flags acc) noexcept {
+    if (auto ec = check_reg_args(addr, length, acc)) return ec;
+    const auto page = std::uint64_t(::sysconf(_SC_PAGESIZE));
+    if ((iova ^ reinterpret_cast<std::uintptr_t>(addr)) & (page - 1))
+      return make_error_code(errc::iova_page_offset_mismatch);
     return reg_impl(pd, addr, length, iova, acc, mr_kind::iova);
   }
   /// Allocate page-aligned memory (2 MiB huge pages when `length` is a multiple of 2 MiB and huge
@@ -133,17 +138,21 @@ private:
     using native = ibv_mr;
     static constexpr const char *object = "MemoryRegion";
     static constexpr const char *verb = "ibv_dereg_mr";
-    static constexpr bool is_parent = false;
     static int destroy(native *m) noexcept { return ::ibv_dereg_mr(m); }
   };
+
+  [[nodiscard]] static std::error_code check_reg_args(const void *addr, std::size_t length,
+                                                      access_flags acc) noexcept {
+    if (!addr) return make_error_code(errc::null_address);
+    if (length == 0) return make_error_code(errc::zero_length);
+    return check_access(acc);
+  }
 
   [[nodiscard]] static result<MemoryRegion> reg_impl(const ProtectionDomain &pd, void *addr,
                                                      std::size_t length, std::uint64_t iova,
                                                      access_flags acc, mr_kind kind) noexcept {
     // Arguments first, so that every malformed call is refused the same way with or without a PD.
-    if (!addr) return make_error_code(errc::null_address);
-    if (length == 0) return make_error_code(errc::zero_length);
-    if (auto ec = check_access(acc)) return ec;
+    if (auto ec = check_reg_args(addr, length, acc)) return ec;
     if (!pd) return make_error_code(errc::null_handle);
     ibv_mr *mr = ::ibv_reg_mr_iova2(pd.native_handle(), addr, length, iova, int(acc.native()));
     if (!mr) return last_errno();

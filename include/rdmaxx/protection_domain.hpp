@@ -43,7 +43,6 @@ private:
     using native = ibv_pd;
     static constexpr const char *object = "ProtectionDomain";
     static constexpr const char *verb = "ibv_dealloc_pd";
-    static constexpr bool is_parent = true;
     static int destroy(native *p) noexcept { return ::ibv_dealloc_pd(p); }
   };
   ProtectionDomain(ibv_pd *pd, detail::parent_node *parent, detail::parent_node *node) noexcept

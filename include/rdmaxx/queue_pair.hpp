@@ -389,7 +389,6 @@ private:
     using native = ibv_qp;
     static constexpr const char *object = "QueuePair";
     static constexpr const char *verb = "ibv_destroy_qp";
-    static constexpr bool is_parent = true;
     static int destroy(native *q) noexcept { return ::ibv_destroy_qp(q); }
   };
 

@@ -183,7 +183,10 @@ TEST_CASE("registering at an IOVA and with allocate-and-register", "[core]") {
   auto ms = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "reg src");
 
   std::vector<unsigned char> dst(4096, 0);
-  const std::uint64_t iova = 0x10000000;
+  // The kernel wants the IOVA to keep the address's offset within its page.
+  CHECK(MemoryRegion::reg_iova(lb.pd, dst.data(), dst.size(), 0x10000000 + ((reinterpret_cast<std::uintptr_t>(dst.data()) + 1) & 4095), remote_rw)
+            .error() == errc::iova_page_offset_mismatch);
+  const std::uint64_t iova = 0x10000000 + (reinterpret_cast<std::uintptr_t>(dst.data()) & 4095);
   auto mi = need(MemoryRegion::reg_iova(lb.pd, dst.data(), dst.size(), iova, remote_rw), "reg_iova");
   CHECK(mi.iova() == iova);
   CHECK(mi.kind() == mr_kind::iova);

@@ -61,6 +61,7 @@ TEST_CASE("rdmaxx::errc: every code has a message and a portable condition", "[u
       {errc::verb_failed_without_errno, std::errc::io_error, "without setting errno"},
       {errc::malformed_input, std::errc::bad_message, "malformed"},
       {errc::wrong_version, std::errc::bad_message, "version"},
+      {errc::iova_page_offset_mismatch, std::errc::invalid_argument, "offset within a page"},
   };
   for (const auto &r : rows) {
     const std::error_code ec = r.e;

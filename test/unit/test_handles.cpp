@@ -31,7 +31,6 @@ struct fake_traits {
   using native = fake;
   static constexpr const char *object = "Fake";
   static constexpr const char *verb = "fake_destroy";
-  static constexpr bool is_parent = true;
   static int destroy(native *) noexcept {
     ++destroyed;
     return destroy_rc;

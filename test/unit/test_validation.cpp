@@ -21,10 +21,15 @@ TEST_CASE("MemoryRegion::reg refuses malformed arguments before verbs", "[unit][
     auto mr = MemoryRegion::reg(none, r.addr, r.len, r.acc);
     REQUIRE_FALSE(mr);
     CHECK(mr.error() == r.expect);
-    auto mi = MemoryRegion::reg_iova(none, r.addr, r.len, 0x1000, r.acc);
+    const std::uint64_t iova = 0x100000 + (reinterpret_cast<std::uintptr_t>(r.addr) & 4095);
+    auto mi = MemoryRegion::reg_iova(none, r.addr, r.len, iova, r.acc);
     REQUIRE_FALSE(mi);
     CHECK(mi.error() == r.expect);
   }
+  // The kernel's rule for IOVAs: same offset within the page as the address.
+  auto odd = MemoryRegion::reg_iova(none, buf, 64, (reinterpret_cast<std::uintptr_t>(buf) + 1) & 4095,
+                                    access::local_write);
+  CHECK(odd.error() == errc::iova_page_offset_mismatch);
   auto al = MemoryRegion::allocate(none, 0, access::local_write);
   REQUIRE_FALSE(al);
   CHECK(al.error() == errc::zero_length);

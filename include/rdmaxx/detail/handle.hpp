@@ -74,11 +74,11 @@ private:
 };
 
 /// One owned C object of type Traits::native, destroyed through Traits::destroy (a compile-time
-/// deleter: no storage, inlined). Move-only, null after move. Parents (Traits::is_parent) also own
-/// the node that counts their children; children hold a link to their parent's node.
+/// deleter: no storage, inlined). Move-only, null after move. Parents also own the node that
+/// counts their children; children hold a link to their parent's node.
 ///
-/// Traits: using native = ...; static constexpr const char *object, *verb; static constexpr bool
-/// is_parent; static int destroy(native *) noexcept (returns 0 or an errno value).
+/// Traits: using native = ...; static constexpr const char *object, *verb;
+/// static int destroy(native *) noexcept (returns 0 or an errno value).
 template <class Traits>
 class handle {
 public:
