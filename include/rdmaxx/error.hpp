@@ -87,6 +87,9 @@ enum class errc : int {
   malformed_input,           ///< bytes received from a peer do not decode
   wrong_version,             ///< bytes received from a peer carry an unknown version
   iova_page_offset_mismatch, ///< an IOVA whose offset within the page differs from the address's
+  not_bound,                 ///< the window or key is not bound (an invalidate would be unsafe)
+  already_bound,             ///< the window or key is bound; invalidate it first
+  wrong_type,                ///< not valid for this object's type (e.g. a type-1 window)
 };
 
 namespace detail {
@@ -120,6 +123,9 @@ public:
     case errc::wrong_version: return "input has an unsupported version";
     case errc::iova_page_offset_mismatch:
       return "IOVA and address must have the same offset within a page";
+    case errc::not_bound: return "not bound: there is nothing to invalidate or use";
+    case errc::already_bound: return "already bound: invalidate or unbind it first";
+    case errc::wrong_type: return "not valid for this object's type";
     }
     return "unknown rdmaxx error";
   }
@@ -127,6 +133,8 @@ public:
     switch (static_cast<errc>(c)) {
     case errc::out_of_range: return std::errc::result_out_of_range;
     case errc::wrong_state:
+    case errc::not_bound:
+    case errc::already_bound:
     case errc::unusable: return std::errc::operation_not_permitted;
     case errc::busy: return std::errc::device_or_resource_busy;
     case errc::unsupported: return std::errc::operation_not_supported;

@@ -62,6 +62,9 @@ TEST_CASE("rdmaxx::errc: every code has a message and a portable condition", "[u
       {errc::malformed_input, std::errc::bad_message, "malformed"},
       {errc::wrong_version, std::errc::bad_message, "version"},
       {errc::iova_page_offset_mismatch, std::errc::invalid_argument, "offset within a page"},
+      {errc::not_bound, std::errc::operation_not_permitted, "not bound"},
+      {errc::already_bound, std::errc::operation_not_permitted, "already bound"},
+      {errc::wrong_type, std::errc::invalid_argument, "type"},
   };
   for (const auto &r : rows) {
     const std::error_code ec = r.e;
