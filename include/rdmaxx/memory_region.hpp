@@ -8,11 +8,13 @@
 #include "access.hpp"
 #include "detail/handle.hpp"
 #include "detail/pages.hpp"
+#include "detail/rereg.hpp"
 #include "error.hpp"
 #include "protection_domain.hpp"
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 namespace rdmaxx {
 
@@ -25,6 +27,59 @@ enum class mr_kind : std::uint8_t {
 
 /// Whether a MemoryRegion can be used. Only a failed re-registration makes it unusable.
 enum class mr_state : std::uint8_t { valid, unusable };
+
+/// How MemoryRegion::rereg may carry out a change.
+enum class rereg_policy : std::uint8_t {
+  native_with_fallback, ///< ibv_rereg_mr; where the device has none, a replacement (the default)
+  native_only,          ///< ibv_rereg_mr only; errc::unsupported where the device has none
+  replacement_only,     ///< always make-before-break: register anew, swap, deregister the old
+};
+/// How a successful rereg was carried out.
+enum class rereg_path : std::uint8_t { native, replacement };
+
+/// A range of process memory.
+struct mr_range {
+  void *addr = nullptr;
+  std::size_t length = 0;
+};
+
+/// What MemoryRegion::rereg should change; any combination. Fields left empty stay as they are.
+/// Build with change_translation(), change_pd(), change_access(), combined with `|`.
+struct rereg_changes {
+  std::optional<mr_range> translation;  ///< new memory (the IOVA becomes its address)
+  const ProtectionDomain *pd = nullptr; ///< new protection domain
+  std::optional<access_flags> access;   ///< new access rights
+
+  /// Both sets of changes; where both name a field, the right-hand one wins.
+  friend rereg_changes operator|(rereg_changes a, const rereg_changes &b) noexcept {
+    if (b.translation) a.translation = b.translation;
+    if (b.pd) a.pd = b.pd;
+    if (b.access) a.access = b.access;
+    return a;
+  }
+};
+[[nodiscard]] inline rereg_changes change_translation(void *addr, std::size_t length) noexcept {
+  rereg_changes c;
+  c.translation = mr_range{addr, length};
+  return c;
+}
+[[nodiscard]] inline rereg_changes change_pd(const ProtectionDomain &pd) noexcept {
+  rereg_changes c;
+  c.pd = &pd;
+  return c;
+}
+[[nodiscard]] inline rereg_changes change_access(access_flags a) noexcept {
+  rereg_changes c;
+  c.access = a;
+  return c;
+}
+
+/// What a successful rereg did. Keys may change on either path (always on replacement): re-read
+/// lkey()/rkey() and hand peers the new rkey.
+struct rereg_info {
+  rereg_path path;
+  bool keys_changed;
+};
 
 class MemoryRegion {
 public:
@@ -43,6 +98,7 @@ public:
     std::swap(access_, o.access_);
     std::swap(kind_, o.kind_);
     std::swap(state_, o.state_);
+    std::swap(native_unsupported_, o.native_unsupported_);
   }
 
   /// ibv_reg_mr over [addr, addr+length) with IOVA = addr. The access rule (remote write/atomic
@@ -118,13 +174,86 @@ public:
   }
 
   /// Deregister now (ibv_dereg_mr) and report the outcome; on failure the MR stays registered and
-  /// in the handle. Errors: errno of ibv_dereg_mr (EINVAL on rxe, EBUSY elsewhere, while memory
-  /// windows are bound to it). The destructor does the same and reports through the hook.
+  /// in the handle. Errors: errc::busy while memory windows are bound to it (nothing is called;
+  /// rxe would answer EINVAL), errno of ibv_dereg_mr. The destructor does the same and reports
+  /// through the hook.
   result<void> dereg() noexcept {
     RDMAXX_TRYV(h_.destroy());
     pages_ = {};
     return success();
   }
+
+  /// Re-register: change the translation, the PD, the access rights, or any combination, keeping
+  /// this handle (ibv_rereg_mr(3), or a make-before-break replacement; see rereg_policy).
+  ///
+  /// Refused before verbs (MR unchanged): errc::null_handle, errc::unusable, errc::busy (memory
+  /// windows are bound to it), errc::nothing_to_change
+  /// (no field given, or each equals the current value), errc::null_address / errc::zero_length
+  /// (translation), the check_access codes, errc::pd_mismatch (PD of another device), errc::wrong_type
+  /// (a translation change of an allocate()d MR: it owns its memory; allocate a new MR instead).
+  /// Native failures carry a rereg_category() code whose rereg_state_of() says what is left:
+  /// old_valid (-1, -2: nothing changed), new_valid (-3: the change is in place, fields refreshed),
+  /// unusable (-4, -5: only destruction is allowed; the destructor still deregisters).
+  /// -4 with EOPNOTSUPP (no rereg in the provider) changes nothing: native_only returns
+  /// errc::unsupported, native_with_fallback goes on with the replacement (and skips the native
+  /// attempt on later calls). A failed replacement returns rereg_error(old_valid, 0, errno): the old
+  /// MR is still registered and in the handle. Allocates nothing; the replacement costs exactly one
+  /// ibv_reg_mr and one ibv_dereg_mr.
+  result<rereg_info> rereg(const rereg_changes &c,
+                           rereg_policy policy = rereg_policy::native_with_fallback) noexcept {
+    if (auto ec = usable()) return ec;
+    ibv_mr *mr = h_.get();
+    int flags = 0;
+    if (c.translation && (c.translation->addr != mr->addr || c.translation->length != mr->length ||
+                          kind_ == mr_kind::iova)) {
+      if (!c.translation->addr) return make_error_code(errc::null_address);
+      if (c.translation->length == 0) return make_error_code(errc::zero_length);
+      if (kind_ == mr_kind::allocated) return make_error_code(errc::wrong_type);
+      flags |= IBV_REREG_MR_CHANGE_TRANSLATION;
+    }
+    if (c.pd && c.pd->native_handle() != mr->pd) {
+      if (!*c.pd) return make_error_code(errc::null_handle);
+      if (c.pd->context() != mr->context) return make_error_code(errc::pd_mismatch);
+      flags |= IBV_REREG_MR_CHANGE_PD;
+    }
+    if (c.access && *c.access != access_) {
+      if (auto ec = check_access(*c.access)) return ec;
+      flags |= IBV_REREG_MR_CHANGE_ACCESS;
+    }
+    if (flags == 0) return make_error_code(errc::nothing_to_change);
+    // Windows bound to this MR refer to the registration being replaced.
+    if (h_.live_children() != 0) return make_error_code(errc::busy);
+
+    const mr_range to = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? *c.translation
+                                                                  : mr_range{mr->addr, mr->length};
+    const ProtectionDomain *pd = (flags & IBV_REREG_MR_CHANGE_PD) ? c.pd : nullptr;
+    const access_flags acc = (flags & IBV_REREG_MR_CHANGE_ACCESS) ? *c.access : access_;
+
+    if (policy != rereg_policy::replacement_only) {
+      if (native_unsupported_) {
+        if (policy == rereg_policy::native_only) return make_error_code(errc::unsupported);
+      } else {
+        const bool tr = flags & IBV_REREG_MR_CHANGE_TRANSLATION;
+        auto r = rereg_native_call(flags, pd, tr ? to.addr : nullptr, tr ? to.length : 0,
+                                   (flags & IBV_REREG_MR_CHANGE_ACCESS) ? int(acc.native()) : 0);
+        // Only "no rereg in this provider" falls through to the replacement.
+        if (r || policy == rereg_policy::native_only || !native_unsupported_) return r;
+      }
+    }
+    return rereg_replace(flags, pd, to, acc);
+  }
+
+  /// ibv_rereg_mr exactly as given (flags, pd, addr, length, access), with no argument checks,
+  /// and the return-code table applied to this MR. For tests that need the verb's own answers to
+  /// bad input; use rereg(). Errors: as rereg()'s native path; errc::unsupported for -4/EOPNOTSUPP.
+  result<rereg_info> rereg_native_unchecked(int flags, const ProtectionDomain *pd, void *addr,
+                                            std::size_t length, int access) noexcept {
+    if (auto ec = usable()) return ec;
+    return rereg_native_call(flags, pd, addr, length, access);
+  }
+
+  /// Memory windows bound (or with a bind in flight) to this MR (memory_window.hpp).
+  [[nodiscard]] std::uint32_t bound_windows() const noexcept { return h_.live_children(); }
 
   /// Empty error when the MR can be used; errc::null_handle or errc::unusable otherwise.
   [[nodiscard]] std::error_code usable() const noexcept {
@@ -141,6 +270,58 @@ private:
     static int destroy(native *m) noexcept { return ::ibv_dereg_mr(m); }
   };
 
+  // ibv_rereg_mr with exactly these arguments, then the return-code table applied to this MR.
+  result<rereg_info> rereg_native_call(int flags, const ProtectionDomain *pd, void *addr,
+                                       std::size_t length, int access) noexcept {
+    ibv_mr *mr = h_.get();
+    const std::uint32_t lkey = mr->lkey, rkey = mr->rkey;
+    errno = 0;
+    const int rc = detail::call_rereg_mr(mr, flags, pd ? pd->native_handle() : nullptr, addr,
+                                         length, access);
+    const int err = errno;
+    const auto outcome = detail::classify_rereg(rc, err);
+    if (rc != 0 && outcome.unsupported) {
+      native_unsupported_ = true;
+      return make_error_code(errc::unsupported);
+    }
+    if (rc == 0 || outcome.state == rereg_state::new_valid) {
+      // ibv_rereg_mr updated addr, length, pd and the keys in the ibv_mr; refresh the rest.
+      if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+        iova_ = reinterpret_cast<std::uintptr_t>(mr->addr);
+        kind_ = mr_kind::user;
+      }
+      if (flags & IBV_REREG_MR_CHANGE_PD) h_.set_parent(pd->node());
+      if (flags & IBV_REREG_MR_CHANGE_ACCESS) access_ = access_flags(unsigned(access));
+    }
+    if (rc == 0) return rereg_info{rereg_path::native, mr->lkey != lkey || mr->rkey != rkey};
+    if (outcome.state == rereg_state::unusable) state_ = mr_state::unusable;
+    return rereg_error(outcome.state, rc, err);
+  }
+
+  // Make-before-break: the new registration exists before the old one goes, and any failure
+  // leaves the old one registered and in the handle.
+  result<rereg_info> rereg_replace(int flags, const ProtectionDomain *pd, mr_range to,
+                                   access_flags acc) noexcept {
+    ibv_mr *old = h_.get();
+    const std::uint64_t iova = (flags & IBV_REREG_MR_CHANGE_TRANSLATION)
+                                   ? reinterpret_cast<std::uintptr_t>(to.addr)
+                                   : iova_;
+    ibv_mr *fresh = ::ibv_reg_mr_iova2(pd ? pd->native_handle() : old->pd, to.addr, to.length,
+                                       iova, int(acc.native()));
+    if (!fresh) return rereg_error(rereg_state::old_valid, 0, errno);
+    if (const int rc = ::ibv_dereg_mr(old)) {
+      // The old MR is still in use (e.g. memory windows bound to it): keep it, drop the new one.
+      ::ibv_dereg_mr(fresh);
+      return rereg_error(rereg_state::old_valid, 0, rc == EINVAL ? EBUSY : rc);
+    }
+    h_.replace(fresh);
+    if (pd) h_.set_parent(pd->node());
+    iova_ = iova;
+    access_ = acc;
+    if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) kind_ = mr_kind::user;
+    return rereg_info{rereg_path::replacement, true};
+  }
+
   [[nodiscard]] static std::error_code check_reg_args(const void *addr, std::size_t length,
                                                       access_flags acc) noexcept {
     if (!addr) return make_error_code(errc::null_address);
@@ -154,10 +335,17 @@ private:
     // Arguments first, so that every malformed call is refused the same way with or without a PD.
     if (auto ec = check_reg_args(addr, length, acc)) return ec;
     if (!pd) return make_error_code(errc::null_handle);
+    // The node counts memory windows bound to this MR (dereg refuses with errc::busy meanwhile).
+    detail::parent_node *node = detail::new_parent_node();
+    if (!node) return std::make_error_code(std::errc::not_enough_memory);
     ibv_mr *mr = ::ibv_reg_mr_iova2(pd.native_handle(), addr, length, iova, int(acc.native()));
-    if (!mr) return last_errno();
+    if (!mr) {
+      const auto ec = last_errno();
+      delete node;
+      return ec;
+    }
     MemoryRegion r;
-    r.h_ = detail::handle<traits>(mr, pd.node(), nullptr);
+    r.h_ = detail::handle<traits>(mr, pd.node(), node);
     r.iova_ = iova;
     r.access_ = acc;
     r.kind_ = kind;
@@ -166,7 +354,6 @@ private:
 
   friend class MemoryWindow;
   friend class IndirectKey;
-  friend struct detail_rereg_access;
 
   // Declaration order matters: pages_ is destroyed after h_ (dereg before munmap).
   detail::owned_pages pages_;
@@ -175,6 +362,7 @@ private:
   access_flags access_;
   mr_kind kind_ = mr_kind::user;
   mr_state state_ = mr_state::valid;
+  bool native_unsupported_ = false; // learned from -4/EOPNOTSUPP: skip the native attempt
 };
 
 } // namespace rdmaxx

@@ -88,6 +88,51 @@ inline bool all_equal(const void *p, std::size_t n, unsigned char v) {
 
 constexpr access_flags remote_rw = access::local_write | access::remote_write | access::remote_read;
 
+/// One signalled RDMA write from `src` on `qp`; returns its completion status.
+inline ibv_wc_status write_one(QueuePair &qp, CompletionQueue &cq, const ibv_sge &src,
+                               remote_addr dst, std::uint64_t id = 1) {
+  auto batch = qp.start_send();
+  batch.write({id, send_flag::signaled}, dst, src);
+  need(batch.submit(), "submit write");
+  return wait_wc(cq, 1).front().status;
+}
+/// One signalled RDMA read into `dst` on `qp`; returns its completion status.
+inline ibv_wc_status read_one(QueuePair &qp, CompletionQueue &cq, const ibv_sge &dst,
+                              remote_addr src, std::uint64_t id = 2) {
+  auto batch = qp.start_send();
+  batch.read({id, send_flag::signaled}, src, dst);
+  need(batch.submit(), "submit read");
+  return wait_wc(cq, 1).front().status;
+}
+/// After a remote error both QPs are in ERR: drain flushed work and reconnect both.
+inline void recover_pair(QueuePair &a, CompletionQueue &cq_a, QueuePair &b, CompletionQueue &cq_b) {
+  ibv_wc wc[16];
+  while (cq_a.poll(wc).value() > 0) {}
+  while (cq_b.poll(wc).value() > 0) {}
+  need(a.reset_and_reconnect(), "reconnect a");
+  need(b.reset_and_reconnect(), "reconnect b");
+}
+
+/// Two RC QPs of `pd` connected to each other: `a` initiates, `b` is the target.
+struct qp_pair {
+  CompletionQueue cq_a, cq_b;
+  QueuePair a, b;
+  qp_pair(const Context &ctx, const ProtectionDomain &pd)
+      : cq_a(need(CompletionQueue::create(ctx, 64), "create_cq a")),
+        cq_b(need(CompletionQueue::create(ctx, 64), "create_cq b")),
+        a(need(QueuePair::create(pd, cq_a, cq_a), "create_qp a")),
+        b(need(QueuePair::create(pd, cq_b, cq_b), "create_qp b")) {
+    need(connect_loopback(a, b), "connect_loopback");
+  }
+  void recover() { recover_pair(a, cq_a, b, cq_b); }
+  ibv_wc_status write(const ibv_sge &src, remote_addr dst, std::uint64_t id = 1) {
+    return write_one(a, cq_a, src, dst, id);
+  }
+  ibv_wc_status read(const ibv_sge &dst, remote_addr src, std::uint64_t id = 2) {
+    return read_one(a, cq_a, dst, src, id);
+  }
+};
+
 /// A device with two RC QPs connected to each other (loopback). `a` initiates, `b` is the target.
 struct loopback {
   Context ctx = open_device();
@@ -100,26 +145,13 @@ struct loopback {
   loopback() { need(connect_loopback(a, b), "connect_loopback"); }
 
   /// After a remote error both QPs are in ERR: drain flushed work and reconnect both.
-  void recover() {
-    ibv_wc wc[16];
-    while (cq_a.poll(wc).value() > 0) {}
-    while (cq_b.poll(wc).value() > 0) {}
-    need(a.reset_and_reconnect(), "reconnect a");
-    need(b.reset_and_reconnect(), "reconnect b");
-  }
-
+  void recover() { recover_pair(a, cq_a, b, cq_b); }
   /// One signalled RDMA write from `src` on QP a; returns its completion status.
   ibv_wc_status write(const ibv_sge &src, remote_addr dst, std::uint64_t id = 1) {
-    auto batch = a.start_send();
-    batch.write({id, send_flag::signaled}, dst, src);
-    need(batch.submit(), "submit write");
-    return wait_wc(cq_a, 1).front().status;
+    return write_one(a, cq_a, src, dst, id);
   }
   ibv_wc_status read(const ibv_sge &dst, remote_addr src, std::uint64_t id = 2) {
-    auto batch = a.start_send();
-    batch.read({id, send_flag::signaled}, src, dst);
-    need(batch.submit(), "submit read");
-    return wait_wc(cq_a, 1).front().status;
+    return read_one(a, cq_a, dst, src, id);
   }
 };
 
