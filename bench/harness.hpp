@@ -1,0 +1,79 @@
+// bench/harness.hpp: raw-verbs vs rdmaxx, interleaved in one run.
+//
+// Each benchmark gives two bodies doing the same work, one in raw rdma-core and one in rdmaxx.
+// They run alternately (raw, rdmaxx, raw, rdmaxx, ...) for `reps` repetitions of `iters`
+// operations, so that drift in an emulated VM hits both alike; the report is the median ops/s of
+// each and the ratio rdmaxx/raw of the median times per operation (> 1 means rdmaxx is slower).
+//
+// Environment: RDMAXX_BENCH_SCALE (float, default 1) scales iteration counts (the rxe suite's smoke
+// run uses a tiny one); RDMAXX_BENCH_JSON=path appends one JSON object per result line.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace bench {
+
+inline double scale() {
+  const char *s = std::getenv("RDMAXX_BENCH_SCALE");
+  return s ? std::atof(s) : 1.0;
+}
+inline long scaled(long n) { return std::max(1L, long(double(n) * scale())); }
+
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const auto n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+struct outcome {
+  std::string name;
+  double raw_ops = 0, rdmaxx_ops = 0, ratio = 0;
+  int reps = 0;
+  long iters = 0;
+};
+
+inline void report(const outcome &o, const char *unit = "ops/s") {
+  std::printf("%-44s raw %12.0f  rdmaxx %12.0f %s  rdmaxx/raw %.3f  (%d reps x %ld)\n",
+              o.name.c_str(), o.raw_ops, o.rdmaxx_ops, unit, o.ratio, o.reps, o.iters);
+  std::fflush(stdout);
+  if (const char *path = std::getenv("RDMAXX_BENCH_JSON")) {
+    if (FILE *f = std::fopen(path, "a")) {
+      std::fprintf(f,
+                   "{\"benchmark\": \"%s\", \"raw\": %.1f, \"rdmaxx\": %.1f, \"ratio\": %.4f, "
+                   "\"unit\": \"%s\", \"repetitions\": %d, \"iterations\": %ld}\n",
+                   o.name.c_str(), o.raw_ops, o.rdmaxx_ops, o.ratio, unit, o.reps, o.iters);
+      std::fclose(f);
+    }
+  }
+}
+
+/// Run raw(iters) and ours(iters) alternately `reps` times; each returns false on failure.
+/// The ratio is rdmaxx time per op over raw time per op (medians).
+inline bool compare(const std::string &name, int reps, long iters,
+                    const std::function<bool(long)> &raw, const std::function<bool(long)> &ours) {
+  using clock = std::chrono::steady_clock;
+  std::vector<double> tr, to;
+  // One untimed warm-up of each.
+  if (!raw(std::max(1L, iters / 10)) || !ours(std::max(1L, iters / 10))) return false;
+  for (int r = 0; r < reps; ++r) {
+    for (int side = 0; side < 2; ++side) {
+      // Alternate which side goes first, so neither always runs on a warmer cache.
+      const bool raw_turn = (side == 0) == (r % 2 == 0);
+      const auto t0 = clock::now();
+      if (!(raw_turn ? raw(iters) : ours(iters))) return false;
+      const double s = std::chrono::duration<double>(clock::now() - t0).count();
+      (raw_turn ? tr : to).push_back(s / double(iters));
+    }
+  }
+  outcome o{name, 1.0 / median(tr), 1.0 / median(to), median(to) / median(tr), reps, iters};
+  report(o);
+  return true;
+}
+
+} // namespace bench
