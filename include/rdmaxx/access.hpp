@@ -1,4 +1,7 @@
-// rdmaxx/access.hpp: memory access rights (enum ibv_access_flags) as a typed bitmask.
+/// \file
+/// rdmaxx/access.hpp: memory access rights (enum ibv_access_flags) as a typed bitmask.
+///
+/// Allocation: none.
 #pragma once
 
 #include "detail/flags.hpp"
@@ -21,8 +24,10 @@ enum class access : unsigned {
   relaxed_ordering = IBV_ACCESS_RELAXED_ORDERING,
 };
 RDMAXX_FLAGS_OPERATORS(access)
+/// A set of access rights; native() is the IBV_ACCESS_* mask.
 using access_flags = flags<access>;
 
+/// Every access right this library knows; check_access() refuses any other bit.
 inline constexpr access_flags all_known_access =
     access::local_write | access::remote_write | access::remote_read | access::remote_atomic |
     access::mw_bind | access::zero_based | access::on_demand | access::hugetlb |

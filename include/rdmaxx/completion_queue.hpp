@@ -1,8 +1,12 @@
-// rdmaxx/completion_queue.hpp: CompletionChannel (ibv_create_comp_channel(3)) and
-// CompletionQueue (ibv_create_cq(3), ibv_poll_cq(3), ibv_req_notify_cq(3)).
-//
-// Lifetime: both borrow their Context; a CQ borrows its channel; QueuePairs borrow their CQs.
-// Destroy QPs, then CQs, then channels.
+/// \file
+/// rdmaxx/completion_queue.hpp: CompletionChannel (ibv_create_comp_channel(3)) and
+/// CompletionQueue (ibv_create_cq(3), ibv_poll_cq(3), ibv_req_notify_cq(3)).
+///
+/// Lifetime: both borrow their Context; a CQ borrows its channel; QueuePairs borrow their CQs.
+/// Destroy QPs, then CQs, then channels.
+///
+/// Allocation: the create() functions allocate the node that counts children (new(nothrow)) besides
+/// what verbs allocates; poll() and wait() do not allocate.
 #pragma once
 
 #include "detail/handle.hpp"
@@ -37,8 +41,11 @@ public:
     c.h_ = detail::handle<traits>(ch, ctx.h_.node(), node);
     return c;
   }
+  /// The ibv_comp_channel (owned), or nullptr.
   [[nodiscard]] ibv_comp_channel *native_handle() const noexcept { return h_.get(); }
+  /// True unless null (default-constructed or moved from).
   [[nodiscard]] explicit operator bool() const noexcept { return bool(h_); }
+  /// The channel's file descriptor (for poll(2) or epoll), or -1 when null.
   [[nodiscard]] int fd() const noexcept { return h_ ? h_.get()->fd : -1; }
 
 private:
@@ -52,6 +59,9 @@ private:
   detail::handle<traits> h_;
 };
 
+/// A completion queue (ibv_create_cq(3)), optionally attached to a CompletionChannel.
+/// Move-only, null after move; ibv_destroy_cq on destruction (withheld and reported while QPs use
+/// it).
 class CompletionQueue {
 public:
   CompletionQueue() noexcept = default;
@@ -78,8 +88,11 @@ public:
     return q;
   }
 
+  /// The ibv_cq (owned), or nullptr.
   [[nodiscard]] ibv_cq *native_handle() const noexcept { return h_.get(); }
+  /// True unless null (default-constructed, moved from or destroyed).
   [[nodiscard]] explicit operator bool() const noexcept { return bool(h_); }
+  /// The number of entries the provider granted (at least what was asked); 0 when null.
   [[nodiscard]] int capacity() const noexcept { return h_ ? h_.get()->cqe : 0; }
 
   /// ibv_poll_cq into `out`: the number of completions written (0 when none). Fast path: inline,

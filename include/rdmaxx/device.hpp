@@ -1,7 +1,13 @@
-// rdmaxx/device.hpp: the device list, the device Context and its Capabilities.
-//
-// Lifetime: a Context is the root parent. ProtectionDomains, CompletionQueues and
-// CompletionChannels borrow it and must be destroyed first (see detail/handle.hpp).
+/// \file
+/// rdmaxx/device.hpp: the device list, the device Context and its Capabilities.
+///
+/// Lifetime: a Context is the root parent. ProtectionDomains, CompletionQueues and
+/// CompletionChannels borrow it and must be destroyed first (see detail/handle.hpp).
+///
+/// Allocation: DeviceList::get() and Context::open() allocate inside verbs; Context::open() also
+/// allocates the small node that counts its children (new(nothrow): out of memory is an error code,
+/// never an exception). Queries allocate nothing but what verbs and the live probes' scratch
+/// objects allocate.
 #pragma once
 
 #include "detail/handle.hpp"
@@ -34,10 +40,15 @@ public:
     return DeviceList(l, n);
   }
 
+  /// The number of devices.
   [[nodiscard]] std::size_t size() const noexcept { return n_; }
+  /// True when there is no device (not an error: a host without RDMA).
   [[nodiscard]] bool empty() const noexcept { return n_ == 0; }
+  /// Device `i` (`i < size()`, not checked).
   [[nodiscard]] ibv_device *operator[](std::size_t i) const noexcept { return h_.get()[i]; }
+  /// All devices, for range-for.
   [[nodiscard]] std::span<ibv_device *const> devices() const noexcept { return {h_.get(), n_}; }
+  /// The list as ibv_get_device_list returned it (owned by this object).
   [[nodiscard]] ibv_device **native_handle() const noexcept { return h_.get(); }
   /// The device called `name`, or nullptr.
   [[nodiscard]] ibv_device *find(std::string_view name) const noexcept {
@@ -61,21 +72,45 @@ private:
 /// Yes / no / not known (a capability verbs does not report and that was not probed).
 enum class tristate : std::uint8_t { unknown, no, yes };
 
+/// How IndirectKey (indirect_key.hpp) works on a device: hardware UMR through mlx5dv, the
+/// portable software path (flattened segments; remote use through type-2 memory windows), or
+/// none (no hardware UMR and no type-2 windows: software keys work for local use only).
+enum class umr_backend : std::uint8_t { none, software, mlx5 };
+
+namespace detail {
+/// RDMAXX_UMR=software forces the software backend (tests, devices where UMR misbehaves).
+[[nodiscard]] inline bool umr_forced_software() noexcept {
+  const char *v = std::getenv("RDMAXX_UMR");
+  return v && std::string_view(v) == "software";
+}
+} // namespace detail
+
 /// What a device can do for memory registration, windows and indirect keys.
 struct Capabilities {
+  /// Device name (ibv_get_device_name), NUL-terminated.
   char name[IBV_SYSFS_NAME_MAX] = {};
+  /// IEEE vendor id (ibv_device_attr::vendor_id).
   std::uint32_t vendor_id = 0;
+  /// The vendor's part id (vendor_part_id).
   std::uint32_t vendor_part_id = 0;
+  /// Number of physical ports (phys_port_cnt).
   std::uint8_t phys_port_cnt = 0;
   bool mw_type1 = false;   ///< IBV_DEVICE_MEM_WINDOW
   bool mw_type2a = false;  ///< IBV_DEVICE_MEM_WINDOW_TYPE_2A
   bool mw_type2b = false;  ///< IBV_DEVICE_MEM_WINDOW_TYPE_2B
+  /// Most memory windows (max_mw).
   std::uint32_t max_mw = 0;
+  /// Most memory regions (max_mr).
   std::uint32_t max_mr = 0;
+  /// Largest memory region in bytes (max_mr_size).
   std::uint64_t max_mr_size = 0;
+  /// Most scatter/gather entries per work request (max_sge).
   std::uint32_t max_sge = 0;
+  /// Most outstanding work requests per queue (max_qp_wr).
   std::uint32_t max_qp_wr = 0;
+  /// Most entries of a completion queue (max_cqe).
   std::uint32_t max_cqe = 0;
+  /// Most outstanding RDMA reads and atomics per QP as target (max_qp_rd_atom).
   std::uint32_t max_qp_rd_atom = 0;
   bool atomics = false;    ///< atomic_cap != IBV_ATOMIC_NONE
   /// Largest max_inline_data a RC QP accepted when probed (verbs does not report it);
@@ -84,11 +119,18 @@ struct Capabilities {
   bool mlx5dv = false;     ///< mlx5dv_is_supported (false when built without the mlx5 option)
   /// ibv_rereg_mr works here: probed by re-registering a scratch MR with unchanged access.
   tristate native_rereg = tristate::unknown;
+  /// The backend IndirectKey uses by default here (RDMAXX_UMR=software forces software).
+  umr_backend umr = umr_backend::none;
+  /// Whether accesses through a window's rkey are confined to the window (rxe: no, only the MR's
+  /// bounds are checked). Only probe_window_bounds() (memory_window.hpp) sets it.
+  tristate mw_bounds_enforced = tristate::unknown;
 };
 
 /// Which live probes query_capabilities runs (each creates and destroys scratch objects).
 struct probe_options {
+  /// Probe the largest max_inline_data (scratch CQ and QPs).
   bool inline_data = true;
+  /// Probe ibv_rereg_mr (registers and re-registers a scratch page).
   bool native_rereg = true;
 };
 
@@ -121,8 +163,11 @@ public:
     return open(list.empty() ? nullptr : list[0]);
   }
 
+  /// The ibv_context (owned: do not close it), or nullptr.
   [[nodiscard]] ibv_context *native_handle() const noexcept { return h_.get(); }
+  /// True unless null (default-constructed, moved from or closed).
   [[nodiscard]] explicit operator bool() const noexcept { return bool(h_); }
+  /// The device name (ibv_get_device_name); empty when null.
   [[nodiscard]] std::string_view name() const noexcept {
     return h_ ? ::ibv_get_device_name(h_.get()->device) : std::string_view{};
   }
@@ -172,6 +217,9 @@ public:
 #if RDMAXX_HAVE_MLX5
     c.mlx5dv = ::mlx5dv_is_supported(h_.get()->device);
 #endif
+    c.umr = c.mlx5dv && !detail::umr_forced_software() ? umr_backend::mlx5
+            : (c.mw_type2a || c.mw_type2b)            ? umr_backend::software
+                                                       : umr_backend::none;
     if (probes.inline_data || probes.native_rereg) probe(c, probes);
     return c;
   }

@@ -1,15 +1,18 @@
-// rdmaxx/error.hpp: the error model of rdmaxx.
-//
-// Every fallible call returns result<T> (Boost.Outcome's std_result over std::error_code,
-// [[nodiscard]] by construction). Codes come from five places:
-//   - errno from a verb: generic_category, built by errno_code() / last_errno();
-//   - what rdmaxx itself detects: rdmaxx::errc in rdmaxx::error_category();
-//   - a failed work completion: ibv_wc_status in rdmaxx::wc_category();
-//   - a failed QP state transition: qp_transition_category(), which names the transition and
-//     the attribute together with the errno;
-//   - a failed re-registration: rereg_category(), which says which MR is left valid.
-// All of them map to portable std::errc conditions, and every "this device does not support it"
-// answer compares equal to rdmaxx::condition::unsupported (see is_unsupported()).
+/// \file
+/// rdmaxx/error.hpp: the error model of rdmaxx.
+///
+/// Every fallible call returns result<T> (Boost.Outcome's std_result over std::error_code,
+/// [[nodiscard]] by construction). Codes come from five places:
+///   - errno from a verb: generic_category, built by errno_code() / last_errno();
+///   - what rdmaxx itself detects: rdmaxx::errc in rdmaxx::error_category();
+///   - a failed work completion: ibv_wc_status in rdmaxx::wc_category();
+///   - a failed QP state transition: qp_transition_category(), which names the transition and
+///     the attribute together with the errno;
+///   - a failed re-registration: rereg_category(), which says which MR is left valid.
+/// All of them map to portable std::errc conditions, and every "this device does not support it"
+/// answer compares equal to rdmaxx::condition::unsupported (see is_unsupported()).
+///
+/// Allocation: nothing here allocates, except the categories' message() (a std::string).
 #pragma once
 
 #include <boost/outcome/std_result.hpp>
@@ -25,6 +28,7 @@
 
 namespace rdmaxx {
 
+/// Boost.Outcome (header-only), on which result is built.
 namespace outcome = BOOST_OUTCOME_V2_NAMESPACE;
 
 namespace detail {
@@ -44,12 +48,15 @@ using result_policy = outcome::policy::terminate;
 template <class T>
 using result = outcome::std_result<T, std::error_code, detail::result_policy<T>>;
 
+/// success(): what a function returning result<void> returns when it succeeds.
 using outcome::success;
 
 // Propagate a failure from a function that itself returns a result. Our own macros, because
 // BOOST_OUTCOME_TRY changed meaning between Boost 1.74 and 1.76.
+/// \cond
 #define RDMAXX_CAT2_(a, b) a##b
 #define RDMAXX_CAT_(a, b) RDMAXX_CAT2_(a, b)
+/// \endcond
 /// RDMAXX_TRYV(expr): return expr's error if it failed.
 #define RDMAXX_TRYV(...)                                                                        \
   do {                                                                                         \
@@ -156,6 +163,7 @@ inline const std::error_category &error_category() noexcept {
   static const detail::rdmaxx_category_impl c;
   return c;
 }
+/// An rdmaxx::errc as a std::error_code; also makes `ec == rdmaxx::errc::busy` work.
 inline std::error_code make_error_code(errc e) noexcept {
   return {static_cast<int>(e), error_category()};
 }
@@ -213,6 +221,7 @@ inline const std::error_category &wc_category() noexcept {
   if (s == IBV_WC_SUCCESS) return {};
   return {static_cast<int>(s), wc_category()};
 }
+/// The status of a polled work completion as an error_code (empty on success).
 [[nodiscard]] inline std::error_code wc_error(const ibv_wc &wc) noexcept { return wc_error(wc.status); }
 
 // ---------------------------------------------------------------------------------------------
@@ -240,18 +249,22 @@ public:
 };
 } // namespace detail
 
+/// The category of rdmaxx::condition.
 inline const std::error_category &condition_category() noexcept {
   static const detail::condition_category_impl c;
   return c;
 }
+/// Makes `ec == rdmaxx::condition::unsupported` work.
 inline std::error_condition make_error_condition(condition c) noexcept {
   return {static_cast<int>(c), condition_category()};
 }
 
 } // namespace rdmaxx
 
+/// \cond
 template <> struct std::is_error_code_enum<rdmaxx::errc> : std::true_type {};
 template <> struct std::is_error_condition_enum<rdmaxx::condition> : std::true_type {};
+/// \endcond
 
 namespace rdmaxx {
 
@@ -328,6 +341,7 @@ public:
 };
 } // namespace detail
 
+/// The category of failed QP state transitions (see qp_transition_error()).
 inline const std::error_category &qp_transition_category() noexcept {
   static const detail::qp_transition_category_impl c;
   return c;
@@ -388,6 +402,7 @@ public:
 };
 } // namespace detail
 
+/// The category of failed re-registrations (see rereg_error() and rereg_state_of()).
 inline const std::error_category &rereg_category() noexcept {
   static const detail::rereg_category_impl c;
   return c;
@@ -426,19 +441,19 @@ struct destroy_failure {
   const char *object;        ///< "ProtectionDomain", "MemoryRegion", ...
   const char *verb;          ///< the verb that failed or was withheld, e.g. "ibv_dealloc_pd"
   std::error_code error;     ///< errno of the verb, or errc::busy when children are alive
-  unsigned live_children;    ///< children still alive (the object was left allocated for them)
+  unsigned live_children;    ///< children still alive (destruction deferred to the last of them)
 };
 
+/// Called by destructors that could not destroy their object (see set_destroy_failure_handler()).
 using destroy_failure_handler = void (*)(const destroy_failure &) noexcept;
 
 namespace detail {
 inline void default_destroy_failure_handler(const destroy_failure &f) noexcept {
   if (f.live_children != 0)
     std::fprintf(stderr,
-                 "rdmaxx: %s destroyed while %u child object(s) still use it; %s was not called "
-                 "and the %s is left allocated so the children stay valid. Destroy children "
-                 "before their parent.\n",
-                 f.object, f.live_children, f.verb, f.object);
+                 "rdmaxx: %s destroyed while %u child object(s) still use it; %s is deferred "
+                 "until the last of them is destroyed. Destroy children before their parent.\n",
+                 f.object, f.live_children, f.verb);
   else
     std::fprintf(stderr, "rdmaxx: %s failed while destroying a %s: %s\n", f.verb, f.object,
                  f.error.message().c_str());

@@ -1,8 +1,12 @@
-// rdmaxx/protection_domain.hpp: ProtectionDomain (ibv_alloc_pd(3)).
-//
-// Lifetime: borrows its Context. MemoryRegions, MemoryWindows and QueuePairs borrow the PD and
-// must be destroyed before it; destroying it earlier is reported (detail/handle.hpp), not leaked
-// silently.
+/// \file
+/// rdmaxx/protection_domain.hpp: ProtectionDomain (ibv_alloc_pd(3)).
+///
+/// Lifetime: borrows its Context. MemoryRegions, MemoryWindows and QueuePairs borrow the PD and
+/// must be destroyed before it; destroying it earlier is reported (detail/handle.hpp), not leaked
+/// silently.
+///
+/// Allocation: alloc() allocates the node that counts the PD's children (new(nothrow)) besides
+/// what ibv_alloc_pd allocates; nothing else allocates.
 #pragma once
 
 #include "detail/handle.hpp"
@@ -11,6 +15,9 @@
 
 namespace rdmaxx {
 
+/// A protection domain (ibv_alloc_pd(3)): the parent of memory regions, memory windows and
+/// queue pairs. Move-only, null after move; ibv_dealloc_pd on destruction (withheld and reported
+/// while children are alive).
 class ProtectionDomain {
 public:
   ProtectionDomain() noexcept = default;
@@ -29,8 +36,11 @@ public:
     return ProtectionDomain(pd, ctx.h_.node(), node);
   }
 
+  /// The ibv_pd (owned: do not deallocate it), or nullptr.
   [[nodiscard]] ibv_pd *native_handle() const noexcept { return h_.get(); }
+  /// True unless null (default-constructed, moved from or deallocated).
   [[nodiscard]] explicit operator bool() const noexcept { return bool(h_); }
+  /// The device context of the PD, or nullptr when null.
   [[nodiscard]] ibv_context *context() const noexcept { return h_ ? h_.get()->context : nullptr; }
   /// Objects (MRs, MWs, QPs) that still use this PD.
   [[nodiscard]] std::uint32_t live_children() const noexcept { return h_.live_children(); }

@@ -1,9 +1,14 @@
-// rdmaxx/queue_pair.hpp: reliable-connected QueuePair (ibv_create_qp_ex(3), ibv_modify_qp(3)),
-// its connection, and the send batch (ibv_wr_start(3) .. ibv_wr_complete) and post_recv.
-//
-// Lifetime: borrows its ProtectionDomain and both CompletionQueues (destroy the QP first).
-// Type-2 memory windows bound through a QP count as its children: destroy or invalidate them
-// before the QP (rxe blocks for ~50 s destroying a QP with a bound type-2 window).
+/// \file
+/// rdmaxx/queue_pair.hpp: reliable-connected QueuePair (ibv_create_qp_ex(3), ibv_modify_qp(3)),
+/// its connection, and the send batch (ibv_wr_start(3) .. ibv_wr_complete) and post_recv.
+///
+/// Lifetime: borrows its ProtectionDomain and both CompletionQueues (destroy the QP first).
+/// Type-2 memory windows bound through a QP count as its children: destroy or invalidate them
+/// before the QP (rxe blocks for ~50 s destroying a QP with a bound type-2 window).
+///
+/// Allocation: QueuePair::create() allocates the node that counts the QP's children (new(nothrow))
+/// besides what verbs allocates; the fast path (SendBatch, post_recv) and the connection calls do
+/// not allocate.
 #pragma once
 
 #include "completion_queue.hpp"
@@ -26,6 +31,7 @@ enum class send_flag : unsigned {
   inline_data = IBV_SEND_INLINE,
 };
 RDMAXX_FLAGS_OPERATORS(send_flag)
+/// A set of work-request flags; native() is the IBV_SEND_* mask.
 using send_flags = flags<send_flag>;
 
 /// Send operations a QP is created with (IBV_QP_EX_WITH_*).
@@ -42,6 +48,7 @@ enum class send_op : std::uint64_t {
   send_inv = IBV_QP_EX_WITH_SEND_WITH_INV,
 };
 RDMAXX_FLAGS_OPERATORS(send_op)
+/// A set of send operations; native() is the IBV_QP_EX_WITH_* mask.
 using send_ops = flags<send_op>;
 
 /// Every operation the rdmaxx features need (the default).
@@ -52,33 +59,49 @@ inline constexpr send_ops all_send_ops =
 
 /// Queue sizes of a QP (struct ibv_qp_cap).
 struct qp_caps {
+  /// Outstanding send work requests.
   std::uint32_t max_send_wr = 64;
+  /// Outstanding receive work requests.
   std::uint32_t max_recv_wr = 64;
+  /// Scatter/gather entries per send work request.
   std::uint32_t max_send_sge = 4;
+  /// Scatter/gather entries per receive work request.
   std::uint32_t max_recv_sge = 4;
+  /// Bytes one send can carry inline (IBV_SEND_INLINE).
   std::uint32_t max_inline_data = 64;
 };
 
 /// What a peer needs to connect to a QP: exchange it out of band.
 struct endpoint {
+  /// QP number.
   std::uint32_t qpn = 0;
+  /// Initial send PSN (24 bits): the receive PSN the peer expects.
   std::uint32_t psn = 0;
+  /// GID of the port (required on RoCE).
   ibv_gid gid{};
+  /// LID of the port (InfiniBand; 0 on RoCE).
   std::uint16_t lid = 0;
+  /// Path MTU this side can use.
   ibv_mtu mtu = IBV_MTU_1024;
 };
 
 /// The local side's choices for a connection.
 struct connect_options {
+  /// Port number (1-based).
   std::uint8_t port = 1;
   int gid_index = 1;            ///< on rxe, 1 is the RoCEv2 IPv4-mapped GID
   ibv_mtu mtu = IBV_MTU_1024;   ///< the smaller of this and the peer's mtu is used
   std::uint32_t psn = 0;        ///< our send PSN
   std::uint8_t timeout = 14;    ///< 4.096 us * 2^timeout
+  /// Transport retries before an error completion (0..7).
   std::uint8_t retry_cnt = 7;
+  /// Retries after receiver-not-ready (0..7; 7: without limit).
   std::uint8_t rnr_retry = 7;
+  /// Receiver-not-ready delay code this side asks for (0..31).
   std::uint8_t min_rnr_timer = 12;
+  /// Outstanding RDMA reads and atomics this QP initiates.
   std::uint8_t max_rd_atomic = 1;
+  /// Outstanding RDMA reads and atomics this QP accepts as target.
   std::uint8_t max_dest_rd_atomic = 1;
   /// Remote operations this QP accepts as a target.
   unsigned qp_access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
@@ -87,13 +110,17 @@ struct connect_options {
 
 /// An address in a peer's registered memory: where to read or write and the key that allows it.
 struct remote_addr {
+  /// Remote address (an offset for zero-based keys).
   std::uint64_t addr = 0;
+  /// Remote key of the region, window or indirect key covering addr.
   std::uint32_t rkey = 0;
 };
 
 /// Identity and flags of one work request.
 struct wr {
+  /// wr_id, returned in the completion.
   std::uint64_t id = 0;
+  /// IBV_SEND_* flags (signaled, fence, solicited, inline).
   send_flags flags{};
 };
 
@@ -102,6 +129,7 @@ struct wr {
 /// time per QP. Every member is inline, noexcept and allocation-free.
 class [[nodiscard]] SendBatch {
 public:
+  /// Moves the open batch; the moved-from batch no longer aborts.
   SendBatch(SendBatch &&) noexcept = default;
   SendBatch &operator=(SendBatch &&) = delete;
   ~SendBatch() {
@@ -109,9 +137,11 @@ public:
   }
 
   // Each operation: start the WR with its op verb (which takes id and flags), then its data.
+  /// RDMA write of one local SGE to `r` (ibv_wr_rdma_write).
   SendBatch &write(wr w, remote_addr r, const ibv_sge &s) noexcept {
     begin(w); ::ibv_wr_rdma_write(q(), r.rkey, r.addr); set(s); return *this;
   }
+  /// RDMA write gathering several local SGEs (ibv_wr_rdma_write, ibv_wr_set_sge_list).
   SendBatch &write(wr w, remote_addr r, std::span<const ibv_sge> s) noexcept {
     begin(w); ::ibv_wr_rdma_write(q(), r.rkey, r.addr); set(s); return *this;
   }
@@ -120,21 +150,27 @@ public:
     w.flags |= send_flag::inline_data;
     begin(w); ::ibv_wr_rdma_write(q(), r.rkey, r.addr); set_inline(data); return *this;
   }
+  /// RDMA write with immediate (ibv_wr_rdma_write_imm); imm_be in network byte order.
   SendBatch &write_imm(wr w, remote_addr r, std::uint32_t imm_be, const ibv_sge &s) noexcept {
     begin(w); ::ibv_wr_rdma_write_imm(q(), r.rkey, r.addr, imm_be); set(s); return *this;
   }
+  /// RDMA read from `r` into one local SGE (ibv_wr_rdma_read).
   SendBatch &read(wr w, remote_addr r, const ibv_sge &s) noexcept {
     begin(w); ::ibv_wr_rdma_read(q(), r.rkey, r.addr); set(s); return *this;
   }
+  /// RDMA read scattering into several local SGEs (ibv_wr_rdma_read, ibv_wr_set_sge_list).
   SendBatch &read(wr w, remote_addr r, std::span<const ibv_sge> s) noexcept {
     begin(w); ::ibv_wr_rdma_read(q(), r.rkey, r.addr); set(s); return *this;
   }
+  /// Send of one SGE (ibv_wr_send); consumes a receive the peer posted.
   SendBatch &send(wr w, const ibv_sge &s) noexcept {
     begin(w); ::ibv_wr_send(q()); set(s); return *this;
   }
+  /// Send gathering several SGEs (ibv_wr_send, ibv_wr_set_sge_list).
   SendBatch &send(wr w, std::span<const ibv_sge> s) noexcept {
     begin(w); ::ibv_wr_send(q()); set(s); return *this;
   }
+  /// Send that copies `data` at post time (IBV_SEND_INLINE; no lkey needed).
   SendBatch &send_inline(wr w, std::span<const std::byte> data) noexcept {
     w.flags |= send_flag::inline_data;
     begin(w); ::ibv_wr_send(q()); set_inline(data); return *this;
@@ -147,13 +183,18 @@ public:
   SendBatch &send_inv(wr w, std::uint32_t invalidate_rkey, std::span<const ibv_sge> s) noexcept {
     begin(w); ::ibv_wr_send_inv(q(), invalidate_rkey); set(s); return *this;
   }
+  /// Invalidate a local key (ibv_wr_local_inv): a type-2 window or an indirect key.
   SendBatch &local_inv(wr w, std::uint32_t key) noexcept {
     begin(w); ::ibv_wr_local_inv(q(), key); return *this;
   }
+  /// Atomic compare-and-swap of the 8 bytes at `r` (ibv_wr_atomic_cmp_swp); the old value
+  /// is written to result8.
   SendBatch &atomic_cmp_swp(wr w, remote_addr r, std::uint64_t compare, std::uint64_t swap,
                             const ibv_sge &result8) noexcept {
     begin(w); ::ibv_wr_atomic_cmp_swp(q(), r.rkey, r.addr, compare, swap); set(result8); return *this;
   }
+  /// Atomic fetch-and-add on the 8 bytes at `r` (ibv_wr_atomic_fetch_add); the old value
+  /// is written to result8.
   SendBatch &atomic_fetch_add(wr w, remote_addr r, std::uint64_t add, const ibv_sge &result8) noexcept {
     begin(w); ::ibv_wr_atomic_fetch_add(q(), r.rkey, r.addr, add); set(result8); return *this;
   }
@@ -169,6 +210,7 @@ public:
     if (const int rc = ::ibv_wr_complete(qp)) [[unlikely]] return errno_code(rc);
     return success();
   }
+  /// The QP's ibv_qp_ex while the batch is open; nullptr after submit() or a move.
   [[nodiscard]] ibv_qp_ex *native_handle() const noexcept { return qp_.get(); }
 
 private:
@@ -187,6 +229,9 @@ private:
   detail::moved_ptr<ibv_qp_ex> qp_;
 };
 
+/// A reliable-connected queue pair (ibv_create_qp_ex(3)) with the extended send API.
+/// Move-only, null after move; ibv_destroy_qp on destruction (withheld and reported while bound
+/// type-2 windows are alive).
 class QueuePair {
 public:
   QueuePair() noexcept = default;
@@ -230,10 +275,15 @@ public:
     return r;
   }
 
+  /// The ibv_qp (owned: do not destroy it), or nullptr.
   [[nodiscard]] ibv_qp *native_handle() const noexcept { return h_.get(); }
+  /// The same QP as ibv_qp_ex (ibv_qp_to_qp_ex), for the ibv_wr_* API.
   [[nodiscard]] ibv_qp_ex *native_handle_ex() const noexcept { return qpx_.get(); }
+  /// True unless null (default-constructed, moved from or destroyed).
   [[nodiscard]] explicit operator bool() const noexcept { return bool(h_); }
+  /// The QP number, or 0 when null.
   [[nodiscard]] std::uint32_t qp_num() const noexcept { return h_ ? h_.get()->qp_num : 0; }
+  /// The PD the QP was created on, or nullptr when null.
   [[nodiscard]] ibv_pd *pd() const noexcept { return h_ ? h_.get()->pd : nullptr; }
   /// The capacities the provider actually granted (may exceed what was asked).
   [[nodiscard]] const qp_caps &caps() const noexcept { return caps_; }
@@ -254,6 +304,7 @@ public:
     if (const int rc = ::ibv_post_recv(h_.get(), &w, &bad)) [[unlikely]] return errno_code(rc);
     return success();
   }
+  /// ibv_post_recv of one receive with a single SGE. Errors: as above.
   result<void> post_recv(std::uint64_t wr_id, const ibv_sge &sge) noexcept {
     return post_recv(wr_id, std::span<const ibv_sge>(&sge, 1));
   }

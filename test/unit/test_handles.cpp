@@ -80,35 +80,39 @@ TEST_CASE("move assignment releases the object it overwrites", "[unit][handles]"
   CHECK_FALSE(a);
 }
 
-TEST_CASE("a parent destroyed before its children is reported, not silently leaked", "[unit][handles]") {
+TEST_CASE("a parent destroyed before its children is reported and destroyed by its last child", "[unit][handles]") {
   hook_guard g;
-  fake pf{1}, cf{2};
-  fake_handle parent(&pf, nullptr, detail::new_parent_node());
-  {
-    fake_handle child(&cf, parent.node(), nullptr);
-    CHECK(parent.live_children() == 1);
-    // The checked destroy refuses and leaves everything valid.
-    auto r = parent.destroy();
-    REQUIRE_FALSE(r);
-    CHECK(r.error() == errc::busy);
-    CHECK(parent);
-    CHECK(destroyed == 0);
-    detail::parent_node *node = parent.node();
-    // The destructor path: reported through the hook with the child count; destroy verb withheld.
-    parent.reset();
-    REQUIRE(failures.size() == 1);
-    CHECK(std::string(failures[0].object) == "Fake");
-    CHECK(std::string(failures[0].verb) == "fake_destroy");
-    CHECK(failures[0].live_children == 1);
-    CHECK(failures[0].error == errc::busy);
-    CHECK(destroyed == 0);
-    // The child stays valid and destroyable: its node is still alive.
-    CHECK(node->children.load() == 1);
-    child.reset();
-    CHECK(destroyed == 1);
-    CHECK(node->children.load() == 0);
-    delete node; // the test owns the deliberately leaked node
-  }
+  fake gf{0}, pf{1}, cf{2}, cf2{3};
+  fake_handle grand(&gf, nullptr, detail::new_parent_node());
+  fake_handle parent(&pf, grand.node(), detail::new_parent_node());
+  fake_handle child(&cf, parent.node(), nullptr);
+  fake_handle child2(&cf2, parent.node(), nullptr);
+  CHECK(parent.live_children() == 2);
+  CHECK(grand.live_children() == 1);
+  // The checked destroy refuses and leaves everything valid.
+  auto r = parent.destroy();
+  REQUIRE_FALSE(r);
+  CHECK(r.error() == errc::busy);
+  CHECK(parent);
+  CHECK(destroyed == 0);
+  // The destructor path: reported through the hook with the child count; destroy deferred.
+  parent.reset();
+  CHECK_FALSE(parent);
+  REQUIRE(failures.size() == 1);
+  CHECK(std::string(failures[0].object) == "Fake");
+  CHECK(std::string(failures[0].verb) == "fake_destroy");
+  CHECK(failures[0].live_children == 2);
+  CHECK(failures[0].error == errc::busy);
+  CHECK(destroyed == 0);
+  CHECK(grand.live_children() == 1); // the orphan still counts as the grandparent's child
+  child.reset();
+  CHECK(destroyed == 1); // only the child so far
+  child2.reset();
+  CHECK(destroyed == 3); // the last child, then the orphaned parent
+  CHECK(grand.live_children() == 0);
+  CHECK(failures.size() == 1);
+  CHECK(grand.destroy().has_value());
+  CHECK(destroyed == 4);
 }
 
 TEST_CASE("children released in order let the parent be destroyed", "[unit][handles]") {

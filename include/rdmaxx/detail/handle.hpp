@@ -6,9 +6,10 @@
 //
 // A parent counts its live children in a small node allocated once when the parent is created
 // (never touched on the fast path). If a parent is destroyed while children are alive, its destroy
-// verb is NOT called (verbs would refuse, or, for a device context, tear the children down under
-// the application's feet): the destroy-failure hook is told, and the parent's C object and node
-// are deliberately left allocated so that the children remain valid and destroyable.
+// verb is NOT called then (verbs would refuse, or, for a device context, tear the children down
+// under the application's feet): the destroy-failure hook is told, and the destruction is
+// deferred: the parent's C object stays valid, so the children remain usable and destroyable, and
+// the last child to go destroys the parent. Nothing is leaked, nothing is silent.
 #pragma once
 
 #include "../error.hpp"
@@ -41,10 +42,37 @@ private:
   T *p_ = nullptr;
 };
 
-/// Live-children counter of a parent object.
+/// Live-children counter of a parent object, and what to do with the parent if it is destroyed
+/// while children still use it (orphaned: destroyed by its last child).
 struct parent_node {
   std::atomic<std::uint32_t> children{0};
+  std::atomic<bool> orphaned{false};
+  std::atomic<bool> claimed{false};   // whoever sets it first finishes the orphan
+  void *native = nullptr;              // the orphaned C object
+  int (*destroy)(void *) noexcept = nullptr;
+  const char *object = nullptr;
+  const char *verb = nullptr;
+  parent_node *parent = nullptr;       // the orphan's own registration with its parent
 };
+
+void release_child(parent_node *p) noexcept;
+
+/// Destroy an orphaned parent now that its last child is gone, then release its own parent.
+[[gnu::cold]] inline void finish_orphan(parent_node *n) noexcept {
+  if (const int rc = n->destroy(n->native))
+    report_destroy_failure({n->object, n->verb, errno_code(rc), 0});
+  parent_node *up = n->parent;
+  delete n;
+  if (up) release_child(up);
+}
+
+/// One child of `p` is gone.
+inline void release_child(parent_node *p) noexcept {
+  if (p->children.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
+      p->orphaned.load(std::memory_order_acquire) &&
+      !p->claimed.exchange(true, std::memory_order_acq_rel)) [[unlikely]]
+    finish_orphan(p);
+}
 
 /// A child's registration with its parent; released (decremented) when the child is destroyed.
 class child_link {
@@ -64,10 +92,12 @@ public:
   ~child_link() { drop(); }
   [[nodiscard]] parent_node *parent() const noexcept { return p_.get(); }
   void drop() noexcept {
-    if (auto *p = p_.release()) p->children.fetch_sub(1, std::memory_order_release);
+    if (auto *p = p_.release()) release_child(p);
   }
   /// Keep the child registered (its C object could not be destroyed: the parent must stay).
   void keep() noexcept { p_.release(); }
+  /// Hand the registration over (to an orphaned node that releases it later).
+  [[nodiscard]] parent_node *transfer() noexcept { return p_.release(); }
 
 private:
   moved_ptr<parent_node> p_;
@@ -126,9 +156,19 @@ public:
     native *p = p_.release();
     if (!p) return;
     if (const auto n = live_children(); n != 0) {
+      // Children still use it: defer the destruction to the last of them (see the rule above).
       report_destroy_failure({Traits::object, Traits::verb, make_error_code(errc::busy), n});
-      node_.release(); // left for the children; see the lifetime rule above
-      link_.keep();
+      parent_node *node = node_.release();
+      node->native = p;
+      node->destroy = &destroy_erased;
+      node->object = Traits::object;
+      node->verb = Traits::verb;
+      node->parent = link_.transfer();
+      node->orphaned.store(true, std::memory_order_release);
+      // The last child may have gone in the meantime: then nobody else will finish it.
+      if (node->children.load(std::memory_order_acquire) == 0 &&
+          !node->claimed.exchange(true, std::memory_order_acq_rel))
+        finish_orphan(node);
       return;
     }
     if (const int rc = Traits::destroy(p); rc != 0) {
@@ -147,6 +187,8 @@ public:
   }
 
 private:
+  static int destroy_erased(void *p) noexcept { return Traits::destroy(static_cast<native *>(p)); }
+
   child_link link_;  // declared first: released after the object is destroyed
   moved_ptr<native> p_;
   moved_ptr<parent_node> node_;

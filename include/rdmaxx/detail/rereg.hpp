@@ -1,5 +1,8 @@
-// rdmaxx/detail/rereg.hpp: the ibv_rereg_mr(3) return-code table, and the fault-injection seam
-// for the codes a test device cannot produce.
+/// \file
+/// rdmaxx/detail/rereg.hpp: the ibv_rereg_mr(3) return-code table, and the fault-injection seam
+/// for the codes a test device cannot produce.
+///
+/// Allocation: none.
 #pragma once
 
 #include "../error.hpp"
@@ -18,8 +21,10 @@ namespace rdmaxx {
 /// ibv_rereg_mr and returns the code (setting errno) it wants to check. nullptr restores the real
 /// verb. Never install one in production code.
 namespace fault_injection {
+/// The signature of ibv_rereg_mr(3).
 using rereg_mr_fn = int (*)(ibv_mr *mr, int flags, ibv_pd *pd, void *addr, std::size_t length,
                             int access);
+/// The installed substitute (nullptr: the real verb). Install through set_rereg_mr().
 inline std::atomic<rereg_mr_fn> &rereg_mr_override() noexcept {
   static std::atomic<rereg_mr_fn> fn{nullptr};
   return fn;
