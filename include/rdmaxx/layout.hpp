@@ -1,0 +1,409 @@
+// rdmaxx/layout.hpp: the layout of an indirect key (user-mode memory registration, UMR).
+//
+// A layout maps a zero-based address space [0, total_length()) onto pieces of previously
+// registered memory, in order:
+//   - a list layout: entries (region, offset, length), any offset, any length, no alignment
+//     (mlx5dv_wr_set_mkey_layout_list; the seed's IBV_EXP_UMR_MR_LIST);
+//   - a repeat layout: repeat_count x a block of entries (region, offset, bytes_count,
+//     bytes_skip): repetition r of entry j covers bytes_count bytes at
+//     offset + r * (bytes_count + bytes_skip) of its region (mlx5dv_wr_set_mkey_layout_interleaved;
+//     the seed's IBV_EXP_UMR_REPEAT, one dimension).
+// A region is a MemoryRegion or a configured IndirectKey (nesting). A layout is a small value
+// (fixed capacity, no allocation); it BORROWS the keys it names: build it, then configure a key
+// with it while those MRs and keys are alive and unchanged.
+//
+// Errors about one entry come in layout_category(): the code names the entry ("layout entry 3:
+// out of range ...") and layout_errc() / layout_error_entry() take it apart.
+#pragma once
+
+#include "access.hpp"
+#include "error.hpp"
+#include "memory_region.hpp"
+
+#include <infiniband/verbs.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <string>
+
+namespace rdmaxx {
+
+// ---------------------------------------------------------------------------------------------
+// errors that name an entry
+
+namespace detail {
+// value layout: bits 0..7 rdmaxx::errc, bits 8..30 entry index + 1 (0 = the layout as a whole)
+class layout_category_impl final : public std::error_category {
+public:
+  const char *name() const noexcept override { return "rdmaxx.layout"; }
+  std::string message(int v) const override {
+    std::string m = "layout";
+    if (const int e = (v >> 8) & 0x7fffff) {
+      m += " entry ";
+      m += std::to_string(e - 1);
+    }
+    m += ": ";
+    m += rdmaxx::error_category().message(v & 0xff);
+    return m;
+  }
+  std::error_condition default_error_condition(int v) const noexcept override {
+    return rdmaxx::error_category().default_error_condition(v & 0xff);
+  }
+};
+} // namespace detail
+
+/// The category of errors that name the offending layout entry.
+inline const std::error_category &layout_category() noexcept {
+  static const detail::layout_category_impl c;
+  return c;
+}
+/// Sentinel for "the layout as a whole" (no single entry is to blame).
+inline constexpr std::size_t no_entry = std::size_t(-1);
+/// An rdmaxx::errc about entry `entry` of a layout (no_entry: the layout as a whole).
+[[nodiscard]] inline std::error_code layout_error(errc e, std::size_t entry) noexcept {
+  const int idx = entry == no_entry ? 0 : int((entry + 1) & 0x7fffff);
+  return {(int(e) & 0xff) | (idx << 8), layout_category()};
+}
+/// The entry a layout error names, or no_entry (also for codes of other categories).
+[[nodiscard]] inline std::size_t layout_error_entry(const std::error_code &ec) noexcept {
+  if (ec.category() != layout_category()) return no_entry;
+  const int idx = (ec.value() >> 8) & 0x7fffff;
+  return idx == 0 ? no_entry : std::size_t(idx - 1);
+}
+/// The rdmaxx::errc inside a layout error, or of a plain rdmaxx error; errc{} otherwise.
+[[nodiscard]] inline errc layout_errc(const std::error_code &ec) noexcept {
+  if (ec.category() == layout_category()) return errc(ec.value() & 0xff);
+  if (ec.category() == error_category()) return errc(ec.value());
+  return errc{};
+}
+
+// ---------------------------------------------------------------------------------------------
+// regions and segments
+
+/// One flat piece of a configured key: `length` bytes at device address `addr` of one MR.
+struct key_segment {
+  std::uint64_t addr = 0;
+  std::uint32_t length = 0;
+  std::uint32_t lkey = 0;
+  std::uint32_t rkey = 0;    ///< the MR's rkey (the software backend hands peers window rkeys)
+  ibv_mr *mr = nullptr;      ///< the MR (null for raw regions, e.g. in unit tests)
+};
+
+/// What a layout entry points into: a snapshot of a MemoryRegion, or a view of a configured
+/// IndirectKey (IndirectKey converts to it). Non-owning.
+struct region_ref {
+  ibv_pd *pd = nullptr;
+  std::uint64_t iova = 0;      ///< device address of byte 0 (0 for an indirect key: zero-based)
+  std::uint64_t length = 0;
+  std::uint32_t lkey = 0;      ///< MR lkey, or a hardware indirect key's lkey (nesting on mlx5)
+  std::uint32_t rkey = 0;
+  access_flags access{};       ///< rights of the region (for a key: configured rights)
+  ibv_mr *mr = nullptr;
+  const key_segment *segments = nullptr; ///< a software key's flat segments (nesting)
+  std::uint32_t nsegments = 0;
+  bool indirect = false;       ///< an IndirectKey rather than a MemoryRegion
+  errc problem{};              ///< non-zero: the source cannot be used (null_handle, unusable, ...)
+
+  region_ref() noexcept = default;
+  /// A snapshot of a MemoryRegion (an empty or unusable MR gives a ref that validation refuses).
+  region_ref(const MemoryRegion &m) noexcept // NOLINT: implicit on purpose ({mr, off, len})
+      : pd(m.pd()), iova(m.iova()), length(m.length()), lkey(m.lkey()), rkey(m.rkey()),
+        access(m.access()), mr(m.native_handle()) {
+    if (auto ec = m.usable()) problem = errc(ec.value());
+  }
+  /// A region given by its raw values (tests, fuzzing, regions registered outside rdmaxx).
+  [[nodiscard]] static region_ref raw(std::uint64_t iova, std::uint64_t length, std::uint32_t lkey,
+                                      std::uint32_t rkey, access_flags acc,
+                                      ibv_pd *pd = nullptr) noexcept {
+    region_ref r;
+    r.pd = pd;
+    r.iova = iova;
+    r.length = length;
+    r.lkey = lkey;
+    r.rkey = rkey;
+    r.access = acc;
+    return r;
+  }
+};
+
+/// A list-layout entry: `length` bytes from `offset` of `source`.
+struct layout_entry {
+  region_ref source;
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+};
+/// A repeat-layout block entry: `bytes_count` bytes, then `bytes_skip` bytes skipped, per repetition.
+struct repeat_entry {
+  region_ref source;
+  std::uint64_t offset = 0;
+  std::uint32_t bytes_count = 0;
+  std::uint32_t bytes_skip = 0;
+};
+
+/// Limits a backend puts on layouts (see IndirectKey::limits()).
+struct layout_limits {
+  std::uint32_t max_entries = 32;         ///< list entries
+  std::uint32_t max_repeat_entries = 32;  ///< entries of a repeat block
+  std::uint32_t max_segments = 256;       ///< flat segments after expansion (software)
+  bool interleave_16bit = false;          ///< mlx5: bytes_count and bytes_count+bytes_skip < 2^16
+  bool nested_hardware_only = false;      ///< mlx5: nested keys must be hardware keys
+  bool nested_software_only = false;      ///< software: nested keys must be software keys
+  bool remote_needs_mw_bind = false;      ///< software: remote rights need MRs with mw_bind
+  access_flags allowed_access = access::local_write | access::remote_read | access::remote_write |
+                                access::remote_atomic;
+};
+
+// ---------------------------------------------------------------------------------------------
+// the layout
+
+class layout {
+public:
+  /// Entries a layout holds (list entries, or entries of a repeat block).
+  static constexpr std::size_t capacity = 32;
+  enum class kind : std::uint8_t { list, repeat };
+
+  /// An empty list layout (add entries with add()).
+  layout() noexcept = default;
+
+  /// A list layout. More than `capacity` entries is remembered and reported by validate().
+  [[nodiscard]] static layout list(std::span<const layout_entry> entries) noexcept {
+    layout l;
+    for (const auto &e : entries) l.add(e);
+    return l;
+  }
+  [[nodiscard]] static layout list(std::initializer_list<layout_entry> entries) noexcept {
+    return list(std::span<const layout_entry>(entries.begin(), entries.size()));
+  }
+  /// A repeat layout: `repeat_count` repetitions of the block `entries`.
+  [[nodiscard]] static layout repeat(std::uint32_t repeat_count,
+                                     std::span<const repeat_entry> entries) noexcept {
+    layout l;
+    l.kind_ = kind::repeat;
+    l.repeat_ = repeat_count;
+    for (const auto &e : entries) l.add(e);
+    return l;
+  }
+  [[nodiscard]] static layout repeat(std::uint32_t repeat_count,
+                                     std::initializer_list<repeat_entry> entries) noexcept {
+    return repeat(repeat_count, std::span<const repeat_entry>(entries.begin(), entries.size()));
+  }
+
+  /// Append a list entry. Errors are remembered (validate() reports them, naming the entry):
+  /// errc::too_many_entries beyond capacity, errc::wrong_type on a repeat layout.
+  layout &add(const layout_entry &e) noexcept {
+    if (kind_ != kind::list) return fail(errc::wrong_type);
+    if (n_ == capacity) return fail(errc::too_many_entries);
+    e_[n_++] = {e.source, e.offset, e.length, 0};
+    return *this;
+  }
+  /// Append an entry to a repeat block (errc::wrong_type on a list layout).
+  layout &add(const repeat_entry &e) noexcept {
+    if (kind_ != kind::repeat) return fail(errc::wrong_type);
+    if (n_ == capacity) return fail(errc::too_many_entries);
+    e_[n_++] = {e.source, e.offset, e.bytes_count, e.bytes_skip};
+    return *this;
+  }
+
+  [[nodiscard]] kind type() const noexcept { return kind_; }
+  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+  [[nodiscard]] std::uint32_t repeat_count() const noexcept { return kind_ == kind::repeat ? repeat_ : 1; }
+  /// Entry i: for a repeat layout, length is bytes_count and skip is bytes_skip.
+  struct entry {
+    region_ref source;
+    std::uint64_t offset = 0;
+    std::uint64_t length = 0;
+    std::uint32_t skip = 0;
+  };
+  [[nodiscard]] const entry &operator[](std::size_t i) const noexcept { return e_[i]; }
+  [[nodiscard]] std::span<const entry> entries() const noexcept { return {e_.data(), n_}; }
+
+  /// Bytes of the zero-based address space (0 when it would overflow; validate() refuses that).
+  [[nodiscard]] std::uint64_t total_length() const noexcept {
+    std::uint64_t block = 0;
+    for (const auto &e : entries())
+      if (__builtin_add_overflow(block, e.length, &block)) return 0;
+    std::uint64_t t = 0;
+    if (__builtin_mul_overflow(block, std::uint64_t(repeat_count()), &t)) return 0;
+    return t;
+  }
+  /// Flat segments expansion produces before merging (bounded by the limits' max_segments).
+  [[nodiscard]] std::uint64_t piece_count() const noexcept {
+    std::uint64_t per = 0;
+    for (const auto &e : entries()) per += e.source.segments ? e.source.nsegments : 1;
+    return per * repeat_count();
+  }
+
+  /// Check the layout against a backend's limits, the access rights `acc` the key is to grant
+  /// and the key's protection domain `pd` (nullptr: not checked). Returns an empty code or a
+  /// layout_category() code naming the entry: errc::too_many_entries (capacity, max_entries,
+  /// max_repeat_entries, max_segments), errc::wrong_type (add() of the other kind, or a nested
+  /// key of another backend), errc::zero_length (empty layout, empty entry, repeat count 0),
+  /// errc::null_handle / errc::unusable / errc::wrong_state (source not usable or key not
+  /// configured), errc::out_of_range (entry outside its region, entry or total too long, 16-bit
+  /// interleave fields), errc::pd_mismatch, errc::missing_access (a right not granted by the
+  /// region, or mw_bind missing), errc::unknown_access_flag (a right the backend cannot grant).
+  [[nodiscard]] std::error_code validate(const layout_limits &lim, access_flags acc,
+                                         ibv_pd *pd = nullptr) const noexcept {
+    if (error_ != errc{}) return layout_error(error_, error_entry_);
+    if (!acc.subset_of(lim.allowed_access)) return layout_error(errc::unknown_access_flag, no_entry);
+    if (auto ec = check_access(acc)) return layout_error(errc(ec.value()), no_entry);
+    if (n_ == 0) return layout_error(errc::zero_length, no_entry);
+    const std::uint32_t max = kind_ == kind::list ? lim.max_entries : lim.max_repeat_entries;
+    if (n_ > max) return layout_error(errc::too_many_entries, max);
+    if (kind_ == kind::repeat && repeat_ == 0) return layout_error(errc::zero_length, no_entry);
+    const access_flags rights =
+        acc & (access::local_write | access::remote_read | access::remote_write | access::remote_atomic);
+    std::uint64_t block = 0;
+    for (std::size_t i = 0; i < n_; ++i) {
+      const entry &e = e_[i];
+      const region_ref &s = e.source;
+      if (s.problem != errc{}) return layout_error(s.problem, i);
+      if (s.length == 0 && !s.indirect) return layout_error(errc::null_handle, i);
+      if (s.indirect && (lim.nested_hardware_only && s.segments))
+        return layout_error(errc::wrong_type, i);
+      if (s.indirect && lim.nested_software_only && !s.segments)
+        return layout_error(errc::wrong_type, i);
+      if (e.length == 0) return layout_error(errc::zero_length, i);
+      if (e.length > UINT32_MAX) return layout_error(errc::out_of_range, i);
+      // the bytes of the region this entry touches: [offset, offset + span)
+      std::uint64_t span = e.length;
+      if (kind_ == kind::repeat) {
+        const std::uint64_t stride = e.length + e.skip;
+        if (lim.interleave_16bit && (e.length > 0xffff || stride > 0xffff))
+          return layout_error(errc::out_of_range, i);
+        if (__builtin_mul_overflow(stride, std::uint64_t(repeat_ - 1), &span) ||
+            __builtin_add_overflow(span, e.length, &span))
+          return layout_error(errc::out_of_range, i);
+      }
+      if (e.offset > s.length || span > s.length - e.offset) return layout_error(errc::out_of_range, i);
+      if (pd && s.pd && s.pd != pd) return layout_error(errc::pd_mismatch, i);
+      if (!s.access.has(rights) && !rights.empty()) return layout_error(errc::missing_access, i);
+      if (lim.remote_needs_mw_bind &&
+          rights.any(access::remote_read | access::remote_write | access::remote_atomic) &&
+          !s.access.any(access::mw_bind))
+        return layout_error(errc::missing_access, i);
+      if (__builtin_add_overflow(block, e.length, &block)) return layout_error(errc::out_of_range, i);
+    }
+    std::uint64_t total = 0;
+    if (__builtin_mul_overflow(block, std::uint64_t(repeat_count()), &total))
+      return layout_error(errc::out_of_range, no_entry);
+    if (piece_count() > lim.max_segments) return layout_error(errc::too_many_entries, no_entry);
+    return {};
+  }
+
+  /// Flatten into `out`, in address-space order, nested keys resolved to their MRs' segments and
+  /// contiguous pieces of one MR merged. Call validate() first (expand() trusts the entries).
+  /// Errors: a layout_category() errc::too_many_entries naming the entry that did not fit.
+  /// Allocates nothing.
+  [[nodiscard]] result<std::size_t> expand(std::span<key_segment> out) const noexcept {
+    std::size_t n = 0;
+    std::size_t pieces = 0;
+    const std::uint32_t reps = repeat_count();
+    for (std::uint32_t r = 0; r < reps; ++r) {
+      for (std::size_t i = 0; i < n_; ++i) {
+        const entry &e = e_[i];
+        const std::uint64_t off = e.offset + std::uint64_t(r) * (e.length + e.skip);
+        bool ok = true;
+        emit(e.source, off, e.length, [&](const key_segment &s) {
+          if (++pieces > out.size()) {
+            ok = false;
+            return;
+          }
+          if (n > 0) {
+            key_segment &p = out[n - 1];
+            if (p.lkey == s.lkey && p.rkey == s.rkey && p.mr == s.mr && p.addr + p.length == s.addr &&
+                std::uint64_t(p.length) + s.length <= UINT32_MAX) {
+              p.length += s.length;
+              return;
+            }
+          }
+          out[n++] = s;
+        });
+        if (!ok) return layout_error(errc::too_many_entries, i);
+      }
+    }
+    return n;
+  }
+
+private:
+  layout &fail(errc e) noexcept {
+    if (error_ == errc{}) {
+      error_ = e;
+      error_entry_ = n_;
+    }
+    return *this;
+  }
+  // The flat pieces of [off, off+len) of a source.
+  template <class F>
+  static void emit(const region_ref &s, std::uint64_t off, std::uint64_t len, F &&f) noexcept {
+    if (!s.segments) {
+      f(key_segment{s.iova + off, std::uint32_t(len), s.lkey, s.rkey, s.mr});
+      return;
+    }
+    std::uint64_t base = 0;
+    for (std::uint32_t k = 0; k < s.nsegments && len > 0; ++k) {
+      const key_segment &g = s.segments[k];
+      const std::uint64_t end = base + g.length;
+      if (off < end) {
+        const std::uint64_t in = off - base;
+        const std::uint64_t take = g.length - in < len ? g.length - in : len;
+        f(key_segment{g.addr + in, std::uint32_t(take), g.lkey, g.rkey, g.mr});
+        off += take;
+        len -= take;
+      }
+      base = end;
+    }
+  }
+
+  std::array<entry, capacity> e_{};
+  std::uint32_t n_ = 0;
+  std::uint32_t repeat_ = 1;
+  kind kind_ = kind::list;
+  errc error_{};
+  std::size_t error_entry_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// splitting a window of a flat address space
+
+/// One piece of a window [offset, offset+length) of a segmented address space: `length` bytes at
+/// `segment_offset` of segment `segment`, which are bytes [done, done+length) of the window.
+struct window_piece {
+  std::size_t segment = 0;
+  std::uint64_t segment_offset = 0;
+  std::uint32_t length = 0;
+  std::uint64_t done = 0;
+};
+
+/// Call f(window_piece) for every segment the window touches, in order. Segments are given by
+/// their lengths through `len_of(i)` for i < n. Returns false (calling f for nothing) when the
+/// window is empty or does not lie inside the address space. Allocation-free.
+template <class LenOf, class F>
+[[nodiscard]] bool for_each_piece(std::size_t n, LenOf &&len_of, std::uint64_t offset,
+                                  std::uint64_t length, F &&f) noexcept {
+  if (length == 0) return false;
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < n; ++i) total += len_of(i);
+  if (offset > total || length > total - offset) return false;
+  std::uint64_t base = 0;
+  std::uint64_t done = 0;
+  for (std::size_t i = 0; i < n && done < length; ++i) {
+    const std::uint64_t sl = len_of(i);
+    const std::uint64_t end = base + sl;
+    const std::uint64_t at = offset + done;
+    if (at < end) {
+      const std::uint64_t in = at - base;
+      const std::uint64_t rest = length - done;
+      const std::uint64_t take = sl - in < rest ? sl - in : rest;
+      f(window_piece{i, in, std::uint32_t(take), done});
+      done += take;
+    }
+    base = end;
+  }
+  return true;
+}
+
+} // namespace rdmaxx

@@ -1,0 +1,585 @@
+// rdmaxx/memory_window.hpp: MemoryWindow (ibv_alloc_mw(3), ibv_bind_mw(3), ibv_wr_bind_mw(3),
+// local and remote invalidation), the strict grant mode and the window-bounds probe.
+//
+// A window grants a peer remote access to a range of a registered region and can be revoked
+// without touching the region. rdmaxx makes this safe on devices that get it wrong (rxe, measured
+// on Debian's 6.1 kernel; see README "rxe defects"):
+//   - invalidating a type-2 window that is not bound panics rxe: the window tracks its state and
+//     the library never posts an invalidate unless the window is bound;
+//   - rxe checks neither window bounds nor PDs on type-2 binds: rdmaxx checks range, rights, MW_BIND
+//     access and PDs before every bind; StrictGrant makes bounds hold where the device does not;
+//   - destroying a QP with a bound type-2 window blocks ~50 s: such a window counts as a child of
+//     its QP, so qp.destroy() answers errc::busy until the window is invalidated or deallocated;
+//   - ibv_dereg_mr of an MR with bound windows: windows count as children of their MR, so
+//     mr.dereg() answers errc::busy (rxe itself answers EINVAL);
+//   - the provider does not update mw->rkey on type-2 binds: the library chooses each new key
+//     (ibv_inc_rkey) and writes it back; a type-1 unbind with a NULL MR crashes the rxe provider:
+//     the library unbinds with the bound MR, addr 0, length 0.
+//
+// State is applied when an operation is posted (so that a descriptor can be sent right after the
+// bind, on the same QP). Up to max_pending operations stay "unconfirmed" until their completion
+// (or that of a later operation of the window) is handed to complete(): a failed one rolls state,
+// key and parent counts back to what they were before it. Unconfirmed operations keep the MR and
+// QP they used counted, so those cannot be destroyed under an operation still in flight.
+//
+// Revoking for good: dealloc() (synchronous: ibv_dealloc_mw unbinds and frees). Prefer it to
+// invalidate() when the peer keeps the old key: a peer's send-with-invalidate of a type-2 window
+// that is allocated but no longer bound panics rxe, and the owner cannot stop a peer from sending
+// one. invalidate() is for windows that are rebound right away. The library learns of a remote
+// invalidate only from the receive completion handed to complete(): a local invalidate posted
+// while a peer may be sending send-with-invalidate for the same key is a race no library can
+// close on rxe (both paths reach the same kernel bug); dealloc() has no such race.
+//
+// Not thread-safe: one thread at a time per window (like the QP it posts on).
+//
+// Lifetime: a window borrows its ProtectionDomain; while bound it also counts as a child of its
+// MemoryRegion and (type 2) of the QueuePair it was bound through. Keys: only the low 8 bits of a
+// window's key change from bind to bind, so a key repeats after 256 binds of one window; to be
+// sure an old key never comes back, deallocate the window and allocate a new one.
+#pragma once
+
+#include "access.hpp"
+#include "completion_queue.hpp"
+#include "detail/handle.hpp"
+#include "device.hpp"
+#include "error.hpp"
+#include "memory_region.hpp"
+#include "protection_domain.hpp"
+#include "queue_pair.hpp"
+#include "remote_descriptor.hpp"
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <utility>
+
+namespace rdmaxx {
+
+/// Window type (enum ibv_mw_type). Type 2 is 2B on devices that report IBV_DEVICE_MEM_WINDOW_TYPE_2B.
+enum class mw_type : std::uint8_t { type1 = IBV_MW_TYPE_1, type2 = IBV_MW_TYPE_2 };
+
+/// What the library knows of a window, as of the operations posted so far.
+enum class mw_state : std::uint8_t {
+  unbound,     ///< never bound, or a type-1 window unbound
+  bound,       ///< granted: the descriptor works
+  invalidated, ///< type 2, invalidated locally or by the peer; can be bound again
+};
+
+/// The wr_id of window operations posted by the convenience forms unless the caller gives one;
+/// chosen so as not to collide with the 0 that other work requests often use.
+inline constexpr std::uint64_t window_wr_id = 0x5244584D57000000ull; // "RDXMW"
+
+/// A range of a MemoryRegion, as an offset from its start and a length.
+struct window_range {
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+};
+
+/// Rights a window can grant (access::zero_based makes the peer's addresses offsets; type 2 only).
+inline constexpr access_flags window_rights =
+    access::remote_read | access::remote_write | access::remote_atomic | access::zero_based;
+
+/// The checks rdmaxx makes before posting any bind, because devices skip some of them (rxe checks
+/// neither the window's bounds on access nor PDs on type-2 binds). Pure: no verbs are called.
+/// Errors, in this order: errc::pd_mismatch (window, region and QP must share one PD),
+/// errc::unknown_access_flag, errc::invalid_argument (rights other than remote read/write/atomic
+/// and zero-based, or no remote right), errc::wrong_type (zero-based type-1 window),
+/// errc::zero_length, errc::out_of_range (the range is not inside the region),
+/// errc::missing_access (region without MW_BIND, or remote write/atomic rights over a region
+/// without LOCAL_WRITE).
+[[nodiscard]] inline std::error_code check_window_bind(mw_type type, const void *mw_pd,
+                                                       const void *mr_pd, const void *qp_pd,
+                                                       access_flags mr_access, std::uint64_t mr_length,
+                                                       window_range r, access_flags rights) noexcept {
+  if (mw_pd != mr_pd || mw_pd != qp_pd) return make_error_code(errc::pd_mismatch);
+  if (!rights.subset_of(all_known_access)) return make_error_code(errc::unknown_access_flag);
+  if (!rights.subset_of(window_rights) ||
+      !rights.any(access::remote_read | access::remote_write | access::remote_atomic))
+    return make_error_code(errc::invalid_argument);
+  if (type == mw_type::type1 && rights.any(access::zero_based)) return make_error_code(errc::wrong_type);
+  if (r.length == 0) return make_error_code(errc::zero_length);
+  if (r.offset > mr_length || r.length > mr_length - r.offset) return make_error_code(errc::out_of_range);
+  if (!mr_access.any(access::mw_bind)) return make_error_code(errc::missing_access);
+  if (rights.any(access::remote_write | access::remote_atomic) && !mr_access.any(access::local_write))
+    return make_error_code(errc::missing_access);
+  return {};
+}
+
+/// The rkey a receive completion says the peer invalidated (send-with-invalidate), if any.
+/// rxe does not set IBV_WC_WITH_INV: it copies the kernel's IB_WC_WITH_INVALIDATE (1 << 2), which
+/// reads as IBV_WC_IP_CSUM_OK (measured: wc_flags 5 = GRH | bit 2). So a receive without
+/// immediate data whose invalidated_rkey equals `expected` counts too.
+[[nodiscard]] inline std::optional<std::uint32_t> invalidated_rkey(const ibv_wc &wc,
+                                                                   std::uint32_t expected) noexcept {
+  if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RECV) return std::nullopt;
+  if (wc.wc_flags & IBV_WC_WITH_INV) return wc.invalidated_rkey;
+  if (!(wc.wc_flags & IBV_WC_WITH_IMM) && expected != 0 && wc.invalidated_rkey == expected)
+    return wc.invalidated_rkey;
+  return std::nullopt;
+}
+
+namespace detail {
+// What a window is bound to; the links keep the MR and (type 2) QP counted while bound.
+struct mw_binding {
+  mw_state state = mw_state::unbound;
+  std::uint32_t rkey = 0;
+  std::uint32_t qp_num = 0; // type 2: the QP bound through
+  ibv_mr *mr = nullptr;
+  std::uint64_t addr = 0;   // device address of the first byte (mr iova + offset)
+  std::uint64_t length = 0;
+  access_flags rights;
+  child_link mr_link;
+  child_link qp_link;
+};
+// One posted, unconfirmed operation and the binding before it.
+struct mw_pending {
+  std::uint64_t wr_id = 0;
+  std::uint32_t qp_num = 0;
+  ibv_wc_opcode opcode = IBV_WC_BIND_MW; // what a successful completion of it reports
+  mw_binding before;
+};
+} // namespace detail
+
+class MemoryWindow {
+public:
+  /// Operations that may be posted and not yet confirmed through complete().
+  static constexpr std::size_t max_pending = 4;
+
+  MemoryWindow() noexcept = default;
+  MemoryWindow(MemoryWindow &&o) noexcept { *this = std::move(o); }
+  /// Deallocates the window this one held (then releases what it kept counted), takes over `o`'s.
+  MemoryWindow &operator=(MemoryWindow &&o) noexcept {
+    if (this != &o) {
+      h_.reset();
+      forget();
+      cur_ = std::move(o.cur_);
+      for (std::size_t i = 0; i < o.npending_; ++i) pending_[i] = std::move(o.pending_[i]);
+      npending_ = o.npending_;
+      type_ = o.type_;
+      h_ = std::move(o.h_);
+      o.forget();
+    }
+    return *this;
+  }
+  ~MemoryWindow() = default;
+
+  /// ibv_alloc_mw of `type` on `pd`. Errors: errc::null_handle, errc::unsupported when the
+  /// device lacks the type (checked with ibv_query_device_ex only after a failed allocation),
+  /// errno of ibv_alloc_mw (ENOMEM, max_mw reached).
+  [[nodiscard]] static result<MemoryWindow> alloc(const ProtectionDomain &pd, mw_type type) noexcept {
+    if (!pd) return make_error_code(errc::null_handle);
+    ibv_mw *mw = ::ibv_alloc_mw(pd.native_handle(), ibv_mw_type(type));
+    if (!mw) return alloc_failure(pd.context(), type);
+    MemoryWindow w;
+    w.h_ = detail::handle<traits>(mw, pd.node(), nullptr);
+    w.type_ = type;
+    w.cur_.rkey = mw->rkey;
+    return w;
+  }
+
+  // ---- accessors (inline, unchecked) ----
+  [[nodiscard]] ibv_mw *native_handle() const noexcept { return h_.get(); }
+  [[nodiscard]] explicit operator bool() const noexcept { return bool(h_); }
+  [[nodiscard]] mw_type type() const noexcept { return type_; }
+  [[nodiscard]] mw_state state() const noexcept { return cur_.state; }
+  /// The current key (the one a bound window's peers use).
+  [[nodiscard]] std::uint32_t rkey() const noexcept { return cur_.rkey; }
+  /// Posted operations whose completion was not handed to complete() yet.
+  [[nodiscard]] std::size_t pending() const noexcept { return npending_; }
+  /// The grant as the peer must use it (meaningful while bound).
+  [[nodiscard]] remote_descriptor descriptor() const noexcept {
+    const bool zb = cur_.rights.any(access::zero_based);
+    return {zb ? 0 : cur_.addr, cur_.length, cur_.rkey,
+            cur_.rights & (access::remote_read | access::remote_write | access::remote_atomic), zb};
+  }
+
+  // ---- bind ----
+
+  /// Add a bind to an open batch of `qp` (ibv_wr_bind_mw; either type). The library chooses the
+  /// new key (ibv_inc_rkey of the current one) and writes it into the ibv_mw, which the provider
+  /// does not. Checks first (see check_window_bind), and refuses to rebind a bound type-2 window.
+  /// Returns the descriptor for the peer; it is valid once the bind executes, so send it on the
+  /// same QP or after the bind's completion. If the batch is then dropped or its submit() fails,
+  /// call cancel_pending(). Errors: errc::null_handle, errc::invalid_argument (batch of another
+  /// QP), errc::unusable, the check_window_bind codes, errc::already_bound (type 2),
+  /// errc::wrong_state (unconfirmed operations on another QP), errc::busy (max_pending unconfirmed
+  /// operations). Inline, allocation-free.
+  [[nodiscard]] result<remote_descriptor> bind(SendBatch &batch, QueuePair &qp, const MemoryRegion &mr,
+                                               window_range r, access_flags rights, wr w = {}) noexcept {
+    if (auto ec = check_bind(qp, mr, r, rights)) return ec;
+    if (batch.native_handle() == nullptr || batch.native_handle() != qp.native_handle_ex())
+      return make_error_code(errc::invalid_argument);
+    const std::uint32_t key = ::ibv_inc_rkey(cur_.rkey);
+    const ibv_mw_bind_info info{mr.native_handle(), mr.iova() + r.offset, r.length,
+                                static_cast<unsigned>(rights.native())};
+    batch.bind_mw(w, h_.get(), key, info);
+    push(w.id, qp);
+    h_.get()->rkey = key; // what the kernel will hold once the bind executes
+    set_bound(qp, mr, r, rights, key);
+    return descriptor();
+  }
+
+  /// Bind and post now: type 1 through ibv_bind_mw (the provider picks the key), type 2 through
+  /// a batch of its own. The work request is signaled unless `w.flags` says otherwise: hand its
+  /// completion to complete(). Errors: as the batch form, plus errno of ibv_bind_mw /
+  /// ibv_wr_complete (nothing is posted and the window is unchanged).
+  [[nodiscard]] result<remote_descriptor> bind(QueuePair &qp, const MemoryRegion &mr, window_range r,
+                                               access_flags rights,
+                                               wr w = {window_wr_id, send_flag::signaled}) noexcept {
+    if (type_ == mw_type::type2) {
+      if (!qp) return make_error_code(errc::null_handle);
+      auto batch = qp.start_send();
+      RDMAXX_TRY(d, bind(batch, qp, mr, r, rights, w));
+      if (auto s = batch.submit(); !s) {
+        cancel_pending();
+        return s.error();
+      }
+      return d;
+    }
+    if (auto ec = check_bind(qp, mr, r, rights)) return ec;
+    ibv_mw_bind b{};
+    b.wr_id = w.id;
+    b.send_flags = w.flags.native();
+    b.bind_info = {mr.native_handle(), mr.iova() + r.offset, r.length,
+                   static_cast<unsigned>(rights.native())};
+    if (const int rc = ::ibv_bind_mw(qp.native_handle(), h_.get(), &b)) return errno_code(rc);
+    push(w.id, qp);
+    set_bound(qp, mr, r, rights, h_.get()->rkey); // the provider advanced mw->rkey
+    return descriptor();
+  }
+
+  // ---- revoke ----
+
+  /// Type 1: unbind now (ibv_bind_mw with the bound MR, addr 0, length 0; never a NULL MR, which
+  /// crashes the rxe provider). The old key stops working once it executes. Errors:
+  /// errc::null_handle, errc::wrong_type (type 2: use invalidate or dealloc), errc::not_bound,
+  /// errc::wrong_state, errc::busy (see bind), errno of ibv_bind_mw.
+  result<void> unbind(QueuePair &qp, wr w = {window_wr_id, send_flag::signaled}) noexcept {
+    if (auto ec = check_unbind(qp)) return ec;
+    ibv_mw_bind b{};
+    b.wr_id = w.id;
+    b.send_flags = w.flags.native();
+    b.bind_info = {cur_.mr, 0, 0, 0};
+    if (const int rc = ::ibv_bind_mw(qp.native_handle(), h_.get(), &b)) return errno_code(rc);
+    push(w.id, qp);
+    set_unbound(mw_state::unbound, h_.get()->rkey);
+    return success();
+  }
+  /// Type 1: add an unbind to an open batch of `qp` (ibv_wr_bind_mw, bound MR, length 0).
+  /// Errors: as unbind(QueuePair&), plus errc::invalid_argument (batch of another QP).
+  result<void> unbind(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept {
+    if (auto ec = check_unbind(qp)) return ec;
+    if (batch.native_handle() == nullptr || batch.native_handle() != qp.native_handle_ex())
+      return make_error_code(errc::invalid_argument);
+    const std::uint32_t key = ::ibv_inc_rkey(cur_.rkey);
+    const ibv_mw_bind_info info{cur_.mr, 0, 0, 0};
+    batch.bind_mw(w, h_.get(), key, info);
+    push(w.id, qp);
+    h_.get()->rkey = key;
+    set_unbound(mw_state::unbound, key);
+    return success();
+  }
+
+  /// Type 2: add a local invalidate of the current key to an open batch (ibv_wr_local_inv) of the
+  /// QP the window was bound through. Posted only when the window is bound: invalidating an
+  /// unbound type-2 window panics rxe. A bind and its invalidate can share one batch and one
+  /// completion (signal only the invalidate). Errors: errc::null_handle, errc::wrong_type
+  /// (type 1), errc::not_bound (never bound, already invalidated locally or by the peer),
+  /// errc::invalid_argument (another QP than the one bound through, or a batch of another QP),
+  /// errc::busy (see bind).
+  result<void> invalidate(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept {
+    if (auto ec = check_invalidate(qp)) return ec;
+    if (batch.native_handle() == nullptr || batch.native_handle() != qp.native_handle_ex())
+      return make_error_code(errc::invalid_argument);
+    const std::uint32_t key = cur_.rkey;
+    batch.local_inv(w, key);
+    push(w.id, qp, IBV_WC_LOCAL_INV);
+    set_unbound(mw_state::invalidated, key); // the key stays; the next bind advances it
+    return success();
+  }
+  /// Type 2: local invalidate posted now in a batch of its own (signaled unless `w` says
+  /// otherwise). Errors: as above, plus errno of ibv_wr_complete (the window is unchanged).
+  result<void> invalidate(QueuePair &qp, wr w = {window_wr_id, send_flag::signaled}) noexcept {
+    if (auto ec = check_invalidate(qp)) return ec;
+    auto batch = qp.start_send();
+    RDMAXX_TRYV(invalidate(batch, qp, w));
+    if (auto s = batch.submit(); !s) {
+      cancel_pending();
+      return s.error();
+    }
+    return success();
+  }
+
+  /// ibv_dealloc_mw now: unbinds (if bound) and frees the window, synchronously; the old key is
+  /// dead when this returns. The way to revoke for good. Errors: errno of ibv_dealloc_mw (the
+  /// window then stays allocated and unchanged).
+  result<void> dealloc() noexcept {
+    RDMAXX_TRYV(h_.destroy());
+    forget();
+    return success();
+  }
+
+  // ---- completions ----
+
+  /// Hand a completion to the window. Returns true when it concerned this window:
+  ///  - a completion (success or error) of an operation the window posted, matched by wr_id and
+  ///    QP: a success confirms it and every earlier one; a failure (flushed included) rolls the
+  ///    window back to the state before that operation (key, bound range, counted MR and QP);
+  ///  - a successful receive that invalidated the window's key (the peer's send-with-invalidate,
+  ///    on rxe detected without IBV_WC_WITH_INV, see invalidated_rkey()): the window becomes
+  ///    invalidated, so that no local invalidate is ever posted after it.
+  /// Give window work requests wr_ids that no other work request on that QP uses (a failed
+  /// completion carries no reliable opcode, so only wr_id and QP identify it); the convenience
+  /// forms use window_wr_id by default. Inline, allocation-free.
+  bool complete(const ibv_wc &wc) noexcept {
+    if (type_ == mw_type::type2 && cur_.state == mw_state::bound &&
+        invalidated_rkey(wc, cur_.rkey) == cur_.rkey) {
+      confirm(npending_);
+      set_unbound(mw_state::invalidated, cur_.rkey);
+      return true;
+    }
+    if (npending_ == 0) return false;
+    if (wc.status == IBV_WC_SUCCESS) {
+      for (std::size_t i = npending_; i-- > 0;) // newest match: confirms it and all before it
+        if (matches(pending_[i], wc) && wc.opcode == pending_[i].opcode) {
+          confirm(i + 1);
+          return true;
+        }
+      return false;
+    }
+    for (std::size_t i = 0; i < npending_; ++i) // oldest match: undo it and all after it
+      if (matches(pending_[i], wc)) {
+        rollback(i);
+        return true;
+      }
+    return false;
+  }
+
+  /// Undo every unconfirmed operation (restore the state before the oldest one). For a batch
+  /// that was dropped or whose submit() failed: nothing of it reached the device.
+  void cancel_pending() noexcept {
+    if (npending_ != 0) rollback(0);
+  }
+
+private:
+  struct traits {
+    using native = ibv_mw;
+    static constexpr const char *object = "MemoryWindow";
+    static constexpr const char *verb = "ibv_dealloc_mw";
+    static int destroy(native *m) noexcept { return ::ibv_dealloc_mw(m); }
+  };
+
+  [[gnu::cold]] static std::error_code alloc_failure(ibv_context *ctx, mw_type type) noexcept {
+    const std::error_code ec = last_errno();
+    ibv_device_attr_ex ax{};
+    if (::ibv_query_device_ex(ctx, nullptr, &ax) == 0) {
+      const auto f = ax.orig_attr.device_cap_flags;
+      const bool has = type == mw_type::type1 ? (f & IBV_DEVICE_MEM_WINDOW) != 0
+                                              : (f & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0;
+      if (!has || ax.orig_attr.max_mw == 0) return make_error_code(errc::unsupported);
+    }
+    if (is_unsupported(ec)) return make_error_code(errc::unsupported);
+    return ec;
+  }
+
+  [[nodiscard]] std::error_code check_pending(const QueuePair &qp) const noexcept {
+    if (npending_ == max_pending) return make_error_code(errc::busy);
+    // Operations of one window in flight on two QPs could execute out of order.
+    if (npending_ != 0 && pending_[0].qp_num != qp.qp_num()) return make_error_code(errc::wrong_state);
+    return {};
+  }
+
+  [[nodiscard]] std::error_code check_bind(const QueuePair &qp, const MemoryRegion &mr, window_range r,
+                                           access_flags rights) const noexcept {
+    if (!h_ || !qp || !mr) return make_error_code(errc::null_handle);
+    if (auto ec = mr.usable()) return ec;
+    if (auto ec = check_window_bind(type_, h_.get()->pd, mr.pd(), qp.pd(), mr.access(), mr.length(),
+                                    r, rights))
+      return ec;
+    if (type_ == mw_type::type2 && cur_.state == mw_state::bound)
+      return make_error_code(errc::already_bound);
+    return check_pending(qp);
+  }
+  [[nodiscard]] std::error_code check_unbind(const QueuePair &qp) const noexcept {
+    if (!h_ || !qp) return make_error_code(errc::null_handle);
+    if (type_ != mw_type::type1) return make_error_code(errc::wrong_type);
+    if (cur_.state != mw_state::bound) return make_error_code(errc::not_bound);
+    return check_pending(qp);
+  }
+  [[nodiscard]] std::error_code check_invalidate(const QueuePair &qp) const noexcept {
+    if (!h_ || !qp) return make_error_code(errc::null_handle);
+    if (type_ != mw_type::type2) return make_error_code(errc::wrong_type);
+    if (cur_.state != mw_state::bound) return make_error_code(errc::not_bound);
+    if (qp.qp_num() != cur_.qp_num) return make_error_code(errc::invalid_argument);
+    return check_pending(qp);
+  }
+
+  // Record a posted operation: the current binding (with its counted MR/QP) moves into the log.
+  void push(std::uint64_t wr_id, const QueuePair &qp, ibv_wc_opcode op = IBV_WC_BIND_MW) noexcept {
+    detail::mw_pending &p = pending_[npending_++];
+    p.wr_id = wr_id;
+    p.qp_num = qp.qp_num();
+    p.opcode = op;
+    p.before = std::move(cur_);
+    cur_ = detail::mw_binding{};
+  }
+  void set_bound(const QueuePair &qp, const MemoryRegion &mr, window_range r, access_flags rights,
+                 std::uint32_t key) noexcept {
+    cur_.state = mw_state::bound;
+    cur_.rkey = key;
+    cur_.mr = mr.native_handle();
+    cur_.addr = mr.iova() + r.offset;
+    cur_.length = r.length;
+    cur_.rights = rights;
+    cur_.mr_link = detail::child_link(mr.h_.node());
+    if (type_ == mw_type::type2) {
+      cur_.qp_num = qp.qp_num();
+      cur_.qp_link = detail::child_link(qp.h_.node());
+    }
+  }
+  void set_unbound(mw_state s, std::uint32_t key) noexcept {
+    cur_ = detail::mw_binding{};
+    cur_.state = s;
+    cur_.rkey = key;
+  }
+  [[nodiscard]] static bool matches(const detail::mw_pending &p, const ibv_wc &wc) noexcept {
+    return p.wr_id == wc.wr_id && p.qp_num == wc.qp_num;
+  }
+  // Drop the first n entries (their operations are done): releases what they kept counted.
+  void confirm(std::size_t n) noexcept {
+    std::size_t k = 0;
+    for (std::size_t i = n; i < npending_; ++i) pending_[k++] = std::move(pending_[i]);
+    for (std::size_t i = k; i < npending_; ++i) pending_[i] = detail::mw_pending{};
+    npending_ = k;
+  }
+  // Entry i and all after it did not happen: back to the binding before entry i.
+  void rollback(std::size_t i) noexcept {
+    cur_ = std::move(pending_[i].before);
+    if (h_) h_.get()->rkey = cur_.rkey; // the kernel still holds the old key
+    for (std::size_t j = i; j < npending_; ++j) pending_[j] = detail::mw_pending{};
+    npending_ = i;
+  }
+  void forget() noexcept {
+    for (std::size_t j = 0; j < npending_; ++j) pending_[j] = detail::mw_pending{};
+    npending_ = 0;
+    cur_ = detail::mw_binding{};
+  }
+
+  friend class StrictGrant;
+  // Declaration order: h_ last, so the window is deallocated before the MR/QP counts drop.
+  detail::mw_binding cur_;
+  detail::mw_pending pending_[max_pending];
+  std::size_t npending_ = 0;
+  mw_type type_ = mw_type::type1;
+  detail::handle<traits> h_;
+};
+
+/// Strict grant mode: a window over a region registered for exactly the granted bytes, so that
+/// the grant's bounds hold even where the device checks only the bounds of the underlying MR
+/// (rxe, see probe_window_bounds). Cost: one ibv_reg_mr + ibv_dereg_mr per grant (the price
+/// windows exist to avoid: on rxe, reg+dereg of 1 MiB is ~5 RDMA write round trips against ~1
+/// for a type-2 bind + invalidate), plus a pinned-page reference per grant. Reuse one StrictGrant
+/// (bind, invalidate, bind again) for a range granted repeatedly.
+class StrictGrant {
+public:
+  StrictGrant() noexcept = default;
+
+  /// Register [r.offset, r.offset + r.length) of `mr` again, alone (ibv_reg_mr with MW_BIND and
+  /// the region's LOCAL_WRITE), and allocate a window of `type` on the same PD.
+  /// Errors: errc::null_handle, errc::unusable, errc::zero_length, errc::out_of_range,
+  /// errc::pd_mismatch, errno of ibv_reg_mr, and MemoryWindow::alloc's errors.
+  [[nodiscard]] static result<StrictGrant> create(const ProtectionDomain &pd, const MemoryRegion &mr,
+                                                  window_range r, mw_type type) noexcept {
+    if (!pd) return make_error_code(errc::null_handle);
+    if (auto ec = mr.usable()) return ec;
+    if (mr.pd() != pd.native_handle()) return make_error_code(errc::pd_mismatch);
+    if (r.length == 0) return make_error_code(errc::zero_length);
+    if (r.offset > mr.length() || r.length > mr.length() - r.offset)
+      return make_error_code(errc::out_of_range);
+    StrictGrant g;
+    RDMAXX_TRY(region, MemoryRegion::reg(pd, mr.data() + r.offset, std::size_t(r.length),
+                                         (mr.access() & access::local_write) | access::mw_bind));
+    RDMAXX_TRY(window, MemoryWindow::alloc(pd, type));
+    g.region_ = std::move(region);
+    g.window_ = std::move(window);
+    return g;
+  }
+
+  /// Bind the window over the whole exact region (see MemoryWindow::bind).
+  [[nodiscard]] result<remote_descriptor> bind(QueuePair &qp, access_flags rights,
+                                               wr w = {window_wr_id, send_flag::signaled}) noexcept {
+    return window_.bind(qp, region_, {0, region_.length()}, rights, w);
+  }
+  [[nodiscard]] result<remote_descriptor> bind(SendBatch &batch, QueuePair &qp, access_flags rights,
+                                               wr w = {}) noexcept {
+    return window_.bind(batch, qp, region_, {0, region_.length()}, rights, w);
+  }
+  [[nodiscard]] MemoryWindow &window() noexcept { return window_; }
+  [[nodiscard]] const MemoryRegion &region() const noexcept { return region_; }
+  [[nodiscard]] explicit operator bool() const noexcept { return bool(window_); }
+
+  /// Revoke for good: deallocate the window, then deregister the exact region.
+  /// Errors: those of MemoryWindow::dealloc and MemoryRegion::dereg.
+  result<void> release() noexcept {
+    RDMAXX_TRYV(window_.dealloc());
+    return region_.dereg();
+  }
+
+private:
+  MemoryRegion region_; // declared first: destroyed after the window
+  MemoryWindow window_;
+};
+
+/// Probe on the live device whether window bounds are enforced: bind a window over 256 bytes in
+/// the middle of an 8 KiB region, read inside it through a loopback QP pair, then read the 64
+/// bytes just past its end (inside the region). Sets caps.mw_bounds_enforced (yes: refused with a
+/// remote access error; no: the read succeeded, as on rxe; unknown: the probe could not tell) and
+/// returns it. Creates and destroys a PD, CQs, QPs (gid index `gid_index`), MRs and a window.
+/// Errors: errc::null_handle, errc::unsupported (no window type), errors of the scratch objects.
+[[nodiscard]] inline result<tristate> probe_window_bounds(const Context &ctx, Capabilities &caps,
+                                                          int gid_index = 1) noexcept {
+  if (!ctx) return make_error_code(errc::null_handle);
+  if (!caps.mw_type2b && !caps.mw_type1) return make_error_code(errc::unsupported);
+  caps.mw_bounds_enforced = tristate::unknown;
+  RDMAXX_TRY(pd, ProtectionDomain::alloc(ctx));
+  RDMAXX_TRY(cq, CompletionQueue::create(ctx, 8));
+  RDMAXX_TRY(a, QueuePair::create(pd, cq, cq));
+  RDMAXX_TRY(b, QueuePair::create(pd, cq, cq));
+  connect_options o;
+  o.gid_index = gid_index;
+  RDMAXX_TRYV(connect_loopback(a, b, o));
+  RDMAXX_TRY(target, MemoryRegion::allocate(pd, 8192, access::local_write | access::mw_bind));
+  RDMAXX_TRY(local, MemoryRegion::allocate(pd, 4096, access::local_write));
+  RDMAXX_TRY(mw, MemoryWindow::alloc(pd, caps.mw_type2b ? mw_type::type2 : mw_type::type1));
+  auto wait = [&](ibv_wc &wc) -> bool {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto n = cq.poll(std::span<ibv_wc>(&wc, 1));
+      if (!n) return false;
+      if (n.value() == 1) return true;
+    }
+    return false;
+  };
+  ibv_wc wc{};
+  // The window is bound through the target's QP (a type-2B window serves the QP it is bound through).
+  RDMAXX_TRY(d, mw.bind(b, target, {4096, 256}, access::remote_read, {1, send_flag::signaled}));
+  if (!wait(wc) || wc.status != IBV_WC_SUCCESS) return caps.mw_bounds_enforced;
+  (void)mw.complete(wc);
+  auto read = [&](std::uint64_t off, std::uint64_t id) -> int {
+    auto batch = a.start_send();
+    batch.read({id, send_flag::signaled}, d.at(off), local.sge(0, 64));
+    if (!batch.submit()) return -1;
+    if (!wait(wc)) return -1;
+    return wc.status;
+  };
+  if (read(0, 2) != IBV_WC_SUCCESS) return caps.mw_bounds_enforced;
+  const int outside = read(256, 3);
+  if (outside == IBV_WC_SUCCESS) caps.mw_bounds_enforced = tristate::no;
+  else if (outside == IBV_WC_REM_ACCESS_ERR) caps.mw_bounds_enforced = tristate::yes;
+  // The window goes before the QP it is bound through (see the lifetime rules above).
+  RDMAXX_TRYV(mw.dealloc());
+  return caps.mw_bounds_enforced;
+}
+
+} // namespace rdmaxx

@@ -1,0 +1,131 @@
+// remote_descriptor: exact bytes, round trip, and refusal of malformed, truncated and
+// wrong-version input (no device needed).
+#include <rdmaxx/remote_descriptor.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <array>
+#include <vector>
+
+using namespace rdmaxx;
+
+namespace {
+remote_descriptor sample() {
+  return {0x0102030405060708ull, 0x1000, 0xA1B2C3D4u, access::remote_read | access::remote_write, false};
+}
+std::vector<std::byte> bytes_of(const remote_descriptor &d) {
+  const auto a = d.encode();
+  return {a.begin(), a.end()};
+}
+} // namespace
+
+TEST_CASE("descriptor: the encoding is 32 big-endian bytes with a versioned header", "[unit][descriptor]") {
+  const auto b = bytes_of(sample());
+  REQUIRE(b.size() == remote_descriptor::encoded_size);
+  REQUIRE(b.size() == 32);
+  const unsigned char expect[32] = {
+      0x52, 0x44, 0x58, 0x44, // magic "RDXD"
+      1,    1,    0,    24,   // version 1, kind window, body length 24
+      1,    2,    3,    4,    5, 6, 7, 8,       // addr
+      0,    0,    0,    0,    0, 0, 0x10, 0,    // length
+      0xA1, 0xB2, 0xC3, 0xD4,                   // rkey
+      3,    0,    0,    0,                      // rights read|write, flags, reserved
+  };
+  for (std::size_t i = 0; i < 32; ++i) {
+    INFO("byte " << i);
+    CHECK(std::to_integer<unsigned>(b[i]) == expect[i]);
+  }
+}
+
+TEST_CASE("descriptor: round trip of every rights combination and zero-based", "[unit][descriptor]") {
+  const access_flags rights[] = {access::remote_read, access::remote_write, access::remote_atomic,
+                                 access::remote_read | access::remote_write,
+                                 access::remote_read | access::remote_write | access::remote_atomic};
+  for (const auto r : rights)
+    for (const bool zb : {false, true}) {
+      const remote_descriptor d{zb ? 0 : 0x7fff'0000'1000ull, 4096, 0x00123456u, r, zb};
+      const auto b = d.encode();
+      auto back = remote_descriptor::decode(b);
+      REQUIRE(back.has_value());
+      CHECK(back.value() == d);
+      std::array<std::byte, 40> big{};
+      auto n = d.encode_to(big);
+      REQUIRE(n.has_value());
+      CHECK(n.value() == 32);
+      CHECK(remote_descriptor::decode(std::span<const std::byte>(big).first(32)).value() == d);
+    }
+  std::array<std::byte, 31> small{};
+  CHECK(sample().encode_to(small).error() == errc::out_of_range);
+}
+
+TEST_CASE("descriptor: the header can be peeked to learn the total size", "[unit][descriptor]") {
+  const auto b = bytes_of(sample());
+  auto h = descriptor_header::peek(std::span<const std::byte>(b).first(8));
+  REQUIRE(h.has_value());
+  CHECK(h.value().kind == std::uint8_t(descriptor_kind::window));
+  CHECK(h.value().total_size() == 32);
+  CHECK(descriptor_header::peek(std::span<const std::byte>(b).first(7)).error() == errc::malformed_input);
+}
+
+TEST_CASE("descriptor: every truncation and any trailing byte is refused", "[unit][descriptor]") {
+  auto b = bytes_of(sample());
+  for (std::size_t n = 0; n < b.size(); ++n) {
+    INFO("first " << n << " bytes");
+    auto r = remote_descriptor::decode(std::span<const std::byte>(b).first(n));
+    REQUIRE_FALSE(r);
+    CHECK(r.error() == errc::malformed_input);
+  }
+  b.push_back(std::byte{0});
+  CHECK(remote_descriptor::decode(b).error() == errc::malformed_input);
+}
+
+TEST_CASE("descriptor: malformed and wrong-version input is refused with the right code", "[unit][descriptor]") {
+  struct row { std::size_t at; unsigned char value; std::error_code expect; const char *what; };
+  const row rows[] = {
+      {0, 0x00, errc::malformed_input, "magic"},
+      {3, 0x45, errc::malformed_input, "magic last byte"},
+      {4, 0, errc::wrong_version, "version 0"},
+      {4, 2, errc::wrong_version, "version 2"},
+      {4, 0xff, errc::wrong_version, "version 255"},
+      {5, 0, errc::wrong_type, "kind 0"},
+      {5, 2, errc::wrong_type, "kind 2 (another descriptor kind)"},
+      {7, 23, errc::malformed_input, "body length 23"},
+      {7, 25, errc::malformed_input, "body length 25"},
+      {6, 1, errc::malformed_input, "body length 280"},
+      {28, 0, errc::malformed_input, "no rights"},
+      {28, 8, errc::malformed_input, "unknown rights bit"},
+      {28, 0x83, errc::malformed_input, "high rights bit"},
+      {29, 2, errc::malformed_input, "unknown flag bit"},
+      {30, 1, errc::malformed_input, "reserved"},
+      {31, 0x80, errc::malformed_input, "reserved low byte"},
+  };
+  for (const auto &r : rows) {
+    auto b = bytes_of(sample());
+    b[r.at] = std::byte{r.value};
+    INFO(r.what);
+    auto d = remote_descriptor::decode(b);
+    REQUIRE_FALSE(d);
+    CHECK(d.error() == r.expect);
+  }
+  // Zero length, and a range that wraps the address space.
+  auto zero = sample();
+  zero.length = 0;
+  CHECK(remote_descriptor::decode(zero.encode()).error() == errc::malformed_input);
+  auto wrap = sample();
+  wrap.addr = ~0ull - 10;
+  wrap.length = 11;
+  CHECK(remote_descriptor::decode(wrap.encode()).error() == errc::malformed_input);
+  wrap.length = 10; // ends exactly at the top: fine
+  CHECK(remote_descriptor::decode(wrap.encode()).has_value());
+}
+
+TEST_CASE("descriptor: checked slices stay inside the grant", "[unit][descriptor]") {
+  const auto d = sample();
+  CHECK(d.at(16).addr == d.addr + 16);
+  CHECK(d.at(16).rkey == d.rkey);
+  CHECK(d.slice(0, 0x1000).has_value());
+  CHECK(d.slice(0x1000 - 8, 8).value().addr == d.addr + 0x1000 - 8);
+  CHECK(d.slice(0x1000 - 8, 9).error() == errc::out_of_range);
+  CHECK(d.slice(0x1001, 1).error() == errc::out_of_range);
+  CHECK(d.slice(0, 0).error() == errc::zero_length);
+}

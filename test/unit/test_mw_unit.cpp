@@ -1,0 +1,129 @@
+// MemoryWindow without a device: the checks made before any bind is posted, the rxe-aware
+// detection of remote invalidation, and refusals on empty handles.
+#include <rdmaxx/memory_window.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <type_traits>
+
+using namespace rdmaxx;
+
+static_assert(!std::is_copy_constructible_v<MemoryWindow> && !std::is_copy_assignable_v<MemoryWindow>);
+static_assert(std::is_nothrow_move_constructible_v<MemoryWindow> &&
+              std::is_nothrow_move_assignable_v<MemoryWindow> &&
+              std::is_nothrow_default_constructible_v<MemoryWindow>);
+static_assert(!std::is_copy_constructible_v<StrictGrant> && std::is_nothrow_move_constructible_v<StrictGrant>);
+static_assert(std::is_trivially_copyable_v<remote_descriptor>);
+
+TEST_CASE("check_window_bind: each rule a device may skip, in order", "[unit][mw]") {
+  int pd1 = 0, pd2 = 0; // stand-ins: only identity matters
+  const access_flags mr_ok = access::local_write | access::mw_bind;
+  const access_flags rw = access::remote_read | access::remote_write;
+  struct row {
+    const char *what;
+    mw_type type;
+    const void *mw_pd, *mr_pd, *qp_pd;
+    access_flags mr_access;
+    std::uint64_t mr_len;
+    window_range r;
+    access_flags rights;
+    std::error_code expect;
+  };
+  const row rows[] = {
+      {"ok type 1", mw_type::type1, &pd1, &pd1, &pd1, mr_ok, 4096, {0, 4096}, rw, {}},
+      {"ok type 2 zero-based", mw_type::type2, &pd1, &pd1, &pd1, mr_ok, 4096, {100, 200},
+       access::remote_read | access::zero_based, {}},
+      {"ok read-only over an MR without local write", mw_type::type2, &pd1, &pd1, &pd1,
+       access_flags(access::mw_bind), 4096, {0, 1}, access::remote_read, {}},
+      {"MR of another PD (rxe does not check type 2)", mw_type::type2, &pd1, &pd2, &pd1, mr_ok, 4096,
+       {0, 64}, rw, errc::pd_mismatch},
+      {"QP of another PD", mw_type::type1, &pd1, &pd1, &pd2, mr_ok, 4096, {0, 64}, rw, errc::pd_mismatch},
+      {"unknown rights bit", mw_type::type2, &pd1, &pd1, &pd1, mr_ok, 4096, {0, 64},
+       access_flags(1u << 29), errc::unknown_access_flag},
+      {"local write is not a window right", mw_type::type2, &pd1, &pd1, &pd1, mr_ok, 4096, {0, 64},
+       access::local_write | access::remote_read, errc::invalid_argument},
+      {"mw_bind is not a window right", mw_type::type2, &pd1, &pd1, &pd1, mr_ok, 4096, {0, 64},
+       access::mw_bind | access::remote_read, errc::invalid_argument},
+      {"no remote right", mw_type::type2, &pd1, &pd1, &pd1, mr_ok, 4096, {0, 64}, access_flags{},
+       errc::invalid_argument},
+      {"zero-based alone grants nothing", mw_type::type2, &pd1, &pd1, &pd1, mr_ok, 4096, {0, 64},
+       access_flags(access::zero_based), errc::invalid_argument},
+      {"zero-based type 1", mw_type::type1, &pd1, &pd1, &pd1, mr_ok, 4096, {0, 64},
+       access::remote_read | access::zero_based, errc::wrong_type},
+      {"empty range", mw_type::type2, &pd1, &pd1, &pd1, mr_ok, 4096, {0, 0}, rw, errc::zero_length},
+      {"one byte past the end", mw_type::type2, &pd1, &pd1, &pd1, mr_ok, 4096, {1, 4096}, rw,
+       errc::out_of_range},
+      {"offset past the end", mw_type::type2, &pd1, &pd1, &pd1, mr_ok, 4096, {4097, 1}, rw,
+       errc::out_of_range},
+      {"offset + length wraps", mw_type::type2, &pd1, &pd1, &pd1, mr_ok, 4096, {8, ~0ull - 4}, rw,
+       errc::out_of_range},
+      {"MR without MW_BIND", mw_type::type2, &pd1, &pd1, &pd1, access_flags(access::local_write), 4096,
+       {0, 64}, access::remote_read, errc::missing_access},
+      {"remote write over an MR without local write", mw_type::type1, &pd1, &pd1, &pd1,
+       access_flags(access::mw_bind), 4096, {0, 64}, access::remote_write, errc::missing_access},
+      {"remote atomic over an MR without local write", mw_type::type2, &pd1, &pd1, &pd1,
+       access_flags(access::mw_bind), 4096, {0, 64}, access::remote_atomic, errc::missing_access},
+  };
+  for (const auto &r : rows) {
+    INFO(r.what);
+    CHECK(check_window_bind(r.type, r.mw_pd, r.mr_pd, r.qp_pd, r.mr_access, r.mr_len, r.r, r.rights) ==
+          r.expect);
+  }
+}
+
+TEST_CASE("invalidated_rkey: flagged and rxe-style (unflagged) remote invalidation", "[unit][mw]") {
+  ibv_wc wc{};
+  wc.status = IBV_WC_SUCCESS;
+  wc.opcode = IBV_WC_RECV;
+  wc.invalidated_rkey = 0x1234;
+  // rxe: no IBV_WC_WITH_INV, but the key is there.
+  CHECK(invalidated_rkey(wc, 0x1234) == 0x1234u);
+  CHECK_FALSE(invalidated_rkey(wc, 0x1235).has_value());
+  // Standard: flagged.
+  wc.wc_flags = IBV_WC_WITH_INV;
+  CHECK(invalidated_rkey(wc, 0x9999) == 0x1234u);
+  // Immediate data shares the field: never read as a key.
+  wc.wc_flags = IBV_WC_WITH_IMM;
+  CHECK_FALSE(invalidated_rkey(wc, 0x1234).has_value());
+  // Failed completions and other opcodes carry no invalidation.
+  wc.wc_flags = IBV_WC_WITH_INV;
+  wc.status = IBV_WC_WR_FLUSH_ERR;
+  CHECK_FALSE(invalidated_rkey(wc, 0x1234).has_value());
+  wc.status = IBV_WC_SUCCESS;
+  wc.opcode = IBV_WC_RDMA_WRITE;
+  CHECK_FALSE(invalidated_rkey(wc, 0x1234).has_value());
+  // A key of 0 is never matched without the flag (a plain receive leaves 0 there).
+  wc.opcode = IBV_WC_RECV;
+  wc.wc_flags = 0;
+  wc.invalidated_rkey = 0;
+  CHECK_FALSE(invalidated_rkey(wc, 0).has_value());
+}
+
+TEST_CASE("an empty window refuses every operation and ignores completions", "[unit][mw]") {
+  MemoryWindow mw;
+  QueuePair qp;
+  MemoryRegion mr;
+  CHECK_FALSE(mw);
+  CHECK(mw.state() == mw_state::unbound);
+  CHECK(mw.pending() == 0);
+  CHECK(mw.bind(qp, mr, {0, 64}, access::remote_read).error() == errc::null_handle);
+  CHECK(mw.unbind(qp).error() == errc::null_handle);
+  CHECK(mw.invalidate(qp).error() == errc::null_handle);
+  CHECK(mw.dealloc().has_value()); // nothing to free
+  ibv_wc wc{};
+  wc.status = IBV_WC_REM_ACCESS_ERR;
+  CHECK_FALSE(mw.complete(wc));
+  mw.cancel_pending();
+  CHECK(mw.state() == mw_state::unbound);
+  ProtectionDomain pd;
+  CHECK(MemoryWindow::alloc(pd, mw_type::type2).error() == errc::null_handle);
+  CHECK(StrictGrant::create(pd, mr, {0, 64}, mw_type::type2).error() == errc::null_handle);
+}
+
+TEST_CASE("the descriptor of a window is the grant as the peer must use it", "[unit][mw]") {
+  MemoryWindow mw; // unbound: an empty grant
+  const auto d = mw.descriptor();
+  CHECK(d.length == 0);
+  CHECK(d.rights.empty());
+  CHECK_FALSE(d.zero_based);
+}
