@@ -1,4 +1,6 @@
-// rdmaxx/rdmaxx.hpp: the umbrella header.
+/// \file rdmaxx/rdmaxx.hpp
+/// The umbrella header: every public rdmaxx header (the mlx5 backend comes in through
+/// indirect_key.hpp when built with the mlx5 option).
 #pragma once
 
 #include "error.hpp"
@@ -8,9 +10,7 @@
 #include "memory_region.hpp"
 #include "completion_queue.hpp"
 #include "queue_pair.hpp"
-#if __has_include("memory_window.hpp")
+#include "remote_descriptor.hpp"
 #include "memory_window.hpp"
-#endif
-#if __has_include("indirect_key.hpp")
+#include "layout.hpp"
 #include "indirect_key.hpp"
-#endif
