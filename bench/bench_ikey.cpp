@@ -66,7 +66,7 @@ int main() {
   ibv_wc wc{};
   long allocs_in_rdmaxx = 0;
 
-  const bool ok = bench::compare("indirect-key write 1998B over 6 segments", 7, bench::scaled(5000),
+  const bool ok = bench::compare("indirect-key write 1998B over 6 segments", 11, bench::scaled(5000),
       [&](long n) {
         for (long i = 0; i < n; ++i) {
           ibv_wr_start(qpx);

@@ -21,7 +21,7 @@ int main() {
   auto pd = ProtectionDomain::alloc(ctx.value());
   if (!pd) return 1;
   ibv_pd *rpd = pd.value().native_handle();
-  const int reps = 7;
+  const int reps = 11;
   bool ok = true;
   struct size_case { const char *name; std::size_t bytes; long iters; };
   const size_case sizes[] = {{"4KiB", 4096, 2000}, {"1MiB", 1 << 20, 300}, {"64MiB", 64 << 20, 10}};

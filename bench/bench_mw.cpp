@@ -29,7 +29,7 @@ int main() {
   ibv_cq *cq = s.cq_a.native_handle();
   const access_flags rights = access::remote_write | access::remote_read;
   const window_range range{8192, 4096};
-  const int reps = 7;
+  const int reps = 11;
   bool ok = true;
   ibv_wc wc{};
 
