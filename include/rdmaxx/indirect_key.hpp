@@ -1,31 +1,37 @@
-// rdmaxx/indirect_key.hpp: IndirectKey (user-mode memory registration), its remote descriptor,
-// and the initiator's write/read through a descriptor.
-//
-// An IndirectKey presents several registered regions (and other keys) as one zero-based address
-// space, described by a layout (layout.hpp). Two backends, one API:
-//   - mlx5 (hardware UMR through mlx5dv, mlx5/indirect_key_mlx5.hpp): one mkey; configure() posts
-//     an mkey-configure work request; lkey()/rkey() address the whole layout; the descriptor has
-//     one segment. Compiled and contract-tested, not run on hardware.
-//   - software (every other device): the layout is flattened into (MR, address, length)
-//     segments. Local use expands a window of the key into SGEs (sges()). Remote use binds one
-//     type-2 memory window per segment (configure() adds the binds to the send batch); the
-//     descriptor carries the segments' window rkeys, and the initiator splits a write or read
-//     into one work request per touched segment (write_indirect / read_indirect). invalidate()
-//     deallocates the windows: the peer's keys stop working at once. There is no single
-//     lkey/rkey (both are 0).
-// The backend is chosen at creation: mlx5 where mlx5dv_is_supported and an mkey can be created,
-// software otherwise; forced to software by ikey_options::backend or RDMAXX_UMR=software.
-//
-// Differences that remain between the backends (see the README):
-//   - software bounds are enforced by the initiator (rdmaxx refuses windows outside the layout
-//     before posting); rxe does not enforce memory-window bounds, so a peer using raw verbs can
-//     reach the rest of an underlying MR through a window rkey until invalidation;
-//   - a software key nested in another is copied at configure time: invalidating the inner key
-//     does not revoke the outer one (on mlx5 it does).
-//
-// Lifetime: borrows its ProtectionDomain (destroy the key first). While configured with remote
-// rights it counts as a child of the QP its windows were bound through (destroy or invalidate
-// the key before that QP: rxe blocks ~50 s destroying a QP with bound type-2 windows).
+/// \file
+/// rdmaxx/indirect_key.hpp: IndirectKey (user-mode memory registration), its remote descriptor,
+/// and the initiator's write/read through a descriptor.
+///
+/// An IndirectKey presents several registered regions (and other keys) as one zero-based address
+/// space, described by a layout (layout.hpp). Two backends, one API:
+///   - mlx5 (hardware UMR through mlx5dv, mlx5/indirect_key_mlx5.hpp): one mkey; configure() posts
+///     an mkey-configure work request; lkey()/rkey() address the whole layout; the descriptor has
+///     one segment. Compiled and contract-tested, not run on hardware.
+///   - software (every other device): the layout is flattened into (MR, address, length)
+///     segments. Local use expands a window of the key into SGEs (sges()). Remote use binds one
+///     type-2 memory window per segment (configure() adds the binds to the send batch); the
+///     descriptor carries the segments' window rkeys, and the initiator splits a write or read
+///     into one work request per touched segment (write_indirect / read_indirect). invalidate()
+///     deallocates the windows: the peer's keys stop working at once. There is no single
+///     lkey/rkey (both are 0).
+/// The backend is chosen at creation: mlx5 where mlx5dv_is_supported and an mkey can be created,
+/// software otherwise; forced to software by ikey_options::backend or RDMAXX_UMR=software.
+///
+/// Differences that remain between the backends (see the README):
+///   - software bounds are enforced by the initiator (rdmaxx refuses windows outside the layout
+///     before posting); rxe does not enforce memory-window bounds, so a peer using raw verbs can
+///     reach the rest of an underlying MR through a window rkey until invalidation;
+///   - a software key nested in another is copied at configure time: invalidating the inner key
+///     does not revoke the outer one (on mlx5 it does).
+///
+/// Lifetime: borrows its ProtectionDomain (destroy the key first). While configured with remote
+/// rights it counts as a child of the QP its windows were bound through (destroy or invalidate
+/// the key before that QP: rxe blocks ~50 s destroying a QP with bound type-2 windows).
+///
+/// Allocation: IndirectKey::create() allocates the key's state (new(nothrow)) and, software, its
+/// segment table and window table; mlx5dv_create_mkey allocates inside the provider. configure()
+/// (software, remote rights) allocates one window per segment (ibv_alloc_mw). ikey_descriptor is
+/// a fixed-size value; write_indirect, read_indirect, sges() and descriptor() allocate nothing.
 #pragma once
 
 #include "access.hpp"
@@ -58,9 +64,13 @@ namespace rdmaxx {
 
 /// One segment of a key as a peer addresses it.
 struct remote_segment {
+  /// Remote address of the segment's first byte (0 for an mlx5 key, which is zero-based).
   std::uint64_t addr = 0;
+  /// Bytes in the segment (> 0).
   std::uint32_t length = 0;
+  /// The key that grants access to the segment (a window's rkey, or the mlx5 mkey's rkey).
   std::uint32_t rkey = 0;
+  /// Field-wise equality.
   friend constexpr bool operator==(const remote_segment &, const remote_segment &) noexcept = default;
 };
 
@@ -70,18 +80,27 @@ struct remote_segment {
 ///   u64 total length, then count x (u32 rkey, u64 addr, u32 length).
 class ikey_descriptor {
 public:
+  /// Segments a descriptor holds at most.
   static constexpr std::size_t max_segments = 256;
+  /// The first 4 bytes of an encoding: "RXIK".
   static constexpr std::uint32_t magic = 0x5258494b; // "RXIK"
+  /// The encoding version written and accepted.
   static constexpr std::uint8_t version = 1;
+  /// Encoded bytes before the segments.
   static constexpr std::size_t header_size = 16;
+  /// Encoded bytes per segment.
   static constexpr std::size_t segment_size = 16;
+  /// Encoded bytes of a descriptor of `n` segments.
   [[nodiscard]] static constexpr std::size_t encoded_size(std::size_t n) noexcept {
     return header_size + n * segment_size;
   }
+  /// Encoded bytes of a descriptor of max_segments segments (a buffer that always fits).
   static constexpr std::size_t max_encoded_size = header_size + max_segments * segment_size;
+  /// The rights a descriptor can carry.
   static constexpr access_flags remote_rights =
       access::remote_read | access::remote_write | access::remote_atomic;
 
+  /// An empty descriptor (no segments: encode() refuses it).
   ikey_descriptor() noexcept = default;
 
   /// Build from segments and remote rights. Errors: errc::zero_length (no segment, or an empty
@@ -103,8 +122,11 @@ public:
     return d;
   }
 
+  /// Total bytes of the segments (the key's address space).
   [[nodiscard]] std::uint64_t length() const noexcept { return length_; }
+  /// The remote rights granted.
   [[nodiscard]] access_flags rights() const noexcept { return rights_; }
+  /// The segments, in address-space order.
   [[nodiscard]] std::span<const remote_segment> segments() const noexcept { return {s_.data(), n_}; }
 
   /// Encode into `out`; returns the bytes written. Errors: errc::out_of_range (out too small),
@@ -165,6 +187,7 @@ public:
     return d;
   }
 
+  /// Same segments, total length and rights.
   friend bool operator==(const ikey_descriptor &a, const ikey_descriptor &b) noexcept {
     if (a.n_ != b.n_ || a.length_ != b.length_ || a.rights_ != b.rights_) return false;
     for (std::size_t i = 0; i < a.n_; ++i)
@@ -279,8 +302,14 @@ struct ikey_state {
 };
 } // namespace detail
 
+/// An indirect key (user-mode memory registration): one zero-based address space over several
+/// registered regions and configured keys, described by a layout; hardware UMR on mlx5, memory
+/// windows elsewhere (see the top of this header). Move-only, null after move; on destruction the
+/// windows are deallocated and the mlx5 mkey destroyed (failures reported through the
+/// destroy-failure hook).
 class IndirectKey {
 public:
+  /// An empty (null) key.
   IndirectKey() noexcept = default;
 
   /// Create a key on `pd` whose layouts hold up to `max_entries` entries. mlx5:
@@ -343,7 +372,9 @@ public:
   }
 
   // ---- accessors ----
+  /// True unless null (default-constructed, moved from or destroyed).
   [[nodiscard]] explicit operator bool() const noexcept { return bool(h_); }
+  /// The backend chosen at creation (umr_backend::none when null).
   [[nodiscard]] umr_backend backend() const noexcept { return h_ ? st().backend : umr_backend::none; }
   /// The mlx5 mkey (nullptr for the software backend).
   [[nodiscard]] ::mlx5dv_mkey *native_handle() const noexcept { return h_ ? st().mkey : nullptr; }
@@ -351,18 +382,22 @@ public:
   [[nodiscard]] std::uint32_t max_entries() const noexcept { return h_ ? st().max_entries : 0; }
   /// Software: flat segments the key can hold.
   [[nodiscard]] std::uint32_t max_segments() const noexcept { return h_ ? st().max_segments : 0; }
+  /// True from a successful configure() (its operations added to the batch) until invalidate().
   [[nodiscard]] bool configured() const noexcept { return h_ && st().configured; }
   /// Bytes of the configured layout (0 when not configured).
   [[nodiscard]] std::uint64_t length() const noexcept { return configured() ? st().length : 0; }
+  /// The rights the key was configured with (empty when not configured).
   [[nodiscard]] access_flags access() const noexcept { return configured() ? st().access : access_flags{}; }
   /// mlx5: the mkey's lkey / rkey (equal). Software: 0 (there is no single key: use sges() and
   /// descriptor()).
   [[nodiscard]] std::uint32_t lkey() const noexcept { return h_ && st().mkey ? mkey_lkey() : 0; }
+  /// mlx5: the mkey's rkey. Software: 0 (peers use descriptor()).
   [[nodiscard]] std::uint32_t rkey() const noexcept { return h_ && st().mkey ? mkey_rkey() : 0; }
   /// Software: the flat segments (rkey: the window's when configured with remote rights).
   [[nodiscard]] std::span<const key_segment> segments() const noexcept {
     return configured() ? std::span<const key_segment>(st().segs, st().nsegs) : std::span<const key_segment>{};
   }
+  /// The PD the key was created on, or nullptr when null.
   [[nodiscard]] ibv_pd *pd() const noexcept { return h_ ? st().pd : nullptr; }
 
   /// The limits a layout must respect to configure this key through `qp`.

@@ -1,19 +1,23 @@
-// rdmaxx/layout.hpp: the layout of an indirect key (user-mode memory registration, UMR).
-//
-// A layout maps a zero-based address space [0, total_length()) onto pieces of previously
-// registered memory, in order:
-//   - a list layout: entries (region, offset, length), any offset, any length, no alignment
-//     (mlx5dv_wr_set_mkey_layout_list; the seed's IBV_EXP_UMR_MR_LIST);
-//   - a repeat layout: repeat_count x a block of entries (region, offset, bytes_count,
-//     bytes_skip): repetition r of entry j covers bytes_count bytes at
-//     offset + r * (bytes_count + bytes_skip) of its region (mlx5dv_wr_set_mkey_layout_interleaved;
-//     the seed's IBV_EXP_UMR_REPEAT, one dimension).
-// A region is a MemoryRegion or a configured IndirectKey (nesting). A layout is a small value
-// (fixed capacity, no allocation); it BORROWS the keys it names: build it, then configure a key
-// with it while those MRs and keys are alive and unchanged.
-//
-// Errors about one entry come in layout_category(): the code names the entry ("layout entry 3:
-// out of range ...") and layout_errc() / layout_error_entry() take it apart.
+/// \file
+/// rdmaxx/layout.hpp: the layout of an indirect key (user-mode memory registration, UMR).
+///
+/// A layout maps a zero-based address space [0, total_length()) onto pieces of previously
+/// registered memory, in order:
+///   - a list layout: entries (region, offset, length), any offset, any length, no alignment
+///     (mlx5dv_wr_set_mkey_layout_list; the seed's IBV_EXP_UMR_MR_LIST);
+///   - a repeat layout: repeat_count x a block of entries (region, offset, bytes_count,
+///     bytes_skip): repetition r of entry j covers bytes_count bytes at
+///     offset + r * (bytes_count + bytes_skip) of its region (mlx5dv_wr_set_mkey_layout_interleaved;
+///     the seed's IBV_EXP_UMR_REPEAT, one dimension).
+/// A region is a MemoryRegion or a configured IndirectKey (nesting). A layout is a small value
+/// (fixed capacity, no allocation); it BORROWS the keys it names: build it, then configure a key
+/// with it while those MRs and keys are alive and unchanged.
+///
+/// Errors about one entry come in layout_category(): the code names the entry ("layout entry 3:
+/// out of range ...") and layout_errc() / layout_error_entry() take it apart.
+///
+/// Allocation: none; a layout and its entries are fixed-capacity values, and validate() and
+/// expand() allocate nothing (only layout_category()'s message() builds a std::string).
 #pragma once
 
 #include "access.hpp"
@@ -85,8 +89,11 @@ inline constexpr std::size_t no_entry = std::size_t(-1);
 
 /// One flat piece of a configured key: `length` bytes at device address `addr` of one MR.
 struct key_segment {
+  /// Device address (IOVA) of the first byte.
   std::uint64_t addr = 0;
+  /// Bytes in the segment.
   std::uint32_t length = 0;
+  /// The MR's lkey.
   std::uint32_t lkey = 0;
   std::uint32_t rkey = 0;    ///< the MR's rkey (the software backend hands peers window rkeys)
   ibv_mr *mr = nullptr;      ///< the MR (null for raw regions, e.g. in unit tests)
@@ -95,18 +102,24 @@ struct key_segment {
 /// What a layout entry points into: a snapshot of a MemoryRegion, or a view of a configured
 /// IndirectKey (IndirectKey converts to it). Non-owning.
 struct region_ref {
+  /// The PD of the region or key (nullptr: the PD is not checked).
   ibv_pd *pd = nullptr;
   std::uint64_t iova = 0;      ///< device address of byte 0 (0 for an indirect key: zero-based)
+  /// Bytes of the region (for a key: its configured length).
   std::uint64_t length = 0;
   std::uint32_t lkey = 0;      ///< MR lkey, or a hardware indirect key's lkey (nesting on mlx5)
+  /// MR rkey, or a hardware indirect key's rkey.
   std::uint32_t rkey = 0;
   access_flags access{};       ///< rights of the region (for a key: configured rights)
+  /// The MR (nullptr for a key or a raw region).
   ibv_mr *mr = nullptr;
   const key_segment *segments = nullptr; ///< a software key's flat segments (nesting)
+  /// Entries in segments.
   std::uint32_t nsegments = 0;
   bool indirect = false;       ///< an IndirectKey rather than a MemoryRegion
   errc problem{};              ///< non-zero: the source cannot be used (null_handle, unusable, ...)
 
+  /// An empty ref (validation refuses it with errc::null_handle).
   region_ref() noexcept = default;
   /// A snapshot of a MemoryRegion (an empty or unusable MR gives a ref that validation refuses).
   region_ref(const MemoryRegion &m) noexcept // NOLINT: implicit on purpose ({mr, off, len})
@@ -131,15 +144,22 @@ struct region_ref {
 
 /// A list-layout entry: `length` bytes from `offset` of `source`.
 struct layout_entry {
+  /// The region or key the bytes come from.
   region_ref source;
+  /// Offset of the first byte within the source.
   std::uint64_t offset = 0;
+  /// Bytes taken (> 0, at most UINT32_MAX).
   std::uint64_t length = 0;
 };
 /// A repeat-layout block entry: `bytes_count` bytes, then `bytes_skip` bytes skipped, per repetition.
 struct repeat_entry {
+  /// The region or key the bytes come from.
   region_ref source;
+  /// Offset of the first byte of repetition 0 within the source.
   std::uint64_t offset = 0;
+  /// Bytes taken per repetition (> 0).
   std::uint32_t bytes_count = 0;
+  /// Bytes of the source skipped after each repetition's bytes_count.
   std::uint32_t bytes_skip = 0;
 };
 
@@ -152,6 +172,7 @@ struct layout_limits {
   bool nested_hardware_only = false;      ///< mlx5: nested keys must be hardware keys
   bool nested_software_only = false;      ///< software: nested keys must be software keys
   bool remote_needs_mw_bind = false;      ///< software: remote rights need MRs with mw_bind
+  /// Rights a key of this backend can be configured with.
   access_flags allowed_access = access::local_write | access::remote_read | access::remote_write |
                                 access::remote_atomic;
 };
@@ -159,10 +180,16 @@ struct layout_limits {
 // ---------------------------------------------------------------------------------------------
 // the layout
 
+/// The layout of an indirect key: a list of entries, or a block of entries repeated, over
+/// registered regions and configured keys (see the top of this header). A fixed-capacity value
+/// that borrows the regions and keys it names. Building never fails: errors are remembered and
+/// reported by validate(), naming the entry. Allocation-free.
 class layout {
 public:
   /// Entries a layout holds (list entries, or entries of a repeat block).
   static constexpr std::size_t capacity = 32;
+  /// The shape of a layout. list: the entries once, in order; repeat: the block of entries
+  /// repeated repeat_count() times.
   enum class kind : std::uint8_t { list, repeat };
 
   /// An empty list layout (add entries with add()).
@@ -174,6 +201,7 @@ public:
     for (const auto &e : entries) l.add(e);
     return l;
   }
+  /// A list layout from a braced list of entries (as the span form).
   [[nodiscard]] static layout list(std::initializer_list<layout_entry> entries) noexcept {
     return list(std::span<const layout_entry>(entries.begin(), entries.size()));
   }
@@ -186,6 +214,7 @@ public:
     for (const auto &e : entries) l.add(e);
     return l;
   }
+  /// A repeat layout from a braced list of block entries (as the span form).
   [[nodiscard]] static layout repeat(std::uint32_t repeat_count,
                                      std::initializer_list<repeat_entry> entries) noexcept {
     return repeat(repeat_count, std::span<const repeat_entry>(entries.begin(), entries.size()));
@@ -207,17 +236,26 @@ public:
     return *this;
   }
 
+  /// List or repeat.
   [[nodiscard]] kind type() const noexcept { return kind_; }
+  /// Entries held (list entries, or entries of the repeat block; refused entries not counted).
   [[nodiscard]] std::size_t size() const noexcept { return n_; }
+  /// Repetitions of the block (1 for a list layout).
   [[nodiscard]] std::uint32_t repeat_count() const noexcept { return kind_ == kind::repeat ? repeat_ : 1; }
   /// Entry i: for a repeat layout, length is bytes_count and skip is bytes_skip.
   struct entry {
+    /// The region or key the bytes come from.
     region_ref source;
+    /// Offset of the first byte within the source.
     std::uint64_t offset = 0;
+    /// Bytes (bytes_count for a repeat layout).
     std::uint64_t length = 0;
+    /// bytes_skip of a repeat entry (0 for a list entry).
     std::uint32_t skip = 0;
   };
+  /// Entry `i` (unchecked: i < size()).
   [[nodiscard]] const entry &operator[](std::size_t i) const noexcept { return e_[i]; }
+  /// The entries held, in order.
   [[nodiscard]] std::span<const entry> entries() const noexcept { return {e_.data(), n_}; }
 
   /// Bytes of the zero-based address space (0 when it would overflow; validate() refuses that).
@@ -372,9 +410,13 @@ private:
 /// One piece of a window [offset, offset+length) of a segmented address space: `length` bytes at
 /// `segment_offset` of segment `segment`, which are bytes [done, done+length) of the window.
 struct window_piece {
+  /// Index of the segment.
   std::size_t segment = 0;
+  /// Offset of the piece within its segment.
   std::uint64_t segment_offset = 0;
+  /// Bytes in the piece.
   std::uint32_t length = 0;
+  /// Offset of the piece within the window (the window's bytes before it).
   std::uint64_t done = 0;
 };
 

@@ -1,8 +1,15 @@
-// rdmaxx/memory_region.hpp: MemoryRegion (ibv_reg_mr(3), ibv_reg_mr_iova2, allocate-and-register).
-//
-// Lifetime: borrows its ProtectionDomain (destroy the MR first) and, for reg()/reg_iova(), the
-// caller's memory, which must stay mapped until the MR is destroyed. allocate() owns its memory
-// and unmaps it after deregistration.
+/// \file
+/// rdmaxx/memory_region.hpp: MemoryRegion (ibv_reg_mr(3), ibv_reg_mr_iova2, allocate-and-register)
+/// and its re-registration (ibv_rereg_mr(3), or a make-before-break replacement).
+///
+/// Lifetime: borrows its ProtectionDomain (destroy the MR first) and, for reg()/reg_iova(), the
+/// caller's memory, which must stay mapped until the MR is destroyed. allocate() owns its memory
+/// and unmaps it after deregistration.
+///
+/// Allocation: reg(), reg_iova() and allocate() allocate the node that counts the memory windows
+/// bound to the MR (new(nothrow)) besides what verbs allocates; allocate() also maps its memory
+/// (mmap). rereg() allocates nothing but what verbs allocates; the accessors, sge() and slice()
+/// do not allocate.
 #pragma once
 
 #include "access.hpp"
@@ -26,6 +33,7 @@ enum class mr_kind : std::uint8_t {
 };
 
 /// Whether a MemoryRegion can be used. Only a failed re-registration makes it unusable.
+/// valid: usable; unusable: only destruction is allowed (the destructor still deregisters).
 enum class mr_state : std::uint8_t { valid, unusable };
 
 /// How MemoryRegion::rereg may carry out a change.
@@ -34,12 +42,15 @@ enum class rereg_policy : std::uint8_t {
   native_only,          ///< ibv_rereg_mr only; errc::unsupported where the device has none
   replacement_only,     ///< always make-before-break: register anew, swap, deregister the old
 };
-/// How a successful rereg was carried out.
+/// How a successful rereg was carried out. native: ibv_rereg_mr(3) changed the registration in
+/// place; replacement: a new registration was swapped in and the old one deregistered.
 enum class rereg_path : std::uint8_t { native, replacement };
 
 /// A range of process memory.
 struct mr_range {
+  /// First byte of the range.
   void *addr = nullptr;
+  /// Bytes from addr.
   std::size_t length = 0;
 };
 
@@ -58,16 +69,21 @@ struct rereg_changes {
     return a;
   }
 };
+/// A change of translation: the region is to cover [addr, addr+length), with IOVA = addr
+/// (IBV_REREG_MR_CHANGE_TRANSLATION). Allocation-free, like change_pd() and change_access().
 [[nodiscard]] inline rereg_changes change_translation(void *addr, std::size_t length) noexcept {
   rereg_changes c;
   c.translation = mr_range{addr, length};
   return c;
 }
+/// A change of protection domain to `pd` (IBV_REREG_MR_CHANGE_PD); `pd` must outlive the rereg()
+/// call.
 [[nodiscard]] inline rereg_changes change_pd(const ProtectionDomain &pd) noexcept {
   rereg_changes c;
   c.pd = &pd;
   return c;
 }
+/// A change of access rights to `a` (IBV_REREG_MR_CHANGE_ACCESS).
 [[nodiscard]] inline rereg_changes change_access(access_flags a) noexcept {
   rereg_changes c;
   c.access = a;
@@ -77,20 +93,29 @@ struct rereg_changes {
 /// What a successful rereg did. Keys may change on either path (always on replacement): re-read
 /// lkey()/rkey() and hand peers the new rkey.
 struct rereg_info {
+  /// How the change was carried out.
   rereg_path path;
+  /// True when lkey() or rkey() differ from before (always on the replacement path).
   bool keys_changed;
 };
 
+/// A registered memory region (ibv_reg_mr(3)): memory the device may access through lkey() and,
+/// with remote rights, rkey(). Move-only, null after move; ibv_dereg_mr on destruction (withheld
+/// and reported while memory windows are bound to it), then munmap of allocate()'s memory.
 class MemoryRegion {
 public:
+  /// An empty (null) region.
   MemoryRegion() noexcept = default;
+  /// Takes over `o`'s registration (and owned memory); `o` is left null.
   MemoryRegion(MemoryRegion &&) noexcept = default;
-  // Swap-based so that the old registration is destroyed in the right order (dereg, then unmap).
+  /// Deregisters the region this one held (then unmaps its memory), takes over `o`'s.
+  /// Swap-based so that the old registration is destroyed in the right order (dereg, then unmap).
   MemoryRegion &operator=(MemoryRegion &&o) noexcept {
     MemoryRegion tmp(std::move(o));
     swap(tmp);
     return *this;
   }
+  /// Exchange the registrations (with their owned memory, state and keys) of two regions.
   void swap(MemoryRegion &o) noexcept {
     std::swap(pages_, o.pages_);
     h_.swap(o.h_);
@@ -139,20 +164,30 @@ public:
   }
 
   // ---- accessors: inline, no checks (an empty handle gives zeros) ----
+  /// The ibv_mr (owned: do not deregister it), or nullptr.
   [[nodiscard]] ibv_mr *native_handle() const noexcept { return h_.get(); }
+  /// True unless null (default-constructed, moved from or deregistered); see state() and usable().
   [[nodiscard]] explicit operator bool() const noexcept { return bool(h_); }
+  /// The local key (for SGEs), or 0 when null.
   [[nodiscard]] std::uint32_t lkey() const noexcept { return h_ ? h_.get()->lkey : 0; }
+  /// The remote key peers use, or 0 when null.
   /// 0 on rxe when the MR has no remote access.
   [[nodiscard]] std::uint32_t rkey() const noexcept { return h_ ? h_.get()->rkey : 0; }
   /// The process address of the first byte.
   [[nodiscard]] void *address() const noexcept { return h_ ? h_.get()->addr : nullptr; }
+  /// address() as std::byte *.
   [[nodiscard]] std::byte *data() const noexcept { return static_cast<std::byte *>(address()); }
   /// The address the device uses for this region (SGEs and remote accesses).
   [[nodiscard]] std::uint64_t iova() const noexcept { return iova_; }
+  /// Bytes registered, or 0 when null.
   [[nodiscard]] std::size_t length() const noexcept { return h_ ? h_.get()->length : 0; }
+  /// The access rights registered (as updated by rereg()).
   [[nodiscard]] access_flags access() const noexcept { return access_; }
+  /// The PD the region is registered on, or nullptr when null.
   [[nodiscard]] ibv_pd *pd() const noexcept { return h_ ? h_.get()->pd : nullptr; }
+  /// How the memory came to be (a translation change by rereg() makes it mr_kind::user).
   [[nodiscard]] mr_kind kind() const noexcept { return kind_; }
+  /// mr_state::unusable once a failed re-registration left the region unusable.
   [[nodiscard]] mr_state state() const noexcept { return state_; }
   /// True when allocate() got huge pages.
   [[nodiscard]] bool huge_pages() const noexcept { return pages_.huge(); }
@@ -162,6 +197,8 @@ public:
   [[nodiscard]] ibv_sge sge(std::size_t offset, std::uint32_t length) const noexcept {
     return {iova_ + offset, length, h_.get()->lkey};
   }
+  /// A local SGE for the whole region. Unchecked (the region must be non-null; the length is
+  /// truncated to 32 bits): use slice() for a checked one.
   [[nodiscard]] ibv_sge sge() const noexcept { return sge(0, std::uint32_t(length())); }
   /// A checked local SGE. Errors: errc::null_handle, errc::unusable, errc::zero_length,
   /// errc::out_of_range.

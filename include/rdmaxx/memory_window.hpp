@@ -1,41 +1,47 @@
-// rdmaxx/memory_window.hpp: MemoryWindow (ibv_alloc_mw(3), ibv_bind_mw(3), ibv_wr_bind_mw(3),
-// local and remote invalidation), the strict grant mode and the window-bounds probe.
-//
-// A window grants a peer remote access to a range of a registered region and can be revoked
-// without touching the region. rdmaxx makes this safe on devices that get it wrong (rxe, measured
-// on Debian's 6.1 kernel; see README "rxe defects"):
-//   - invalidating a type-2 window that is not bound panics rxe: the window tracks its state and
-//     the library never posts an invalidate unless the window is bound;
-//   - rxe checks neither window bounds nor PDs on type-2 binds: rdmaxx checks range, rights, MW_BIND
-//     access and PDs before every bind; StrictGrant makes bounds hold where the device does not;
-//   - destroying a QP with a bound type-2 window blocks ~50 s: such a window counts as a child of
-//     its QP, so qp.destroy() answers errc::busy until the window is invalidated or deallocated;
-//   - ibv_dereg_mr of an MR with bound windows: windows count as children of their MR, so
-//     mr.dereg() answers errc::busy (rxe itself answers EINVAL);
-//   - the provider does not update mw->rkey on type-2 binds: the library chooses each new key
-//     (ibv_inc_rkey) and writes it back; a type-1 unbind with a NULL MR crashes the rxe provider:
-//     the library unbinds with the bound MR, addr 0, length 0.
-//
-// State is applied when an operation is posted (so that a descriptor can be sent right after the
-// bind, on the same QP). Up to max_pending operations stay "unconfirmed" until their completion
-// (or that of a later operation of the window) is handed to complete(): a failed one rolls state,
-// key and parent counts back to what they were before it. Unconfirmed operations keep the MR and
-// QP they used counted, so those cannot be destroyed under an operation still in flight.
-//
-// Revoking for good: dealloc() (synchronous: ibv_dealloc_mw unbinds and frees). Prefer it to
-// invalidate() when the peer keeps the old key: a peer's send-with-invalidate of a type-2 window
-// that is allocated but no longer bound panics rxe, and the owner cannot stop a peer from sending
-// one. invalidate() is for windows that are rebound right away. The library learns of a remote
-// invalidate only from the receive completion handed to complete(): a local invalidate posted
-// while a peer may be sending send-with-invalidate for the same key is a race no library can
-// close on rxe (both paths reach the same kernel bug); dealloc() has no such race.
-//
-// Not thread-safe: one thread at a time per window (like the QP it posts on).
-//
-// Lifetime: a window borrows its ProtectionDomain; while bound it also counts as a child of its
-// MemoryRegion and (type 2) of the QueuePair it was bound through. Keys: only the low 8 bits of a
-// window's key change from bind to bind, so a key repeats after 256 binds of one window; to be
-// sure an old key never comes back, deallocate the window and allocate a new one.
+/// \file
+/// rdmaxx/memory_window.hpp: MemoryWindow (ibv_alloc_mw(3), ibv_bind_mw(3), ibv_wr_bind_mw(3),
+/// local and remote invalidation), the strict grant mode and the window-bounds probe.
+///
+/// A window grants a peer remote access to a range of a registered region and can be revoked
+/// without touching the region. rdmaxx makes this safe on devices that get it wrong (rxe, measured
+/// on Debian's 6.1 kernel; see README "rxe defects"):
+///   - invalidating a type-2 window that is not bound panics rxe: the window tracks its state and
+///     the library never posts an invalidate unless the window is bound;
+///   - rxe checks neither window bounds nor PDs on type-2 binds: rdmaxx checks range, rights, MW_BIND
+///     access and PDs before every bind; StrictGrant makes bounds hold where the device does not;
+///   - destroying a QP with a bound type-2 window blocks ~50 s: such a window counts as a child of
+///     its QP, so qp.destroy() answers errc::busy until the window is invalidated or deallocated;
+///   - ibv_dereg_mr of an MR with bound windows: windows count as children of their MR, so
+///     mr.dereg() answers errc::busy (rxe itself answers EINVAL);
+///   - the provider does not update mw->rkey on type-2 binds: the library chooses each new key
+///     (ibv_inc_rkey) and writes it back; a type-1 unbind with a NULL MR crashes the rxe provider:
+///     the library unbinds with the bound MR, addr 0, length 0.
+///
+/// State is applied when an operation is posted (so that a descriptor can be sent right after the
+/// bind, on the same QP). Up to max_pending operations stay "unconfirmed" until their completion
+/// (or that of a later operation of the window) is handed to complete(): a failed one rolls state,
+/// key and parent counts back to what they were before it. Unconfirmed operations keep the MR and
+/// QP they used counted, so those cannot be destroyed under an operation still in flight.
+///
+/// Revoking for good: dealloc() (synchronous: ibv_dealloc_mw unbinds and frees). Prefer it to
+/// invalidate() when the peer keeps the old key: a peer's send-with-invalidate of a type-2 window
+/// that is allocated but no longer bound panics rxe, and the owner cannot stop a peer from sending
+/// one. invalidate() is for windows that are rebound right away. The library learns of a remote
+/// invalidate only from the receive completion handed to complete(): a local invalidate posted
+/// while a peer may be sending send-with-invalidate for the same key is a race no library can
+/// close on rxe (both paths reach the same kernel bug); dealloc() has no such race.
+///
+/// Not thread-safe: one thread at a time per window (like the QP it posts on).
+///
+/// Lifetime: a window borrows its ProtectionDomain; while bound it also counts as a child of its
+/// MemoryRegion and (type 2) of the QueuePair it was bound through. Keys: only the low 8 bits of a
+/// window's key change from bind to bind, so a key repeats after 256 binds of one window; to be
+/// sure an old key never comes back, deallocate the window and allocate a new one.
+///
+/// Allocation: MemoryWindow allocates nothing but what verbs allocates (ibv_alloc_mw); bind,
+/// unbind, invalidate and complete() are inline and allocation-free (the unconfirmed operations
+/// live in the window). StrictGrant::create() registers a region (MemoryRegion::reg) and allocates
+/// a window; probe_window_bounds() creates and destroys scratch objects.
 #pragma once
 
 #include "access.hpp"
@@ -57,6 +63,8 @@
 namespace rdmaxx {
 
 /// Window type (enum ibv_mw_type). Type 2 is 2B on devices that report IBV_DEVICE_MEM_WINDOW_TYPE_2B.
+/// type1: bound and unbound with ibv_bind_mw(3), the provider picks the key; type2: bound with a
+/// work request (ibv_wr_bind_mw) through one QP, revoked by a local or remote invalidate.
 enum class mw_type : std::uint8_t { type1 = IBV_MW_TYPE_1, type2 = IBV_MW_TYPE_2 };
 
 /// What the library knows of a window, as of the operations posted so far.
@@ -72,7 +80,9 @@ inline constexpr std::uint64_t window_wr_id = 0x5244584D57000000ull; // "RDXMW"
 
 /// A range of a MemoryRegion, as an offset from its start and a length.
 struct window_range {
+  /// Bytes from the start of the region.
   std::uint64_t offset = 0;
+  /// Bytes in the range.
   std::uint64_t length = 0;
 };
 
@@ -141,12 +151,17 @@ struct mw_pending {
 };
 } // namespace detail
 
+/// A memory window (ibv_alloc_mw(3)): grants a peer remote access to a range of a MemoryRegion and
+/// is revoked without touching the region (see the top of this header for the rules rdmaxx adds).
+/// Move-only, null after move; ibv_dealloc_mw on destruction. Not thread-safe.
 class MemoryWindow {
 public:
   /// Operations that may be posted and not yet confirmed through complete().
   static constexpr std::size_t max_pending = 4;
 
+  /// An empty (null) window.
   MemoryWindow() noexcept = default;
+  /// Takes over `o`'s window, binding and unconfirmed operations; `o` is left null.
   MemoryWindow(MemoryWindow &&o) noexcept { *this = std::move(o); }
   /// Deallocates the window this one held (then releases what it kept counted), takes over `o`'s.
   MemoryWindow &operator=(MemoryWindow &&o) noexcept {
@@ -162,6 +177,8 @@ public:
     }
     return *this;
   }
+  /// ibv_dealloc_mw (a failure goes to the destroy-failure hook), then releases the MR and QP the
+  /// window kept counted.
   ~MemoryWindow() = default;
 
   /// ibv_alloc_mw of `type` on `pd`. Errors: errc::null_handle, errc::unsupported when the
@@ -179,9 +196,13 @@ public:
   }
 
   // ---- accessors (inline, unchecked) ----
+  /// The ibv_mw (owned: do not deallocate it), or nullptr.
   [[nodiscard]] ibv_mw *native_handle() const noexcept { return h_.get(); }
+  /// True unless null (default-constructed, moved from or deallocated).
   [[nodiscard]] explicit operator bool() const noexcept { return bool(h_); }
+  /// The type given to alloc().
   [[nodiscard]] mw_type type() const noexcept { return type_; }
+  /// What the library knows of the window, as of the operations posted so far (see complete()).
   [[nodiscard]] mw_state state() const noexcept { return cur_.state; }
   /// The current key (the one a bound window's peers use).
   [[nodiscard]] std::uint32_t rkey() const noexcept { return cur_.rkey; }
@@ -483,6 +504,7 @@ private:
 /// (bind, invalidate, bind again) for a range granted repeatedly.
 class StrictGrant {
 public:
+  /// An empty grant (no region, no window).
   StrictGrant() noexcept = default;
 
   /// Register [r.offset, r.offset + r.length) of `mr` again, alone (ibv_reg_mr with MW_BIND and
@@ -511,12 +533,17 @@ public:
                                                wr w = {window_wr_id, send_flag::signaled}) noexcept {
     return window_.bind(qp, region_, {0, region_.length()}, rights, w);
   }
+  /// Add a bind of the window over the whole exact region to an open batch of `qp` (see the batch
+  /// form of MemoryWindow::bind: same errors, inline and allocation-free).
   [[nodiscard]] result<remote_descriptor> bind(SendBatch &batch, QueuePair &qp, access_flags rights,
                                                wr w = {}) noexcept {
     return window_.bind(batch, qp, region_, {0, region_.length()}, rights, w);
   }
+  /// The window (for invalidate(), complete(), state() and descriptor()).
   [[nodiscard]] MemoryWindow &window() noexcept { return window_; }
+  /// The region registered for exactly the granted bytes.
   [[nodiscard]] const MemoryRegion &region() const noexcept { return region_; }
+  /// True while the grant holds a window (false when empty, moved from or released).
   [[nodiscard]] explicit operator bool() const noexcept { return bool(window_); }
 
   /// Revoke for good: deallocate the window, then deregister the exact region.

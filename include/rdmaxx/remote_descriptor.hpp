@@ -1,27 +1,30 @@
-// rdmaxx/remote_descriptor.hpp: what a peer needs to access memory granted to it (address, length,
-// rkey, rights), as a small value type with a stable, versioned, big-endian encoding.
-//
-// Every encoded descriptor starts with the same 8-byte header, so that other kinds (e.g. a
-// multi-segment descriptor for indirect keys) can be added without touching this one:
-//
-//   offset size field
-//        0    4 magic         0x52445844 ("RDXD")
-//        4    1 version       1 (descriptor_version); any other value is refused (wrong_version)
-//        5    1 kind          descriptor_kind (1 = one window / one key)
-//        6    2 body_length   bytes that follow the header
-//
-// Body of kind `window` (24 bytes, so 32 bytes in all):
-//
-//        8    8 addr          the address the peer puts in its work requests (an offset from 0
-//                             for zero-based windows)
-//       16    8 length        bytes granted, > 0
-//       24    4 rkey
-//       28    1 rights        bit 0 remote read, bit 1 remote write, bit 2 remote atomic; not 0
-//       29    1 flags         bit 0 zero-based
-//       30    2 reserved      0
-//
-// All integers are big-endian. Decoders check everything and never read past their input: a
-// truncated, padded, malformed or unknown-version input is refused, never half-decoded.
+/// \file
+/// rdmaxx/remote_descriptor.hpp: what a peer needs to access memory granted to it (address, length,
+/// rkey, rights), as a small value type with a stable, versioned, big-endian encoding.
+///
+/// Every encoded descriptor starts with the same 8-byte header, so that other kinds (e.g. a
+/// multi-segment descriptor for indirect keys) can be added without touching this one:
+/// ```
+///   offset size field
+///        0    4 magic         0x52445844 ("RDXD")
+///        4    1 version       1 (descriptor_version); any other value is refused (wrong_version)
+///        5    1 kind          descriptor_kind (1 = one window / one key)
+///        6    2 body_length   bytes that follow the header
+/// ```
+/// Body of kind `window` (24 bytes, so 32 bytes in all):
+/// ```
+///        8    8 addr          the address the peer puts in its work requests (an offset from 0
+///                             for zero-based windows)
+///       16    8 length        bytes granted, > 0
+///       24    4 rkey
+///       28    1 rights        bit 0 remote read, bit 1 remote write, bit 2 remote atomic; not 0
+///       29    1 flags         bit 0 zero-based
+///       30    2 reserved      0
+/// ```
+/// All integers are big-endian. Decoders check everything and never read past their input: a
+/// truncated, padded, malformed or unknown-version input is refused, never half-decoded.
+///
+/// Allocation: none (an encoding is a std::array value or goes into the caller's buffer).
 #pragma once
 
 #include "access.hpp"
@@ -42,14 +45,19 @@ enum class descriptor_kind : std::uint8_t {
   // 2 and up: reserved for other kinds (multi-segment descriptors).
 };
 
+/// The first 4 bytes of every encoded descriptor: "RDXD".
 inline constexpr std::uint32_t descriptor_magic = 0x52445844u; // "RDXD"
+/// The encoding version this library writes and accepts.
 inline constexpr std::uint8_t descriptor_version = 1;
 
 /// The common header of every encoded descriptor.
 struct descriptor_header {
+  /// Encoded bytes of the header.
   static constexpr std::size_t size = 8;
+  /// Encoding version (peek() refuses any other than descriptor_version).
   std::uint8_t version = descriptor_version;
   std::uint8_t kind = 0;          ///< a descriptor_kind value (kept raw: it may be a newer kind)
+  /// Bytes of the body that follows the header.
   std::uint16_t body_length = 0;
 
   /// Header plus body: how many bytes the whole descriptor takes.
@@ -70,6 +78,7 @@ struct descriptor_header {
     return h;
   }
 
+  /// Append the 8 encoded header bytes (descriptor_magic first) to `w` (used by the encoders).
   void write(detail::wire_writer &w) const noexcept {
     w.u32(descriptor_magic);
     w.u8(version);
@@ -81,13 +90,17 @@ struct descriptor_header {
 /// Access to one contiguous range of a peer's memory: where, how much, with which key and which
 /// rights. MemoryWindow::bind() returns one; send it with encode() and rebuild it with decode().
 struct remote_descriptor {
+  /// Encoded bytes of a window body.
   static constexpr std::size_t body_size = 24;
+  /// Encoded bytes of a whole window descriptor (header and body: 32).
   static constexpr std::size_t encoded_size = descriptor_header::size + body_size;
 
   std::uint64_t addr = 0;   ///< what the peer puts in its work requests (offset if zero_based)
   std::uint64_t length = 0; ///< bytes granted
+  /// The remote key of the window (or MR) that grants the access.
   std::uint32_t rkey = 0;
   access_flags rights;      ///< remote_read / remote_write / remote_atomic
+  /// True when addr is an offset from the start of the range (a zero-based window).
   bool zero_based = false;
 
   /// The remote address `offset` bytes into the range (unchecked: fast path).
@@ -150,6 +163,7 @@ struct remote_descriptor {
     return d;
   }
 
+  /// Field-wise equality.
   friend constexpr bool operator==(const remote_descriptor &, const remote_descriptor &) noexcept = default;
 
 private:

@@ -1,22 +1,26 @@
-// rdmaxx/mlx5/indirect_key_mlx5.hpp: the mlx5dv backend of IndirectKey (hardware UMR).
-//
-// Compiled only when rdmaxx is built with the mlx5 option (RDMAXX_HAVE_MLX5 == 1). Compiled and
-// contract-tested, NOT run on hardware: no mlx5 device was available. The functions here take
-// the C structs they post through (ibv_qp_ex, mlx5dv_qp_ex, mlx5dv_mkey), so the contract tests
-// hand them structs whose function pointers record every call and assert exactly what the
-// library gives mlx5dv.
-//
-// What mlx5dv requires, and what is checked before anything is posted:
-//   - an indirect mkey from mlx5dv_create_mkey (MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT); the
-//     provider rounds max_entries up (to a multiple of 4): read it back;
-//   - the layout is posted inline (IBV_SEND_INLINE is mandatory), so a list layout holds at most
-//     (max_inline_data + 4) / 16 entries and an interleaved one one fewer; never more than the
-//     mkey's max_entries (interleaved: one entry is the strided header);
-//   - interleaved bytes_count and bytes_count + bytes_skip go into 16-bit fields: both < 2^16;
-//   - access flags: local write and remote read / write / atomic only;
-//   - the QP comes from mlx5dv_create_qp with MLX5DV_QP_EX_WITH_MKEY_CONFIGURE (and MR_LIST,
-//     MR_INTERLEAVED) plus IBV_QP_EX_WITH_LOCAL_INV; builder errors surface from ibv_wr_complete;
-//   - invalidation is a local invalidate of the mkey (ibv_wr_local_inv).
+/// \file
+/// rdmaxx/mlx5/indirect_key_mlx5.hpp: the mlx5dv backend of IndirectKey (hardware UMR).
+///
+/// Compiled only when rdmaxx is built with the mlx5 option (RDMAXX_HAVE_MLX5 == 1). Compiled and
+/// contract-tested, NOT run on hardware: no mlx5 device was available. The functions here take
+/// the C structs they post through (ibv_qp_ex, mlx5dv_qp_ex, mlx5dv_mkey), so the contract tests
+/// hand them structs whose function pointers record every call and assert exactly what the
+/// library gives mlx5dv.
+///
+/// What mlx5dv requires, and what is checked before anything is posted:
+///   - an indirect mkey from mlx5dv_create_mkey (MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT); the
+///     provider rounds max_entries up (to a multiple of 4): read it back;
+///   - the layout is posted inline (IBV_SEND_INLINE is mandatory), so a list layout holds at most
+///     (max_inline_data + 4) / 16 entries and an interleaved one one fewer; never more than the
+///     mkey's max_entries (interleaved: one entry is the strided header);
+///   - interleaved bytes_count and bytes_count + bytes_skip go into 16-bit fields: both < 2^16;
+///   - access flags: local write and remote read / write / atomic only;
+///   - the QP comes from mlx5dv_create_qp with MLX5DV_QP_EX_WITH_MKEY_CONFIGURE (and MR_LIST,
+///     MR_INTERLEAVED) plus IBV_QP_EX_WITH_LOCAL_INV; builder errors surface from ibv_wr_complete;
+///   - invalidation is a local invalidate of the mkey (ibv_wr_local_inv).
+///
+/// Allocation: create_mkey() allocates inside the provider (mlx5dv_create_mkey); nothing else
+/// here allocates (post_configure() builds its entry array on the stack).
 #pragma once
 
 #if RDMAXX_HAVE_MLX5
@@ -73,8 +77,8 @@ struct umr_limits {
 }
 
 /// mlx5dv_create_mkey (indirect). On success `max_entries` holds what the provider granted (it
-/// rounds up). Errors: errc::out_of_range (max_entries 0 or above 65535), errno of
-/// mlx5dv_create_mkey (EOPNOTSUPP: no DEVX context, ENOMEM, EINVAL).
+/// rounds up). Errors: errc::null_handle, errc::out_of_range (max_entries 0 or above 65535),
+/// errno of mlx5dv_create_mkey (EOPNOTSUPP: no DEVX context, ENOMEM, EINVAL).
 [[nodiscard]] inline result<mlx5dv_mkey *> create_mkey(ibv_pd *pd, std::uint32_t &max_entries) noexcept {
   if (!pd) return make_error_code(errc::null_handle);
   if (max_entries == 0 || max_entries > 0xffff) return make_error_code(errc::out_of_range);
