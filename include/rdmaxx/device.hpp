@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <poll.h>
 #include <span>
 #include <string_view>
 
@@ -180,6 +181,25 @@ public:
     ibv_port_attr a{};
     if (const int rc = ::ibv_query_port(h_.get(), port, &a)) return errno_code(rc);
     return a;
+  }
+  /// Wait up to `timeout_ms` for one asynchronous event of the device (ibv_get_async_event(3)),
+  /// acknowledge it (ibv_ack_async_event) and return a copy. This is how failures that no
+  /// completion carries are learned: a CQ overrun (IBV_EVENT_CQ_ERR), a QP fatal error, a port
+  /// going down. The copy's element pointer (event.element.cq, .qp, ...) identifies the object;
+  /// it must not be used after that object is destroyed. Errors: errc::null_handle,
+  /// errc::timeout (no event within the time), errno of poll(2) / ibv_get_async_event.
+  /// Allocates nothing.
+  [[nodiscard]] result<ibv_async_event> wait_async_event(int timeout_ms) const noexcept {
+    if (!h_) return make_error_code(errc::null_handle);
+    pollfd p{h_.get()->async_fd, POLLIN, 0};
+    const int pr = ::poll(&p, 1, timeout_ms);
+    if (pr < 0) return last_errno();
+    if (pr == 0) return make_error_code(errc::timeout);
+    ibv_async_event ev{};
+    if (::ibv_get_async_event(h_.get(), &ev)) return last_errno();
+    const ibv_async_event copy = ev;
+    ::ibv_ack_async_event(&ev);
+    return copy;
   }
   /// ibv_query_gid. Errors: errc::null_handle, errno of ibv_query_gid.
   [[nodiscard]] result<ibv_gid> query_gid(std::uint8_t port, int index) const noexcept {

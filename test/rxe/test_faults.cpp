@@ -137,5 +137,21 @@ TEST_CASE("faults: more completions than the CQ holds", "[faults]") {
               capacity, posted, got, int(error_seen), int(qp_err));
   // What must never happen: every completion delivered as if nothing had gone wrong.
   CHECK((error_seen || qp_err || got < std::size_t(posted)));
+  // The overrun is reported as an asynchronous event of the device, naming the CQ.
+  auto ev = ctx.wait_async_event(2000);
+  INFO("async event: " << (ev ? ibv_event_type_str(ev.value().event_type) : ev.error().message()));
+  REQUIRE(ev.has_value());
+  CHECK(ev.value().event_type == IBV_EVENT_CQ_ERR);
+  CHECK(ev.value().element.cq == cq_a.native_handle());
+  // rxe raises one event per lost completion: drain them; with nothing pending the wait is bounded.
+  int more = 0;
+  result<ibv_async_event> next = ctx.wait_async_event(50);
+  while (next && more < 64) {
+    CHECK(next.value().event_type == IBV_EVENT_CQ_ERR);
+    ++more;
+    next = ctx.wait_async_event(50);
+  }
+  REQUIRE_FALSE(next.has_value());
+  CHECK(next.error() == errc::timeout);
   // Still destroyable (destructors run at scope end; the hook would print any failure).
 }
