@@ -8,6 +8,7 @@
 // `bench_fastpath count raw|rdmaxx N` runs only the instruction-count bodies (for callgrind with
 // --toggle-collect=count_*): N rounds of {post 16 writes; wait until all completed; poll 16}, so
 // that every counted poll finds the same completions ready and the count is deterministic.
+#include "common.hpp"
 #include "harness.hpp"
 
 #include <rdmaxx/rdmaxx.hpp>
@@ -19,33 +20,14 @@ using namespace rdmaxx;
 
 namespace {
 
-struct setup {
-  Context ctx;
-  ProtectionDomain pd;
-  CompletionQueue cq_a, cq_b;
-  QueuePair a, b;
+struct setup : bench::loopback {
   std::vector<unsigned char> src = std::vector<unsigned char>(4096, 1);
   std::vector<unsigned char> dst = std::vector<unsigned char>(4096, 0);
   MemoryRegion msrc, mdst;
 };
 
 result<void> make(setup &s) {
-  RDMAXX_TRY(ctx, Context::open_first());
-  s.ctx = std::move(ctx);
-  RDMAXX_TRY(pd, ProtectionDomain::alloc(s.ctx));
-  s.pd = std::move(pd);
-  RDMAXX_TRY(ca, CompletionQueue::create(s.ctx, 256));
-  s.cq_a = std::move(ca);
-  RDMAXX_TRY(cb, CompletionQueue::create(s.ctx, 256));
-  s.cq_b = std::move(cb);
-  qp_caps caps;
-  caps.max_send_wr = 128;
-  caps.max_recv_wr = 128;
-  RDMAXX_TRY(a, QueuePair::create(s.pd, s.cq_a, s.cq_a, caps));
-  s.a = std::move(a);
-  RDMAXX_TRY(b, QueuePair::create(s.pd, s.cq_b, s.cq_b, caps));
-  s.b = std::move(b);
-  RDMAXX_TRYV(connect_loopback(s.a, s.b));
+  RDMAXX_TRYV(bench::make_loopback(s));
   RDMAXX_TRY(ms, MemoryRegion::reg(s.pd, s.src.data(), s.src.size(), access::local_write));
   s.msrc = std::move(ms);
   RDMAXX_TRY(md, MemoryRegion::reg(s.pd, s.dst.data(), s.dst.size(),
