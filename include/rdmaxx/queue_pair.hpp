@@ -127,6 +127,11 @@ struct wr {
 /// An open send batch (ibv_wr_start). Add operations, then submit() (ibv_wr_complete). A batch
 /// dropped without submit() is aborted (ibv_wr_abort): nothing of it is posted. One batch at a
 /// time per QP. Every member is inline, noexcept and allocation-free.
+///
+/// Known rxe defect (rdma-core 44 provider, measured): ibv_wr_set_sge_list, which the
+/// std::span<const ibv_sge> overloads use, sends num_sge x the FIRST SGE's length and still
+/// completes successfully. On rxe, give those overloads SGEs of equal length, or add one work
+/// request per SGE (as write_indirect does); test `[ikey][rxe-defect]` tracks the provider.
 class [[nodiscard]] SendBatch {
 public:
   /// Moves the open batch; the moved-from batch no longer aborts.
