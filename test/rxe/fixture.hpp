@@ -117,33 +117,13 @@ inline void recover_pair(QueuePair &a, CompletionQueue &cq_a, QueuePair &b, Comp
 struct qp_pair {
   CompletionQueue cq_a, cq_b;
   QueuePair a, b;
-  qp_pair(const Context &ctx, const ProtectionDomain &pd)
+  qp_pair(const Context &ctx, const ProtectionDomain &pd, const connect_options &o = {})
       : cq_a(need(CompletionQueue::create(ctx, 64), "create_cq a")),
         cq_b(need(CompletionQueue::create(ctx, 64), "create_cq b")),
         a(need(QueuePair::create(pd, cq_a, cq_a), "create_qp a")),
         b(need(QueuePair::create(pd, cq_b, cq_b), "create_qp b")) {
-    need(connect_loopback(a, b), "connect_loopback");
+    need(connect_loopback(a, b, o), "connect_loopback");
   }
-  void recover() { recover_pair(a, cq_a, b, cq_b); }
-  ibv_wc_status write(const ibv_sge &src, remote_addr dst, std::uint64_t id = 1) {
-    return write_one(a, cq_a, src, dst, id);
-  }
-  ibv_wc_status read(const ibv_sge &dst, remote_addr src, std::uint64_t id = 2) {
-    return read_one(a, cq_a, dst, src, id);
-  }
-};
-
-/// A device with two RC QPs connected to each other (loopback). `a` initiates, `b` is the target.
-struct loopback {
-  Context ctx = open_device();
-  ProtectionDomain pd = need(ProtectionDomain::alloc(ctx), "alloc_pd");
-  CompletionQueue cq_a = need(CompletionQueue::create(ctx, 64), "create_cq a");
-  CompletionQueue cq_b = need(CompletionQueue::create(ctx, 64), "create_cq b");
-  QueuePair a = need(QueuePair::create(pd, cq_a, cq_a), "create_qp a");
-  QueuePair b = need(QueuePair::create(pd, cq_b, cq_b), "create_qp b");
-
-  loopback() { need(connect_loopback(a, b), "connect_loopback"); }
-
   /// After a remote error both QPs are in ERR: drain flushed work and reconnect both.
   void recover() { recover_pair(a, cq_a, b, cq_b); }
   /// One signalled RDMA write from `src` on QP a; returns its completion status.
@@ -153,6 +133,17 @@ struct loopback {
   ibv_wc_status read(const ibv_sge &dst, remote_addr src, std::uint64_t id = 2) {
     return read_one(a, cq_a, dst, src, id);
   }
+};
+
+/// The device and a PD: the base of `loopback`, so that both exist before its QPs and outlive them.
+struct device_pd {
+  Context ctx = open_device();
+  ProtectionDomain pd = need(ProtectionDomain::alloc(ctx), "alloc_pd");
+};
+
+/// A device with two RC QPs connected to each other (loopback). `a` initiates, `b` is the target.
+struct loopback : device_pd, qp_pair {
+  loopback() : qp_pair(ctx, pd) {}
 };
 
 } // namespace rxe

@@ -49,16 +49,10 @@ TEST_CASE("faults: a remote access error in the middle of a batch", "[faults]") 
 }
 
 TEST_CASE("faults: the peer goes away mid-operation", "[faults]") {
-  Context ctx = open_device();
-  auto pd = need(ProtectionDomain::alloc(ctx), "pd");
-  auto cq_a = need(CompletionQueue::create(ctx, 16), "cq a");
-  auto cq_b = need(CompletionQueue::create(ctx, 16), "cq b");
-  auto a = need(QueuePair::create(pd, cq_a, cq_a), "qp a");
-  auto b = need(QueuePair::create(pd, cq_b, cq_b), "qp b");
-  auto ea = need(a.local_endpoint(quick()), "ep a");
-  auto eb = need(b.local_endpoint(quick()), "ep b");
-  need(a.connect(eb, quick()), "connect a");
-  need(b.connect(ea, quick()), "connect b");
+  device_pd dev;
+  qp_pair p(dev.ctx, dev.pd, quick());
+  auto &[ctx, pd] = dev;
+  auto &[cq_a, cq_b, a, b] = p;
   std::vector<unsigned char> src(64, 1), dst(64, 0);
   auto ms = need(MemoryRegion::reg(pd, src.data(), src.size(), access::local_write), "reg src");
   auto md = need(MemoryRegion::reg(pd, dst.data(), dst.size(), remote_rw), "reg dst");
