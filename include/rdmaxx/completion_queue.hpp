@@ -9,13 +9,13 @@
 /// what verbs allocates; poll() and wait() do not allocate.
 #pragma once
 
+#include "detail/clock.hpp"
 #include "detail/handle.hpp"
 #include "device.hpp"
 #include "error.hpp"
 
 #include <poll.h>
 
-#include <chrono>
 #include <cstddef>
 #include <span>
 
@@ -105,27 +105,26 @@ public:
     return std::size_t(n);
   }
 
-  /// Wait up to `timeout` for completions and poll them into `out` (needs a channel):
-  /// poll; if empty, arm (ibv_req_notify_cq), poll again to close the race, then wait on the
-  /// channel fd (poll(2)), ibv_get_cq_event + ibv_ack_cq_events, and poll. Returns the number
-  /// written (>= 1). Errors: errc::wrong_state (no channel), errc::timeout, errno of the verbs.
-  [[nodiscard]] result<std::size_t> wait(std::span<ibv_wc> out,
-                                         std::chrono::milliseconds timeout) noexcept {
+  /// Wait up to `timeout_ms` milliseconds for completions and poll them into `out` (needs a
+  /// channel): poll; if empty, arm (ibv_req_notify_cq), poll again to close the race, then wait
+  /// on the channel fd (poll(2)), ibv_get_cq_event + ibv_ack_cq_events, and poll. Returns the
+  /// number written (>= 1). Errors: errc::null_handle, errc::wrong_state (no channel),
+  /// errc::timeout, errno of the verbs.
+  [[nodiscard]] result<std::size_t> wait(std::span<ibv_wc> out, int timeout_ms) noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     ibv_comp_channel *ch = h_.get()->channel;
     if (!ch) return make_error_code(errc::wrong_state);
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const std::int64_t deadline = detail::monotonic_ms() + timeout_ms;
     for (;;) {
       RDMAXX_TRY(n, poll(out));
       if (n) return n;
       if (const int rc = ::ibv_req_notify_cq(h_.get(), 0)) return errno_code(rc);
       RDMAXX_TRY(m, poll(out));
       if (m) return m;
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return make_error_code(errc::timeout);
+      const std::int64_t left = deadline - detail::monotonic_ms();
+      if (left <= 0) return make_error_code(errc::timeout);
       pollfd p{ch->fd, POLLIN, 0};
-      const int pr = ::poll(&p, 1, int(left.count()));
+      const int pr = ::poll(&p, 1, int(left));
       if (pr < 0 && errno != EINTR) return last_errno();
       if (pr <= 0) continue; // timeout or EINTR: the loop re-checks the deadline
       ibv_cq *ev_cq = nullptr;

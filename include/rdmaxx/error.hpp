@@ -245,7 +245,8 @@ public:
     return c == static_cast<int>(condition::unsupported) ? "not supported by this device"
                                                          : "unknown condition";
   }
-  bool equivalent(const std::error_code &ec, int cond) const noexcept override;
+  // Declared inline here so that no vtable becomes a key-function vtable emitted in every TU.
+  inline bool equivalent(const std::error_code &ec, int cond) const noexcept override;
 };
 } // namespace detail
 

@@ -46,6 +46,7 @@
 
 #include "access.hpp"
 #include "completion_queue.hpp"
+#include "detail/clock.hpp"
 #include "detail/handle.hpp"
 #include "device.hpp"
 #include "error.hpp"
@@ -54,7 +55,6 @@
 #include "queue_pair.hpp"
 #include "remote_descriptor.hpp"
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -580,8 +580,8 @@ private:
   RDMAXX_TRY(local, MemoryRegion::allocate(pd, 4096, access::local_write));
   RDMAXX_TRY(mw, MemoryWindow::alloc(pd, caps.mw_type2b ? mw_type::type2 : mw_type::type1));
   auto wait = [&](ibv_wc &wc) -> bool {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while (std::chrono::steady_clock::now() < deadline) {
+    const std::int64_t deadline = detail::monotonic_ms() + 5000;
+    while (detail::monotonic_ms() < deadline) {
       auto n = cq.poll(std::span<ibv_wc>(&wc, 1));
       if (!n) return false;
       if (n.value() == 1) return true;
