@@ -186,7 +186,8 @@ public:
   /// acknowledge it (ibv_ack_async_event) and return a copy. This is how failures that no
   /// completion carries are learned: a CQ overrun (IBV_EVENT_CQ_ERR), a QP fatal error, a port
   /// going down. The copy's element pointer (event.element.cq, .qp, ...) identifies the object;
-  /// it must not be used after that object is destroyed. Errors: errc::null_handle,
+  /// it must not be used after that object is destroyed; async_error() turns the event into an
+  /// error_code (empty for informational events). Errors: errc::null_handle,
   /// errc::timeout (no event within the time), errno of poll(2) / ibv_get_async_event.
   /// Allocates nothing.
   [[nodiscard]] result<ibv_async_event> wait_async_event(int timeout_ms) const noexcept {

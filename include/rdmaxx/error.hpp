@@ -225,6 +225,57 @@ inline const std::error_category &wc_category() noexcept {
 [[nodiscard]] inline std::error_code wc_error(const ibv_wc &wc) noexcept { return wc_error(wc.status); }
 
 // ---------------------------------------------------------------------------------------------
+// asynchronous events
+
+namespace detail {
+// Values are event type + 1: IBV_EVENT_CQ_ERR is 0, and a zero error_code means success.
+class async_event_category_impl final : public std::error_category {
+public:
+  const char *name() const noexcept override { return "ibv_event_type"; }
+  std::string message(int c) const override {
+    return ibv_event_type_str(static_cast<ibv_event_type>(c - 1));
+  }
+  std::error_condition default_error_condition(int c) const noexcept override {
+    switch (static_cast<ibv_event_type>(c - 1)) {
+    case IBV_EVENT_CQ_ERR: return std::errc::no_buffer_space; // overrun: completions were lost
+    case IBV_EVENT_QP_ACCESS_ERR: return std::errc::permission_denied;
+    case IBV_EVENT_PORT_ERR: return std::errc::network_down;
+    default: return std::errc::io_error;
+    }
+  }
+};
+} // namespace detail
+
+/// The category of asynchronous error events (message from ibv_event_type_str).
+inline const std::error_category &async_event_category() noexcept {
+  static const detail::async_event_category_impl c;
+  return c;
+}
+/// An asynchronous event (Context::wait_async_event) as an error_code: the empty (success) code
+/// for informational events (port active, communication established, last WQE reached, SQ
+/// drained, LID/P_Key/GID change, SRQ limit, client reregister), else the event type in
+/// async_event_category() (value: type + 1, see async_event_type()). IBV_EVENT_CQ_ERR, a completion-queue overrun on rxe, compares equal
+/// to std::errc::no_buffer_space; its event.element.cq names the CQ that lost completions.
+[[nodiscard]] inline std::error_code async_error(const ibv_async_event &ev) noexcept {
+  switch (ev.event_type) {
+  case IBV_EVENT_CQ_ERR:
+  case IBV_EVENT_QP_FATAL:
+  case IBV_EVENT_QP_REQ_ERR:
+  case IBV_EVENT_QP_ACCESS_ERR:
+  case IBV_EVENT_PATH_MIG_ERR:
+  case IBV_EVENT_DEVICE_FATAL:
+  case IBV_EVENT_PORT_ERR:
+  case IBV_EVENT_SRQ_ERR:
+  case IBV_EVENT_WQ_FATAL: return {static_cast<int>(ev.event_type) + 1, async_event_category()};
+  default: return {};
+  }
+}
+/// The event type an async_error() code was made from (-1 for codes of other categories).
+[[nodiscard]] inline int async_event_type(const std::error_code &ec) noexcept {
+  return ec.category() == async_event_category() ? ec.value() - 1 : -1;
+}
+
+// ---------------------------------------------------------------------------------------------
 // conditions
 
 /// Error conditions that group codes from several categories.

@@ -137,6 +137,12 @@ TEST_CASE("faults: more completions than the CQ holds", "[faults]") {
   REQUIRE(ev.has_value());
   CHECK(ev.value().event_type == IBV_EVENT_CQ_ERR);
   CHECK(ev.value().element.cq == cq_a.native_handle());
+  // ... and async_error() turns it into an error_code: an overrun compares equal to ENOBUFS.
+  const std::error_code overrun = async_error(ev.value());
+  INFO("as error: " << overrun.message());
+  CHECK(overrun);
+  CHECK(overrun.category() == async_event_category());
+  CHECK(overrun == std::errc::no_buffer_space);
   // rxe raises one event per lost completion: drain them; with nothing pending the wait is bounded.
   int more = 0;
   result<ibv_async_event> next = ctx.wait_async_event(50);

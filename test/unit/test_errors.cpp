@@ -102,6 +102,42 @@ TEST_CASE("work-completion status is an error_code", "[unit][errors]") {
   CHECK(wc_error(wc) == std::errc::permission_denied);
 }
 
+TEST_CASE("asynchronous events: errors become error_codes, information does not", "[unit][errors]") {
+  struct row { ibv_event_type t; bool error; std::errc cond; };
+  const row rows[] = {
+      {IBV_EVENT_CQ_ERR, true, std::errc::no_buffer_space},
+      {IBV_EVENT_QP_FATAL, true, std::errc::io_error},
+      {IBV_EVENT_QP_REQ_ERR, true, std::errc::io_error},
+      {IBV_EVENT_QP_ACCESS_ERR, true, std::errc::permission_denied},
+      {IBV_EVENT_PORT_ERR, true, std::errc::network_down},
+      {IBV_EVENT_DEVICE_FATAL, true, std::errc::io_error},
+      {IBV_EVENT_SRQ_ERR, true, std::errc::io_error},
+      {IBV_EVENT_WQ_FATAL, true, std::errc::io_error},
+      {IBV_EVENT_PATH_MIG_ERR, true, std::errc::io_error},
+      {IBV_EVENT_PORT_ACTIVE, false, {}},
+      {IBV_EVENT_COMM_EST, false, {}},
+      {IBV_EVENT_QP_LAST_WQE_REACHED, false, {}},
+      {IBV_EVENT_SQ_DRAINED, false, {}},
+      {IBV_EVENT_GID_CHANGE, false, {}},
+  };
+  for (const auto &r : rows) {
+    ibv_async_event ev{};
+    ev.event_type = r.t;
+    const std::error_code ec = async_error(ev);
+    INFO(ibv_event_type_str(r.t));
+    CHECK(bool(ec) == r.error);
+    if (!r.error) {
+      CHECK(async_event_type(ec) == -1);
+      continue;
+    }
+    CHECK(ec.category() == async_event_category());
+    CHECK(async_event_type(ec) == int(r.t));
+    CHECK(ec == r.cond);
+    CHECK(ec.message() == ibv_event_type_str(r.t));
+    CHECK_FALSE(is_unsupported(ec));
+  }
+}
+
 TEST_CASE("a failed QP transition names the transition, the attribute and the errno", "[unit][errors]") {
   const auto ec = qp_transition_error(IBV_QPS_INIT, IBV_QPS_RTR, __builtin_ctz(IBV_QP_PATH_MTU), EINVAL);
   CHECK(ec.category() == qp_transition_category());
