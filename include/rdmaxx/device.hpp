@@ -15,7 +15,7 @@
 
 #include <infiniband/verbs.h>
 #if RDMAXX_HAVE_MLX5
-#include <infiniband/mlx5dv.h>
+#include "mlx5/context_mlx5.hpp"
 #endif
 
 #include <cstddef>
@@ -118,6 +118,7 @@ struct Capabilities {
   /// 0 when not probed or the probe failed.
   std::uint32_t max_inline_data = 0;
   bool mlx5dv = false;     ///< mlx5dv_is_supported (false when built without the mlx5 option)
+  bool mlx5_devx = false;  ///< the Context holds a DEVX context (hardware UMR needs it)
   /// ibv_rereg_mr works here: probed by re-registering a scratch MR with unchanged access.
   tristate native_rereg = tristate::unknown;
   /// The backend IndirectKey uses by default here (RDMAXX_UMR=software forces software).
@@ -135,35 +136,53 @@ struct probe_options {
   bool native_rereg = true;
 };
 
-/// An open device (ibv_open_device(3)).
+/// How Context::open() opens a device.
+struct context_options {
+  /// On mlx5 devices, open a DEVX context (mlx5dv_open_device), which hardware UMR needs.
+  /// Ignored for other devices and in builds without the mlx5 option.
+  bool mlx5_devx = true;
+};
+
+/// An open device (ibv_open_device(3), or mlx5dv_open_device(3) on mlx5).
 class Context {
 public:
   Context() noexcept = default;
 
-  /// ibv_open_device. Errors: the errno of ibv_open_device (ENOMEM, EPERM, ...).
-  [[nodiscard]] static result<Context> open(ibv_device *dev) noexcept {
+  /// ibv_open_device; on mlx5 devices (built with the mlx5 option) mlx5dv_open_device with a
+  /// DEVX context first, which hardware UMR needs, falling back to ibv_open_device when refused.
+  /// Errors: errc::no_device (null device), the errno of ibv_open_device (ENOMEM, EPERM, ...).
+  [[nodiscard]] static result<Context> open(ibv_device *dev, const context_options &o = {}) noexcept {
     if (!dev) return make_error_code(errc::no_device);
     detail::parent_node *node = detail::new_parent_node();
     if (!node) return std::make_error_code(std::errc::not_enough_memory);
-    ibv_context *c = ::ibv_open_device(dev);
+    ibv_context *c = nullptr;
+    bool devx = false;
+#if RDMAXX_HAVE_MLX5
+    if (o.mlx5_devx) devx = (c = mlx5::open_devx(dev)) != nullptr;
+#else
+    (void)o;
+#endif
+    if (!c) c = ::ibv_open_device(dev);
     if (!c) {
       const auto ec = last_errno();
       delete node;
       return ec;
     }
-    return Context(c, node);
+    return Context(c, node, devx);
   }
   /// Open the device called `name`. Errors: errc::no_device when absent, then as open().
-  [[nodiscard]] static result<Context> open(std::string_view name) noexcept {
+  [[nodiscard]] static result<Context> open(std::string_view name, const context_options &o = {}) noexcept {
     RDMAXX_TRY(list, DeviceList::get());
-    return open(list.find(name));
+    return open(list.find(name), o);
   }
   /// Open the first device. Errors: errc::no_device when there is none, then as open().
-  [[nodiscard]] static result<Context> open_first() noexcept {
+  [[nodiscard]] static result<Context> open_first(const context_options &o = {}) noexcept {
     RDMAXX_TRY(list, DeviceList::get());
-    return open(list.empty() ? nullptr : list[0]);
+    return open(list.empty() ? nullptr : list[0], o);
   }
 
+  /// True when opened with an mlx5 DEVX context (see context_options); false when null.
+  [[nodiscard]] bool mlx5_devx() const noexcept { return h_ && devx_; }
   /// The ibv_context (owned: do not close it), or nullptr.
   [[nodiscard]] ibv_context *native_handle() const noexcept { return h_.get(); }
   /// True unless null (default-constructed, moved from or closed).
@@ -238,7 +257,8 @@ public:
 #if RDMAXX_HAVE_MLX5
     c.mlx5dv = ::mlx5dv_is_supported(h_.get()->device);
 #endif
-    c.umr = c.mlx5dv && !detail::umr_forced_software() ? umr_backend::mlx5
+    c.mlx5_devx = mlx5_devx();
+    c.umr = c.mlx5dv && c.mlx5_devx && !detail::umr_forced_software() ? umr_backend::mlx5
             : (c.mw_type2a || c.mw_type2b)            ? umr_backend::software
                                                        : umr_backend::none;
     if (probes.inline_data || probes.native_rereg) probe(c, probes);
@@ -252,7 +272,8 @@ private:
     static constexpr const char *verb = "ibv_close_device";
     static int destroy(native *c) noexcept { return ::ibv_close_device(c); }
   };
-  Context(ibv_context *c, detail::parent_node *node) noexcept : h_(c, nullptr, node) {}
+  Context(ibv_context *c, detail::parent_node *node, bool devx) noexcept
+      : h_(c, nullptr, node), devx_(devx) {}
 
   // The live probes use raw verbs: they run once, off the fast path, on scratch objects.
   [[gnu::cold]] void probe(Capabilities &c, probe_options probes) const noexcept {
@@ -295,6 +316,7 @@ private:
   friend class CompletionQueue;
   friend class CompletionChannel;
   detail::handle<traits> h_;
+  bool devx_ = false; // opened by mlx5dv_open_device with a DEVX context
 };
 
 } // namespace rdmaxx

@@ -18,6 +18,9 @@ TEST_CASE("the device reports memory-window types 1 and 2B", "[core]") {
   CHECK(caps.max_sge > 0);
   CHECK(caps.max_inline_data > 0);
   CHECK_FALSE(caps.mlx5dv);
+  // Not an mlx5 device: opened with ibv_open_device, no DEVX context.
+  CHECK_FALSE(ctx.mlx5_devx());
+  CHECK_FALSE(caps.mlx5_devx);
   if (std::string_view(caps.name).rfind("rxe", 0) == 0) {
     // rxe has no ibv_rereg_mr: the live probe must say so.
     CHECK(caps.native_rereg == tristate::no);

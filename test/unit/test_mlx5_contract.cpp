@@ -5,6 +5,8 @@
 #include <rdmaxx/layout.hpp>
 
 #if RDMAXX_HAVE_MLX5
+#include <rdmaxx/device.hpp>
+#include <rdmaxx/mlx5/context_mlx5.hpp>
 #include <rdmaxx/mlx5/indirect_key_mlx5.hpp>
 
 #include <catch2/catch.hpp>
@@ -269,6 +271,15 @@ TEST_CASE("mlx5 contract: mkey and QP creation attributes", "[unit][mlx5]") {
   CHECK(dv.send_ops_flags ==
         (MLX5DV_QP_EX_WITH_MR_LIST | MLX5DV_QP_EX_WITH_MR_INTERLEAVED | MLX5DV_QP_EX_WITH_MKEY_CONFIGURE));
   CHECK(dv.create_flags == 0);
+}
+
+TEST_CASE("mlx5 contract: the context is opened with DEVX, which mlx5dv_create_mkey needs", "[unit][mlx5]") {
+  const mlx5dv_context_attr a = mlx5::devx_context_attr();
+  CHECK(a.flags == MLX5DV_CONTEXT_FLAGS_DEVX);
+  CHECK(a.comp_mask == 0);
+  // No device: nothing is opened, the caller falls back (and reports no_device).
+  CHECK(mlx5::open_devx(nullptr) == nullptr);
+  CHECK(Context::open(static_cast<ibv_device *>(nullptr), {.mlx5_devx = true}).error() == errc::no_device);
 }
 
 #endif // RDMAXX_HAVE_MLX5
