@@ -97,6 +97,7 @@ enum class errc : int {
   not_bound,                 ///< the window or key is not bound (an invalidate would be unsafe)
   already_bound,             ///< the window or key is bound; invalidate it first
   wrong_type,                ///< not valid for this object's type (e.g. a type-1 window)
+  provider_defect,           ///< the device's provider would get this request wrong (see README)
 };
 
 namespace detail {
@@ -133,6 +134,7 @@ public:
     case errc::not_bound: return "not bound: there is nothing to invalidate or use";
     case errc::already_bound: return "already bound: invalidate or unbind it first";
     case errc::wrong_type: return "not valid for this object's type";
+    case errc::provider_defect: return "not supported: this device's provider mishandles the request";
     }
     return "unknown rdmaxx error";
   }
@@ -152,6 +154,7 @@ public:
     case errc::malformed_input:
     case errc::wrong_version: return std::errc::bad_message;
     case errc::verb_failed_without_errno: return std::errc::io_error;
+    case errc::provider_defect: return std::errc::operation_not_supported;
     default: return std::errc::invalid_argument;
     }
   }
@@ -477,7 +480,9 @@ inline const std::error_category &rereg_category() noexcept {
 inline bool detail::condition_category_impl::equivalent(const std::error_code &ec,
                                                         int cond) const noexcept {
   if (cond != static_cast<int>(condition::unsupported)) return false;
-  if (ec.category() == rdmaxx::error_category()) return ec.value() == static_cast<int>(errc::unsupported);
+  if (ec.category() == rdmaxx::error_category())
+    return ec.value() == static_cast<int>(errc::unsupported) ||
+           ec.value() == static_cast<int>(errc::provider_defect);
   if (ec.category() == std::generic_category() || ec.category() == std::system_category())
     return is_unsupported_errno(ec.value());
   if (ec.category() == qp_transition_category() || ec.category() == rereg_category())

@@ -103,7 +103,8 @@ struct connect_options {
   std::uint8_t max_rd_atomic = 1;
   /// Outstanding RDMA reads and atomics this QP accepts as target.
   std::uint8_t max_dest_rd_atomic = 1;
-  /// Remote operations this QP accepts as a target.
+  /// Remote operations this QP accepts as a target: IBV_ACCESS_REMOTE_WRITE, _READ, _ATOMIC (and
+  /// IBV_ACCESS_LOCAL_WRITE); to_init() refuses any other bit.
   unsigned qp_access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                        IBV_ACCESS_REMOTE_ATOMIC;
 };
@@ -126,12 +127,26 @@ struct wr {
 
 /// An open send batch (ibv_wr_start). Add operations, then submit() (ibv_wr_complete). A batch
 /// dropped without submit() is aborted (ibv_wr_abort): nothing of it is posted. One batch at a
-/// time per QP. Every member is inline, noexcept and allocation-free.
+/// time per QP. Every member is inline, noexcept and allocation-free. A batch that is not open
+/// (submitted, or moved from) ignores further operations and its submit() answers
+/// errc::wrong_state.
 ///
-/// Known rxe defect (rdma-core 44 provider, measured): ibv_wr_set_sge_list, which the
-/// std::span<const ibv_sge> overloads use, sends num_sge x the FIRST SGE's length and still
-/// completes successfully. On rxe, give those overloads SGEs of equal length, or add one work
-/// request per SGE (as write_indirect does); test `[ikey][rxe-defect]` tracks the provider.
+namespace detail {
+// rxe reports vendor id 0xFFFFFF (RXE_VENDOR_ID in the kernel driver); asked once per QP creation.
+[[nodiscard]] inline bool has_sge_list_defect(ibv_context *ctx) noexcept {
+  ibv_device_attr a{};
+  return ctx && ::ibv_query_device(ctx, &a) == 0 && a.vendor_id == 0xFFFFFF;
+}
+} // namespace detail
+
+/// Known rxe defect (rdma-core 44 provider, measured): ibv_wr_set_sge_list sends num_sge x the
+/// FIRST SGE's length and still completes successfully. On a QP of an rxe device the
+/// std::span<const ibv_sge> overloads therefore never hand it SGEs of unequal lengths: a gather
+/// write or scatter read is posted as one work request per SGE at consecutive remote addresses
+/// (only the last carries the signaled/solicited flags and is the one completion; the first
+/// keeps a fence), and a send or send-with-invalidate, which cannot be split, fails the batch
+/// with errc::provider_defect (nothing of it is posted). Test `[ikey][rxe-defect]` tracks the
+/// provider; `[core]` checks the workaround.
 class [[nodiscard]] SendBatch {
 public:
   /// Moves the open batch; the moved-from batch no longer aborts.
@@ -144,74 +159,103 @@ public:
   // Each operation: start the WR with its op verb (which takes id and flags), then its data.
   /// RDMA write of one local SGE to `r` (ibv_wr_rdma_write).
   SendBatch &write(wr w, remote_addr r, const ibv_sge &s) noexcept {
-    begin(w); ::ibv_wr_rdma_write(q(), r.rkey, r.addr); set(s); return *this;
+    if (begin(w)) { ::ibv_wr_rdma_write(q(), r.rkey, r.addr); set(s); }
+    return *this;
   }
   /// RDMA write gathering several local SGEs (ibv_wr_rdma_write, ibv_wr_set_sge_list).
   SendBatch &write(wr w, remote_addr r, std::span<const ibv_sge> s) noexcept {
-    begin(w); ::ibv_wr_rdma_write(q(), r.rkey, r.addr); set(s); return *this;
+    if (split_needed(s)) return split(w, r, s, false);
+    if (begin(w)) { ::ibv_wr_rdma_write(q(), r.rkey, r.addr); set(s); }
+    return *this;
   }
   /// IBV_SEND_INLINE write: the bytes are copied at post time, no lkey needed.
   SendBatch &write_inline(wr w, remote_addr r, std::span<const std::byte> data) noexcept {
     w.flags |= send_flag::inline_data;
-    begin(w); ::ibv_wr_rdma_write(q(), r.rkey, r.addr); set_inline(data); return *this;
+    if (begin(w)) { ::ibv_wr_rdma_write(q(), r.rkey, r.addr); set_inline(data); }
+    return *this;
   }
   /// RDMA write with immediate (ibv_wr_rdma_write_imm); imm_be in network byte order.
   SendBatch &write_imm(wr w, remote_addr r, std::uint32_t imm_be, const ibv_sge &s) noexcept {
-    begin(w); ::ibv_wr_rdma_write_imm(q(), r.rkey, r.addr, imm_be); set(s); return *this;
+    if (begin(w)) { ::ibv_wr_rdma_write_imm(q(), r.rkey, r.addr, imm_be); set(s); }
+    return *this;
   }
   /// RDMA read from `r` into one local SGE (ibv_wr_rdma_read).
   SendBatch &read(wr w, remote_addr r, const ibv_sge &s) noexcept {
-    begin(w); ::ibv_wr_rdma_read(q(), r.rkey, r.addr); set(s); return *this;
+    if (begin(w)) { ::ibv_wr_rdma_read(q(), r.rkey, r.addr); set(s); }
+    return *this;
   }
   /// RDMA read scattering into several local SGEs (ibv_wr_rdma_read, ibv_wr_set_sge_list).
   SendBatch &read(wr w, remote_addr r, std::span<const ibv_sge> s) noexcept {
-    begin(w); ::ibv_wr_rdma_read(q(), r.rkey, r.addr); set(s); return *this;
+    if (split_needed(s)) return split(w, r, s, true);
+    if (begin(w)) { ::ibv_wr_rdma_read(q(), r.rkey, r.addr); set(s); }
+    return *this;
   }
   /// Send of one SGE (ibv_wr_send); consumes a receive the peer posted.
   SendBatch &send(wr w, const ibv_sge &s) noexcept {
-    begin(w); ::ibv_wr_send(q()); set(s); return *this;
+    if (begin(w)) { ::ibv_wr_send(q()); set(s); }
+    return *this;
   }
   /// Send gathering several SGEs (ibv_wr_send, ibv_wr_set_sge_list).
   SendBatch &send(wr w, std::span<const ibv_sge> s) noexcept {
-    begin(w); ::ibv_wr_send(q()); set(s); return *this;
+    if (split_needed(s)) return fail(errc::provider_defect);
+    if (begin(w)) { ::ibv_wr_send(q()); set(s); }
+    return *this;
   }
   /// Send that copies `data` at post time (IBV_SEND_INLINE; no lkey needed).
   SendBatch &send_inline(wr w, std::span<const std::byte> data) noexcept {
     w.flags |= send_flag::inline_data;
-    begin(w); ::ibv_wr_send(q()); set_inline(data); return *this;
+    if (begin(w)) { ::ibv_wr_send(q()); set_inline(data); }
+    return *this;
   }
   /// imm_be is in network byte order, as the verbs API wants it.
   SendBatch &send_imm(wr w, std::uint32_t imm_be, const ibv_sge &s) noexcept {
-    begin(w); ::ibv_wr_send_imm(q(), imm_be); set(s); return *this;
+    if (begin(w)) { ::ibv_wr_send_imm(q(), imm_be); set(s); }
+    return *this;
   }
   /// Send that invalidates the peer's rkey `invalidate_rkey` (a type-2 window or an indirect key).
   SendBatch &send_inv(wr w, std::uint32_t invalidate_rkey, std::span<const ibv_sge> s) noexcept {
-    begin(w); ::ibv_wr_send_inv(q(), invalidate_rkey); set(s); return *this;
+    if (split_needed(s)) return fail(errc::provider_defect);
+    if (begin(w)) { ::ibv_wr_send_inv(q(), invalidate_rkey); set(s); }
+    return *this;
   }
   /// Invalidate a local key (ibv_wr_local_inv): a type-2 window or an indirect key.
   SendBatch &local_inv(wr w, std::uint32_t key) noexcept {
-    begin(w); ::ibv_wr_local_inv(q(), key); return *this;
+    if (begin(w)) { ::ibv_wr_local_inv(q(), key); }
+    return *this;
   }
   /// Atomic compare-and-swap of the 8 bytes at `r` (ibv_wr_atomic_cmp_swp); the old value
   /// is written to result8.
   SendBatch &atomic_cmp_swp(wr w, remote_addr r, std::uint64_t compare, std::uint64_t swap,
                             const ibv_sge &result8) noexcept {
-    begin(w); ::ibv_wr_atomic_cmp_swp(q(), r.rkey, r.addr, compare, swap); set(result8); return *this;
+    if (begin(w)) { ::ibv_wr_atomic_cmp_swp(q(), r.rkey, r.addr, compare, swap); set(result8); }
+    return *this;
   }
   /// Atomic fetch-and-add on the 8 bytes at `r` (ibv_wr_atomic_fetch_add); the old value
   /// is written to result8.
   SendBatch &atomic_fetch_add(wr w, remote_addr r, std::uint64_t add, const ibv_sge &result8) noexcept {
-    begin(w); ::ibv_wr_atomic_fetch_add(q(), r.rkey, r.addr, add); set(result8); return *this;
+    if (begin(w)) { ::ibv_wr_atomic_fetch_add(q(), r.rkey, r.addr, add); set(result8); }
+    return *this;
   }
   /// Raw type-2 window bind (ibv_wr_bind_mw). MemoryWindow::bind() is the checked way.
   SendBatch &bind_mw(wr w, ibv_mw *mw, std::uint32_t rkey, const ibv_mw_bind_info &info) noexcept {
-    begin(w); ::ibv_wr_bind_mw(q(), mw, rkey, &info); return *this;
+    if (begin(w)) { ::ibv_wr_bind_mw(q(), mw, rkey, &info); }
+    return *this;
   }
 
-  /// ibv_wr_complete: post everything added. Errors: errno of ibv_wr_complete (ENOMEM: send
-  /// queue full, EINVAL: a malformed work request). Nothing of a failed batch is posted.
+  /// ibv_wr_complete: post everything added. Errors: errc::wrong_state (the batch is not open:
+  /// already submitted, or moved from; or the QP has not reached RTS: the batch is aborted),
+  /// errc::provider_defect (an operation this device's provider would have got wrong: the batch
+  /// was aborted), errno of ibv_wr_complete (ENOMEM: send queue full, EINVAL: a malformed work
+  /// request). Nothing of a failed batch is posted.
   result<void> submit() noexcept {
     ibv_qp_ex *qp = qp_.release();
+    if (!qp) [[unlikely]] return make_error_code(fault_ != errc{} ? fault_ : errc::wrong_state);
+    // Before RTS, rxe's ibv_wr_complete fails (EINVAL) but leaves the work requests queued: they
+    // run once the QP is connected. qp_base.state is verbs' own record of the last ibv_modify_qp.
+    if (qp->qp_base.state < IBV_QPS_RTS) [[unlikely]] {
+      ::ibv_wr_abort(qp);
+      return make_error_code(errc::wrong_state);
+    }
     if (const int rc = ::ibv_wr_complete(qp)) [[unlikely]] return errno_code(rc);
     return success();
   }
@@ -220,18 +264,60 @@ public:
 
 private:
   friend class QueuePair;
-  explicit SendBatch(ibv_qp_ex *q) noexcept : qp_(q) { ::ibv_wr_start(q); }
+  SendBatch(ibv_qp_ex *q, bool sge_list_defect) noexcept : qp_(q), sge_list_defect_(sge_list_defect) {
+    ::ibv_wr_start(q);
+  }
   ibv_qp_ex *q() const noexcept { return qp_.get(); }
-  void begin(wr w) noexcept {
-    q()->wr_id = w.id;
-    q()->wr_flags = w.flags.native();
+  // False when the batch is not open (submitted or moved from): the operation is then ignored
+  // and submit() answers errc::wrong_state. After ibv_wr_start dereferenced the QP the compiler
+  // knows it is not null, so an inlined batch pays nothing for the test.
+  [[nodiscard]] bool begin(wr w) noexcept {
+    ibv_qp_ex *qp = q();
+    if (!qp) [[unlikely]] return false;
+    qp->wr_id = w.id;
+    qp->wr_flags = w.flags.native();
+    return true;
   }
   void set(const ibv_sge &s) noexcept { ::ibv_wr_set_sge(q(), s.lkey, s.addr, s.length); }
   void set(std::span<const ibv_sge> s) noexcept { ::ibv_wr_set_sge_list(q(), s.size(), s.data()); }
+  // The rxe defect (see the class comment) bites only SGE lists of unequal lengths.
+  [[nodiscard]] bool split_needed(std::span<const ibv_sge> s) const noexcept {
+    if (!sge_list_defect_) return false;
+    for (const ibv_sge &e : s)
+      if (e.length != s.front().length) [[unlikely]] return true;
+    return false;
+  }
+  // One RDMA write/read per SGE at consecutive remote addresses: the same bytes land, and only
+  // the last WR signals (the caller still sees one completion with its wr_id).
+  [[gnu::cold]] SendBatch &split(wr w, remote_addr r, std::span<const ibv_sge> s, bool read) noexcept {
+    const send_flags last_only = send_flag::signaled | send_flag::solicited;
+    std::uint64_t at = r.addr;
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      wr part = w;
+      if (i + 1 < s.size()) part.flags &= ~last_only;
+      if (i > 0) part.flags &= ~send_flags(send_flag::fence);
+      if (!begin(part)) return *this;
+      if (read)
+        ::ibv_wr_rdma_read(q(), r.rkey, at);
+      else
+        ::ibv_wr_rdma_write(q(), r.rkey, at);
+      set(s[i]);
+      at += s[i].length;
+    }
+    return *this;
+  }
+  // Abort the batch (nothing of it is posted); submit() then answers `e`.
+  [[gnu::cold]] SendBatch &fail(errc e) noexcept {
+    if (ibv_qp_ex *qp = qp_.release()) ::ibv_wr_abort(qp);
+    fault_ = e;
+    return *this;
+  }
   void set_inline(std::span<const std::byte> d) noexcept {
     ::ibv_wr_set_inline_data(q(), const_cast<std::byte *>(d.data()), d.size());
   }
   detail::moved_ptr<ibv_qp_ex> qp_;
+  bool sge_list_defect_ = false;
+  errc fault_{};
 };
 
 /// A reliable-connected queue pair (ibv_create_qp_ex(3)) with the extended send API.
@@ -277,6 +363,7 @@ public:
     r.qpx_.reset(::ibv_qp_to_qp_ex(qp));
     r.caps_ = {a.cap.max_send_wr, a.cap.max_recv_wr, a.cap.max_send_sge, a.cap.max_recv_sge,
                a.cap.max_inline_data};
+    r.sge_list_defect_ = detail::has_sge_list_defect(pd.context());
     return r;
   }
 
@@ -296,11 +383,12 @@ public:
   // ---- fast path ----
 
   /// Open a send batch (ibv_wr_start). Not checked: the QP must be non-null.
-  [[nodiscard]] SendBatch start_send() noexcept { return SendBatch(qpx_.get()); }
+  [[nodiscard]] SendBatch start_send() noexcept { return SendBatch(qpx_.get(), sge_list_defect_); }
 
-  /// ibv_post_recv of one receive with the caller's SGEs. Errors: errno of ibv_post_recv
-  /// (ENOMEM: receive queue full, EINVAL: too many SGEs or bad state).
+  /// ibv_post_recv of one receive with the caller's SGEs. Errors: errc::null_handle, errno of
+  /// ibv_post_recv (ENOMEM: receive queue full, EINVAL: too many SGEs or bad state).
   result<void> post_recv(std::uint64_t wr_id, std::span<const ibv_sge> sges) noexcept {
+    if (!h_) [[unlikely]] return make_error_code(errc::null_handle);
     ibv_recv_wr w{};
     w.wr_id = wr_id;
     w.sg_list = const_cast<ibv_sge *>(sges.data());
@@ -332,9 +420,14 @@ public:
     return e;
   }
 
-  /// ibv_modify_qp RESET->INIT. Errors: qp_transition codes naming the attribute blamed.
+  /// ibv_modify_qp RESET->INIT. Errors: errc::null_handle, errc::unknown_access_flag (a bit in
+  /// o.qp_access other than local write and remote write/read/atomic: rxe would store it),
+  /// qp_transition codes naming the attribute blamed.
   result<void> to_init(const connect_options &o = {}) noexcept {
     if (!h_) return make_error_code(errc::null_handle);
+    if (o.qp_access & ~unsigned(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC))
+      return make_error_code(errc::unknown_access_flag);
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_INIT;
     a.pkey_index = 0;
@@ -520,6 +613,7 @@ private:
   endpoint remote_{};
   connect_options opts_{};
   bool connected_once_ = false;
+  bool sge_list_defect_ = false; // rxe: see SendBatch
 };
 
 /// Connect two QPs of one device to each other (loopback), both with options `o` (each uses its

@@ -122,6 +122,81 @@ TEST_CASE("a batch dropped without submit is aborted: nothing is posted", "[core
   CHECK(all_equal(dst.data(), dst.size(), 0xAB));
 }
 
+// The rxe provider's ibv_wr_set_sge_list miscounts SGE lists of unequal lengths (canary in
+// [rxe-defect]); SendBatch splits gathers and scatters, and refuses what it cannot split.
+TEST_CASE("multi-SGE gather write, scatter read and send of unequal SGEs are right or refused", "[core]") {
+  loopback lb;
+  std::vector<unsigned char> s1(300), s2(300), dst(128, 0xEE), back(128, 0xDD);
+  fill(s1.data(), s1.size(), 41);
+  fill(s2.data(), s2.size(), 42);
+  auto m1 = need(MemoryRegion::reg(lb.pd, s1.data(), s1.size(), access::local_write), "reg s1");
+  auto m2 = need(MemoryRegion::reg(lb.pd, s2.data(), s2.size(), access::local_write), "reg s2");
+  auto md = need(MemoryRegion::reg(lb.pd, dst.data(), dst.size(), remote_rw), "reg dst");
+  auto mb = need(MemoryRegion::reg(lb.pd, back.data(), back.size(), access::local_write), "reg back");
+  const std::vector<ibv_sge> gather = {m2.sge(17, 3), m1.sge(250, 50), m2.sge(100, 1), m1.sge(0, 6)};
+  std::vector<unsigned char> expect;
+  expect.insert(expect.end(), s2.begin() + 17, s2.begin() + 20);
+  expect.insert(expect.end(), s1.begin() + 250, s1.begin() + 300);
+  expect.push_back(s2[100]);
+  expect.insert(expect.end(), s1.begin(), s1.begin() + 6);
+  {
+    auto batch = lb.a.start_send();
+    batch.write({3, send_flag::signaled}, {md.iova() + 4, md.rkey()}, std::span<const ibv_sge>(gather));
+    need(batch.submit(), "submit gather write");
+  }
+  // One completion, carrying the caller's wr_id (the split parts are unsignalled).
+  const ibv_wc w = wait_one(lb.cq_a);
+  CHECK(w.wr_id == 3);
+  expect_no_completion(lb.cq_a, 100ms);
+  CHECK(std::memcmp(dst.data() + 4, expect.data(), 60) == 0);
+  CHECK(all_equal(dst.data(), 4, 0xEE));
+  CHECK(all_equal(dst.data() + 64, 64, 0xEE));
+
+  // Scatter read of those 60 bytes into 7 + 40 + 13 bytes of `back` at three places.
+  const std::vector<ibv_sge> scatter = {mb.sge(0, 7), mb.sge(50, 40), mb.sge(100, 13)};
+  {
+    auto batch = lb.a.start_send();
+    batch.read({4, send_flag::signaled}, {md.iova() + 4, md.rkey()}, std::span<const ibv_sge>(scatter));
+    need(batch.submit(), "submit scatter read");
+  }
+  CHECK(wait_one(lb.cq_a).wr_id == 4);
+  CHECK(std::memcmp(back.data(), expect.data(), 7) == 0);
+  CHECK(std::memcmp(back.data() + 50, expect.data() + 7, 40) == 0);
+  CHECK(std::memcmp(back.data() + 100, expect.data() + 47, 13) == 0);
+  CHECK(all_equal(back.data() + 7, 43, 0xDD));
+  CHECK(all_equal(back.data() + 90, 10, 0xDD));
+  CHECK(all_equal(back.data() + 113, 15, 0xDD));
+
+  // A send cannot be split: the batch fails, nothing of it (not even the write before it) is posted.
+  std::fill(dst.begin(), dst.end(), 0xEE);
+  need(lb.b.post_recv(9, md.sge(0, 128)), "post_recv");
+  {
+    auto batch = lb.a.start_send();
+    batch.write({5, send_flag::signaled}, {md.iova(), md.rkey()}, m1.sge(0, 8));
+    batch.send({6, send_flag::signaled}, std::span<const ibv_sge>(gather));
+    auto r = batch.submit();
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error() == errc::provider_defect);
+    CHECK(is_unsupported(r.error()));
+  }
+  expect_no_completion(lb.cq_a, 200ms);
+  expect_no_completion(lb.cq_b, 50ms);
+  CHECK(all_equal(dst.data(), dst.size(), 0xEE));
+  // Equal lengths go through unchanged, and the QP is fine after the refusal: 2 x 8 bytes.
+  const std::vector<ibv_sge> equal = {m1.sge(0, 8), m2.sge(0, 8)};
+  {
+    auto batch = lb.a.start_send();
+    batch.send({7, send_flag::signaled}, std::span<const ibv_sge>(equal));
+    need(batch.submit(), "submit equal send");
+  }
+  CHECK(wait_one(lb.cq_a).wr_id == 7);
+  const ibv_wc rv = wait_one(lb.cq_b);
+  CHECK(rv.wr_id == 9);
+  CHECK(rv.byte_len == 16);
+  CHECK(std::memcmp(dst.data(), s1.data(), 8) == 0);
+  CHECK(std::memcmp(dst.data() + 8, s2.data(), 8) == 0);
+}
+
 TEST_CASE("a write to an rkey that does not exist fails with a remote access error and changes nothing", "[core]") {
   loopback lb;
   std::vector<unsigned char> src(128, 0x5A), dst(128, 0x11);

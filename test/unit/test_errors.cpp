@@ -65,6 +65,7 @@ TEST_CASE("rdmaxx::errc: every code has a message and a portable condition", "[u
       {errc::not_bound, std::errc::operation_not_permitted, "not bound"},
       {errc::already_bound, std::errc::operation_not_permitted, "already bound"},
       {errc::wrong_type, std::errc::invalid_argument, "type"},
+      {errc::provider_defect, std::errc::operation_not_supported, "provider mishandles"},
   };
   for (const auto &r : rows) {
     const std::error_code ec = r.e;
