@@ -127,20 +127,25 @@ public:
   }
 
   /// ibv_reg_mr over [addr, addr+length) with IOVA = addr. The access rule (remote write/atomic
-  /// need local write), a null address and a zero length are refused before verbs is called.
-  /// Errors: errc::null_handle, errc::null_address, errc::zero_length, the check_access codes,
-  /// errno of ibv_reg_mr (EINVAL, ENOMEM: memlock limit, EFAULT, EOPNOTSUPP for unsupported bits).
+  /// need local write), a null address, a zero length and a range that wraps the address space
+  /// are refused before verbs is called.
+  /// Errors: errc::null_handle, errc::null_address, errc::zero_length, errc::out_of_range (the
+  /// range wraps), the check_access codes, errc::unsupported (access::on_demand on a device
+  /// without ODP, which some kernels answer with EINVAL), errno of ibv_reg_mr (EINVAL, ENOMEM:
+  /// memlock limit, EFAULT, EOPNOTSUPP for unsupported bits).
   [[nodiscard]] static result<MemoryRegion> reg(const ProtectionDomain &pd, void *addr,
                                                 std::size_t length, access_flags acc) noexcept {
     return reg_impl(pd, addr, length, reinterpret_cast<std::uintptr_t>(addr), acc, mr_kind::user);
   }
   /// ibv_reg_mr_iova2: the region is addressed through `iova` (local SGEs and remote accesses both
   /// use IOVA addresses). The kernel requires iova and addr to share their offset within a page.
-  /// Errors: as reg(), plus errc::iova_page_offset_mismatch.
+  /// Errors: as reg(), plus errc::iova_page_offset_mismatch, errc::out_of_range when
+  /// [iova, iova+length) wraps (rxe would register it).
   [[nodiscard]] static result<MemoryRegion> reg_iova(const ProtectionDomain &pd, void *addr,
                                                      std::size_t length, std::uint64_t iova,
                                                      access_flags acc) noexcept {
     if (auto ec = check_reg_args(addr, length, acc)) return ec;
+    if (length - 1 > UINT64_MAX - iova) return make_error_code(errc::out_of_range);
     const auto page = std::uint64_t(::sysconf(_SC_PAGESIZE));
     if ((iova ^ reinterpret_cast<std::uintptr_t>(addr)) & (page - 1))
       return make_error_code(errc::iova_page_offset_mismatch);
@@ -149,7 +154,7 @@ public:
   /// Allocate page-aligned memory (2 MiB huge pages when `length` is a multiple of 2 MiB and huge
   /// pages are reserved, normal pages otherwise) and register it; the successor of the seed's
   /// IBV_ACCESS_ALLOCATE_MR. The memory is zeroed, owned, and unmapped after deregistration.
-  /// Errors: as reg(), plus errno of mmap.
+  /// Errors: as reg(), plus errno of mmap (ENOMEM, also for a length no mapping can have).
   [[nodiscard]] static result<MemoryRegion> allocate(const ProtectionDomain &pd, std::size_t length,
                                                      access_flags acc) noexcept {
     if (length == 0) return make_error_code(errc::zero_length);
@@ -225,8 +230,9 @@ public:
   ///
   /// Refused before verbs (MR unchanged): errc::null_handle, errc::unusable, errc::busy (memory
   /// windows are bound to it), errc::nothing_to_change
-  /// (no field given, or each equals the current value), errc::null_address / errc::zero_length
-  /// (translation), the check_access codes, errc::pd_mismatch (PD of another device), errc::wrong_type
+  /// (no field given, or each equals the current value), errc::null_address / errc::zero_length /
+  /// errc::out_of_range (translation: null, empty, or wrapping the address space), the
+  /// check_access codes, errc::unsupported (access::on_demand on a device without ODP), errc::pd_mismatch (PD of another device), errc::wrong_type
   /// (a translation change of an allocate()d MR: it owns its memory; allocate a new MR instead).
   /// Native failures carry a rereg_category() code whose rereg_state_of() says what is left:
   /// old_valid (-1, -2: nothing changed), new_valid (-3: the change is in place, fields refreshed),
@@ -245,6 +251,7 @@ public:
                           kind_ == mr_kind::iova)) {
       if (!c.translation->addr) return make_error_code(errc::null_address);
       if (c.translation->length == 0) return make_error_code(errc::zero_length);
+      if (wraps(c.translation->addr, c.translation->length)) return make_error_code(errc::out_of_range);
       if (kind_ == mr_kind::allocated) return make_error_code(errc::wrong_type);
       flags |= IBV_REREG_MR_CHANGE_TRANSLATION;
     }
@@ -345,7 +352,11 @@ private:
                                    : iova_;
     ibv_mr *fresh = ::ibv_reg_mr_iova2(pd ? pd->native_handle() : old->pd, to.addr, to.length,
                                        iova, int(acc.native()));
-    if (!fresh) return rereg_error(rereg_state::old_valid, 0, errno);
+    if (!fresh) {
+      const int err = errno;
+      if (odp_unsupported(old->context, acc)) return make_error_code(errc::unsupported);
+      return rereg_error(rereg_state::old_valid, 0, err);
+    }
     if (const int rc = ::ibv_dereg_mr(old)) {
       // The old MR is still in use (e.g. memory windows bound to it): keep it, drop the new one.
       ::ibv_dereg_mr(fresh);
@@ -359,11 +370,26 @@ private:
     return rereg_info{rereg_path::replacement, true};
   }
 
+  // True when the last byte of [addr, addr+length) lies beyond the address space (length > 0).
+  [[nodiscard]] static bool wraps(const void *addr, std::size_t length) noexcept {
+    return length - 1 > UINTPTR_MAX - reinterpret_cast<std::uintptr_t>(addr);
+  }
+
   [[nodiscard]] static std::error_code check_reg_args(const void *addr, std::size_t length,
                                                       access_flags acc) noexcept {
     if (!addr) return make_error_code(errc::null_address);
     if (length == 0) return make_error_code(errc::zero_length);
+    if (wraps(addr, length)) return make_error_code(errc::out_of_range);
     return check_access(acc);
+  }
+
+  // After a failed registration: was it access::on_demand on a device without ODP? Kernels before
+  // 6.3 answer that with EINVAL, not EOPNOTSUPP. Cold: only on failure.
+  [[gnu::cold]] static bool odp_unsupported(ibv_context *ctx, access_flags acc) noexcept {
+    if (!acc.any(access::on_demand)) return false;
+    ibv_device_attr_ex ax{};
+    return ::ibv_query_device_ex(ctx, nullptr, &ax) == 0 &&
+           !(ax.odp_caps.general_caps & IBV_ODP_SUPPORT);
   }
 
   [[nodiscard]] static result<MemoryRegion> reg_impl(const ProtectionDomain &pd, void *addr,
@@ -379,6 +405,7 @@ private:
     if (!mr) {
       const auto ec = last_errno();
       delete node;
+      if (odp_unsupported(pd.context(), acc)) return make_error_code(errc::unsupported);
       return ec;
     }
     MemoryRegion r;

@@ -243,8 +243,9 @@ public:
 
   /// Bind and post now: type 1 through ibv_bind_mw (the provider picks the key), type 2 through
   /// a batch of its own. The work request is signaled unless `w.flags` says otherwise: hand its
-  /// completion to complete(). Errors: as the batch form, plus errno of ibv_bind_mw /
-  /// ibv_wr_complete (nothing is posted and the window is unchanged).
+  /// completion to complete(). Errors: as the batch form, plus errc::wrong_state (the QP has not
+  /// reached RTS), errno of ibv_bind_mw / ibv_wr_complete (nothing is posted and the window is
+  /// unchanged).
   [[nodiscard]] result<remote_descriptor> bind(QueuePair &qp, const MemoryRegion &mr, window_range r,
                                                access_flags rights,
                                                wr w = {window_wr_id, send_flag::signaled}) noexcept {
@@ -259,6 +260,7 @@ public:
       return d;
     }
     if (auto ec = check_bind(qp, mr, r, rights)) return ec;
+    if (auto ec = check_can_post(qp)) return ec;
     ibv_mw_bind b{};
     b.wr_id = w.id;
     b.send_flags = w.flags.native();
@@ -275,9 +277,11 @@ public:
   /// Type 1: unbind now (ibv_bind_mw with the bound MR, addr 0, length 0; never a NULL MR, which
   /// crashes the rxe provider). The old key stops working once it executes. Errors:
   /// errc::null_handle, errc::wrong_type (type 2: use invalidate or dealloc), errc::not_bound,
-  /// errc::wrong_state, errc::busy (see bind), errno of ibv_bind_mw.
+  /// errc::wrong_state (see bind; or the QP has not reached RTS), errc::busy (see bind), errno of
+  /// ibv_bind_mw.
   result<void> unbind(QueuePair &qp, wr w = {window_wr_id, send_flag::signaled}) noexcept {
     if (auto ec = check_unbind(qp)) return ec;
+    if (auto ec = check_can_post(qp)) return ec;
     ibv_mw_bind b{};
     b.wr_id = w.id;
     b.send_flags = w.flags.native();
@@ -421,6 +425,12 @@ private:
     if (type_ == mw_type::type2 && cur_.state == mw_state::bound)
       return make_error_code(errc::already_bound);
     return check_pending(qp);
+  }
+  // ibv_bind_mw on a QP before RTS: rxe fails it but leaves the bind queued, to run once the QP
+  // is connected (as SendBatch::submit). qp->state is verbs' record of the last ibv_modify_qp.
+  [[nodiscard]] static std::error_code check_can_post(const QueuePair &qp) noexcept {
+    if (qp.native_handle()->state < IBV_QPS_RTS) return make_error_code(errc::wrong_state);
+    return {};
   }
   [[nodiscard]] std::error_code check_unbind(const QueuePair &qp) const noexcept {
     if (!h_ || !qp) return make_error_code(errc::null_handle);

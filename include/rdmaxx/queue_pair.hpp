@@ -265,12 +265,12 @@ public:
 private:
   friend class QueuePair;
   SendBatch(ibv_qp_ex *q, bool sge_list_defect) noexcept : qp_(q), sge_list_defect_(sge_list_defect) {
-    ::ibv_wr_start(q);
+    if (q) [[likely]] ::ibv_wr_start(q); // a null QP gives a batch that is not open
   }
   ibv_qp_ex *q() const noexcept { return qp_.get(); }
-  // False when the batch is not open (submitted or moved from): the operation is then ignored
-  // and submit() answers errc::wrong_state. After ibv_wr_start dereferenced the QP the compiler
-  // knows it is not null, so an inlined batch pays nothing for the test.
+  // False when the batch is not open (submitted, moved from, or of a null QP): the operation is
+  // then ignored and submit() answers errc::wrong_state. Inlined after the constructor's test of
+  // the same pointer, the compiler folds this one away.
   [[nodiscard]] bool begin(wr w) noexcept {
     ibv_qp_ex *qp = q();
     if (!qp) [[unlikely]] return false;
@@ -382,7 +382,8 @@ public:
 
   // ---- fast path ----
 
-  /// Open a send batch (ibv_wr_start). Not checked: the QP must be non-null.
+  /// Open a send batch (ibv_wr_start). On a null QP (moved from, destroyed) the batch is not
+  /// open: its operations are ignored and its submit() answers errc::wrong_state.
   [[nodiscard]] SendBatch start_send() noexcept { return SendBatch(qpx_.get(), sge_list_defect_); }
 
   /// ibv_post_recv of one receive with the caller's SGEs. Errors: errc::null_handle, errno of

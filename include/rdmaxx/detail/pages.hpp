@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 
 namespace rdmaxx::detail {
@@ -30,9 +31,10 @@ public:
 
   static constexpr std::size_t huge_page_size = std::size_t(2) << 20;
 
-  /// mmap. Errors: errno of mmap (ENOMEM).
+  /// mmap. Errors: errno of mmap (ENOMEM, also for a length that cannot be rounded up to pages).
   [[nodiscard]] static result<owned_pages> map(std::size_t length) noexcept {
     const std::size_t page = std::size_t(::sysconf(_SC_PAGESIZE));
+    if (length > SIZE_MAX - (page - 1)) return errno_code(ENOMEM); // rounding up would wrap to 0
     if (length % huge_page_size == 0) {
       void *p = ::mmap(nullptr, length, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
