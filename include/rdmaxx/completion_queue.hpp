@@ -47,6 +47,9 @@ public:
   [[nodiscard]] explicit operator bool() const noexcept { return bool(h_); }
   /// The channel's file descriptor (for poll(2) or epoll), or -1 when null.
   [[nodiscard]] int fd() const noexcept { return h_ ? h_.get()->fd : -1; }
+  /// Destroy now (ibv_destroy_comp_channel). Errors: errc::busy while CQs use it, errno of
+  /// ibv_destroy_comp_channel. A null channel succeeds (nothing to destroy).
+  result<void> destroy() noexcept { return h_.destroy(); }
 
 private:
   struct traits {
@@ -67,12 +70,15 @@ public:
   CompletionQueue() noexcept = default;
 
   /// ibv_create_cq with at least `cqe` entries, optionally attached to `channel` for wait().
-  /// Errors: errc::null_handle, errc::zero_length (cqe 0), errno of ibv_create_cq (EINVAL: cqe
-  /// above the device's max_cqe, ENOMEM).
+  /// Errors: errc::null_handle, errc::zero_length (cqe 0 or negative), errc::context_mismatch
+  /// (a channel of another device context), errno of ibv_create_cq (EINVAL: cqe above the
+  /// device's max_cqe, ENOMEM).
   [[nodiscard]] static result<CompletionQueue> create(const Context &ctx, int cqe,
                                                       const CompletionChannel *channel = nullptr) noexcept {
     if (!ctx || (channel && !*channel)) return make_error_code(errc::null_handle);
     if (cqe <= 0) return make_error_code(errc::zero_length);
+    if (channel && channel->native_handle()->context != ctx.native_handle())
+      return make_error_code(errc::context_mismatch);
     detail::parent_node *node = detail::new_parent_node();
     if (!node) return std::make_error_code(std::errc::not_enough_memory);
     ibv_cq *cq = ::ibv_create_cq(ctx.native_handle(), cqe, nullptr,
@@ -96,7 +102,8 @@ public:
   [[nodiscard]] int capacity() const noexcept { return h_ ? h_.get()->cqe : 0; }
 
   /// ibv_poll_cq into `out`: the number of completions written (0 when none). Fast path: inline,
-  /// no allocation, no check of the handle. Each completion carries its own status: turn it
+  /// no allocation, no check of the handle (like unique_ptr's operator*: polling a null CQ is a
+  /// precondition violation, not an error; a check would cost every poll). Each completion carries its own status: turn it
   /// into an error_code with wc_error(). Errors: errno when the provider reports a CQ failure
   /// (e.g. an overrun on some providers).
   [[nodiscard]] result<std::size_t> poll(std::span<ibv_wc> out) noexcept {
@@ -108,10 +115,12 @@ public:
   /// Wait up to `timeout_ms` milliseconds for completions and poll them into `out` (needs a
   /// channel): poll; if empty, arm (ibv_req_notify_cq), poll again to close the race, then wait
   /// on the channel fd (poll(2)), ibv_get_cq_event + ibv_ack_cq_events, and poll. Returns the
-  /// number written (>= 1). Errors: errc::null_handle, errc::wrong_state (no channel),
-  /// errc::timeout, errno of the verbs.
+  /// number written (>= 1). Errors: errc::null_handle, errc::zero_length (`out` is empty: no
+  /// completion could be returned), errc::wrong_state (no channel), errc::timeout, errno of the
+  /// verbs.
   [[nodiscard]] result<std::size_t> wait(std::span<ibv_wc> out, int timeout_ms) noexcept {
     if (!h_) return make_error_code(errc::null_handle);
+    if (out.empty()) return make_error_code(errc::zero_length);
     ibv_comp_channel *ch = h_.get()->channel;
     if (!ch) return make_error_code(errc::wrong_state);
     const std::int64_t deadline = detail::monotonic_ms() + timeout_ms;

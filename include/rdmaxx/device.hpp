@@ -31,6 +31,13 @@ namespace rdmaxx {
 class DeviceList {
 public:
   DeviceList() noexcept = default;
+  /// Moves the list; the moved-from list is empty (size() 0, no devices).
+  DeviceList(DeviceList &&o) noexcept : h_(std::move(o.h_)), n_(std::exchange(o.n_, 0)) {}
+  DeviceList &operator=(DeviceList &&o) noexcept {
+    h_ = std::move(o.h_);
+    n_ = std::exchange(o.n_, 0);
+    return *this;
+  }
 
   /// ibv_get_device_list. Errors: the errno of ibv_get_device_list (ENOSYS: no kernel support,
   /// EPERM). An empty list is not an error.

@@ -98,6 +98,7 @@ enum class errc : int {
   already_bound,             ///< the window or key is bound; invalidate it first
   wrong_type,                ///< not valid for this object's type (e.g. a type-1 window)
   provider_defect,           ///< the device's provider would get this request wrong (see README)
+  context_mismatch,          ///< objects that must belong to one device context do not
 };
 
 namespace detail {
@@ -135,6 +136,7 @@ public:
     case errc::already_bound: return "already bound: invalidate or unbind it first";
     case errc::wrong_type: return "not valid for this object's type";
     case errc::provider_defect: return "not supported: this device's provider mishandles the request";
+    case errc::context_mismatch: return "the objects belong to different device contexts";
     }
     return "unknown rdmaxx error";
   }

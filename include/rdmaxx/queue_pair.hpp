@@ -328,7 +328,7 @@ public:
   QueuePair() noexcept = default;
 
   /// ibv_create_qp_ex: an RC QP on `pd` with the given CQs, queue sizes and send operations.
-  /// Errors: errc::null_handle, errc::pd_mismatch (CQs of another device), errno of
+  /// Errors: errc::null_handle, errc::context_mismatch (CQs of another device context), errno of
   /// ibv_create_qp_ex (EINVAL: caps above the device limits, EOPNOTSUPP: send ops the provider
   /// lacks, ENOMEM).
   [[nodiscard]] static result<QueuePair> create(const ProtectionDomain &pd,
@@ -338,7 +338,7 @@ public:
     if (!pd || !send_cq || !recv_cq) return make_error_code(errc::null_handle);
     if (send_cq.native_handle()->context != pd.context() ||
         recv_cq.native_handle()->context != pd.context())
-      return make_error_code(errc::pd_mismatch);
+      return make_error_code(errc::context_mismatch);
     detail::parent_node *node = detail::new_parent_node();
     if (!node) return std::make_error_code(std::errc::not_enough_memory);
     ibv_qp_init_attr_ex a{};

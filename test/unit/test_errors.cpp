@@ -66,6 +66,7 @@ TEST_CASE("rdmaxx::errc: every code has a message and a portable condition", "[u
       {errc::already_bound, std::errc::operation_not_permitted, "already bound"},
       {errc::wrong_type, std::errc::invalid_argument, "type"},
       {errc::provider_defect, std::errc::operation_not_supported, "provider mishandles"},
+      {errc::context_mismatch, std::errc::invalid_argument, "different device contexts"},
   };
   for (const auto &r : rows) {
     const std::error_code ec = r.e;
