@@ -460,8 +460,7 @@ public:
     if (!h_ || !qp) return make_error_code(errc::null_handle);
     detail::ikey_state &s = st();
     if (s.configured) return make_error_code(errc::already_bound);
-    if (!batch.native_handle()) return make_error_code(errc::wrong_state);
-    if (batch.native_handle() != qp.native_handle_ex()) return make_error_code(errc::invalid_argument);
+    if (auto ec = detail::check_batch_of(batch, qp)) return ec;
     if (qp.pd() != s.pd) return make_error_code(errc::pd_mismatch);
 #if RDMAXX_HAVE_MLX5
     if (s.backend == umr_backend::mlx5) {

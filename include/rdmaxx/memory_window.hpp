@@ -224,13 +224,12 @@ public:
   /// same QP or after the bind's completion. If the batch is then dropped or its submit() fails,
   /// call cancel_pending(). Errors: errc::null_handle, errc::invalid_argument (batch of another
   /// QP), errc::unusable, the check_window_bind codes, errc::already_bound (type 2),
-  /// errc::wrong_state (unconfirmed operations on another QP), errc::busy (max_pending unconfirmed
-  /// operations). Inline, allocation-free.
+  /// errc::wrong_state (unconfirmed operations on another QP, or the batch is not open),
+  /// errc::busy (max_pending unconfirmed operations). Inline, allocation-free.
   [[nodiscard]] result<remote_descriptor> bind(SendBatch &batch, QueuePair &qp, const MemoryRegion &mr,
                                                window_range r, access_flags rights, wr w = {}) noexcept {
     if (auto ec = check_bind(qp, mr, r, rights)) return ec;
-    if (batch.native_handle() == nullptr || batch.native_handle() != qp.native_handle_ex())
-      return make_error_code(errc::invalid_argument);
+    if (auto ec = detail::check_batch_of(batch, qp)) return ec;
     const std::uint32_t key = ::ibv_inc_rkey(cur_.rkey);
     const ibv_mw_bind_info info{mr.native_handle(), mr.iova() + r.offset, r.length,
                                 static_cast<unsigned>(rights.native())};
@@ -292,11 +291,11 @@ public:
     return success();
   }
   /// Type 1: add an unbind to an open batch of `qp` (ibv_wr_bind_mw, bound MR, length 0).
-  /// Errors: as unbind(QueuePair&), plus errc::invalid_argument (batch of another QP).
+  /// Errors: as unbind(QueuePair&), plus errc::invalid_argument (batch of another QP),
+  /// errc::wrong_state (the batch is not open).
   result<void> unbind(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept {
     if (auto ec = check_unbind(qp)) return ec;
-    if (batch.native_handle() == nullptr || batch.native_handle() != qp.native_handle_ex())
-      return make_error_code(errc::invalid_argument);
+    if (auto ec = detail::check_batch_of(batch, qp)) return ec;
     const std::uint32_t key = ::ibv_inc_rkey(cur_.rkey);
     const ibv_mw_bind_info info{cur_.mr, 0, 0, 0};
     batch.bind_mw(w, h_.get(), key, info);
@@ -312,11 +311,11 @@ public:
   /// completion (signal only the invalidate). Errors: errc::null_handle, errc::wrong_type
   /// (type 1), errc::not_bound (never bound, already invalidated locally or by the peer),
   /// errc::invalid_argument (another QP than the one bound through, or a batch of another QP),
+  /// errc::wrong_state (the batch is not open),
   /// errc::busy (see bind).
   result<void> invalidate(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept {
     if (auto ec = check_invalidate(qp)) return ec;
-    if (batch.native_handle() == nullptr || batch.native_handle() != qp.native_handle_ex())
-      return make_error_code(errc::invalid_argument);
+    if (auto ec = detail::check_batch_of(batch, qp)) return ec;
     const std::uint32_t key = cur_.rkey;
     batch.local_inv(w, key);
     push(w.id, qp, IBV_WC_LOCAL_INV);

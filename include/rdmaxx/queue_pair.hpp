@@ -617,6 +617,16 @@ private:
   bool sge_list_defect_ = false; // rxe: see SendBatch
 };
 
+namespace detail {
+// For calls that add to a caller's batch: it must be open (errc::wrong_state: submitted, moved
+// from) and belong to `qp` (errc::invalid_argument).
+[[nodiscard]] inline std::error_code check_batch_of(const SendBatch &b, const QueuePair &qp) noexcept {
+  if (!b.native_handle()) return make_error_code(errc::wrong_state);
+  if (b.native_handle() != qp.native_handle_ex()) return make_error_code(errc::invalid_argument);
+  return {};
+}
+} // namespace detail
+
 /// Connect two QPs of one device to each other (loopback), both with options `o` (each uses its
 /// own local endpoint). Errors: as local_endpoint() and connect().
 inline result<void> connect_loopback(QueuePair &a, QueuePair &b, const connect_options &o = {}) noexcept {

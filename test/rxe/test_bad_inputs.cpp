@@ -905,12 +905,12 @@ TEST_CASE("bad inputs: every public creating or mutating call refuses them with 
     auto b = lb.a.start_send();
     return err(w2.bind(b, lb.b, mt, {0, 64}, access::remote_read));
   });
-  t.add("MemoryWindow::bind (batch)", "submitted batch", is(errc::invalid_argument), [&] {
+  t.add("MemoryWindow::bind (batch)", "submitted batch", is(errc::wrong_state), [&] {
     auto b = lb.b.start_send();
     need(b.submit(), "submit (empty batch)");
     return err(w2.bind(b, lb.b, mt, {0, 64}, access::remote_read));
   });
-  t.add("MemoryWindow::bind (batch)", "moved-from batch", is(errc::invalid_argument), [&] {
+  t.add("MemoryWindow::bind (batch)", "moved-from batch", is(errc::wrong_state), [&] {
     auto b = lb.b.start_send();
     move_away(b);
     return err(w1.bind(b, lb.b, mt, {0, 64}, access::remote_read));
@@ -979,7 +979,7 @@ TEST_CASE("bad inputs: every public creating or mutating call refuses them with 
     auto b = lb.b.start_send();
     return err(w2.invalidate(b, lb.b));
   });
-  t.add("MemoryWindow::invalidate (batch)", "submitted batch", is(errc::invalid_argument), [&] {
+  t.add("MemoryWindow::invalidate (batch)", "submitted batch", is(errc::wrong_state), [&] {
     auto b = lb.b.start_send();
     need(b.submit(), "submit (empty batch)");
     return err(w2b.invalidate(b, lb.b));
