@@ -132,6 +132,35 @@ struct wr {
 /// errc::wrong_state.
 ///
 namespace detail {
+// What a batch of a null QueuePair (moved from, destroyed) posts to: a stand-in ibv_qp_ex whose
+// ibv_wr_* entries do nothing and whose state is RESET, so that submit() aborts it with
+// errc::wrong_state. It keeps the real batch free of a null test per operation (the compiler
+// sees ibv_wr_start dereference the pointer). Per thread, because begin() writes wr_id/wr_flags.
+[[gnu::cold, gnu::noinline]] inline ibv_qp_ex *closed_qp() noexcept {
+  static thread_local ibv_qp_ex q = [] {
+    ibv_qp_ex x{};
+    x.qp_base.state = IBV_QPS_RESET;
+    x.wr_atomic_cmp_swp = [](ibv_qp_ex *, std::uint32_t, std::uint64_t, std::uint64_t, std::uint64_t) {};
+    x.wr_atomic_fetch_add = [](ibv_qp_ex *, std::uint32_t, std::uint64_t, std::uint64_t) {};
+    x.wr_bind_mw = [](ibv_qp_ex *, ibv_mw *, std::uint32_t, const ibv_mw_bind_info *) {};
+    x.wr_local_inv = [](ibv_qp_ex *, std::uint32_t) {};
+    x.wr_rdma_read = [](ibv_qp_ex *, std::uint32_t, std::uint64_t) {};
+    x.wr_rdma_write = [](ibv_qp_ex *, std::uint32_t, std::uint64_t) {};
+    x.wr_rdma_write_imm = [](ibv_qp_ex *, std::uint32_t, std::uint64_t, __be32) {};
+    x.wr_send = [](ibv_qp_ex *) {};
+    x.wr_send_imm = [](ibv_qp_ex *, __be32) {};
+    x.wr_send_inv = [](ibv_qp_ex *, std::uint32_t) {};
+    x.wr_set_inline_data = [](ibv_qp_ex *, void *, std::size_t) {};
+    x.wr_set_sge = [](ibv_qp_ex *, std::uint32_t, std::uint64_t, std::uint32_t) {};
+    x.wr_set_sge_list = [](ibv_qp_ex *, std::size_t, const ibv_sge *) {};
+    x.wr_start = [](ibv_qp_ex *) {};
+    x.wr_complete = [](ibv_qp_ex *) { return EINVAL; };
+    x.wr_abort = [](ibv_qp_ex *) {};
+    return x;
+  }();
+  return &q;
+}
+
 // rxe reports vendor id 0xFFFFFF (RXE_VENDOR_ID in the kernel driver); asked once per QP creation.
 [[nodiscard]] inline bool has_sge_list_defect(ibv_context *ctx) noexcept {
   ibv_device_attr a{};
@@ -265,12 +294,12 @@ public:
 private:
   friend class QueuePair;
   SendBatch(ibv_qp_ex *q, bool sge_list_defect) noexcept : qp_(q), sge_list_defect_(sge_list_defect) {
-    if (q) [[likely]] ::ibv_wr_start(q); // a null QP gives a batch that is not open
+    ::ibv_wr_start(q); // never null: a null QueuePair hands over detail::closed_qp()
   }
   ibv_qp_ex *q() const noexcept { return qp_.get(); }
-  // False when the batch is not open (submitted, moved from, or of a null QP): the operation is
-  // then ignored and submit() answers errc::wrong_state. Inlined after the constructor's test of
-  // the same pointer, the compiler folds this one away.
+  // False when the batch is not open (submitted or moved from): the operation is then ignored
+  // and submit() answers errc::wrong_state. After ibv_wr_start dereferenced the QP the compiler
+  // knows it is not null, so an inlined batch pays nothing for the test.
   [[nodiscard]] bool begin(wr w) noexcept {
     ibv_qp_ex *qp = q();
     if (!qp) [[unlikely]] return false;
@@ -384,7 +413,11 @@ public:
 
   /// Open a send batch (ibv_wr_start). On a null QP (moved from, destroyed) the batch is not
   /// open: its operations are ignored and its submit() answers errc::wrong_state.
-  [[nodiscard]] SendBatch start_send() noexcept { return SendBatch(qpx_.get(), sge_list_defect_); }
+  [[nodiscard]] SendBatch start_send() noexcept {
+    ibv_qp_ex *q = qpx_.get();
+    if (!q) [[unlikely]] q = detail::closed_qp();
+    return SendBatch(q, sge_list_defect_);
+  }
 
   /// ibv_post_recv of one receive with the caller's SGEs. Errors: errc::null_handle, errno of
   /// ibv_post_recv (ENOMEM: receive queue full, EINVAL: too many SGEs or bad state).
