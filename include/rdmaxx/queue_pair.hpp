@@ -125,12 +125,6 @@ struct wr {
   send_flags flags{};
 };
 
-/// An open send batch (ibv_wr_start). Add operations, then submit() (ibv_wr_complete). A batch
-/// dropped without submit() is aborted (ibv_wr_abort): nothing of it is posted. One batch at a
-/// time per QP. Every member is inline, noexcept and allocation-free. A batch that is not open
-/// (submitted, or moved from) ignores further operations and its submit() answers
-/// errc::wrong_state.
-///
 namespace detail {
 // What a batch of a null QueuePair (moved from, destroyed) posts to: a stand-in ibv_qp_ex whose
 // ibv_wr_* entries do nothing and whose state is RESET, so that submit() aborts it with
@@ -168,6 +162,18 @@ namespace detail {
 }
 } // namespace detail
 
+/// An open send batch (ibv_wr_start). Add operations, then submit() (ibv_wr_complete). A batch
+/// dropped without submit() is aborted (ibv_wr_abort): nothing of it is posted. Every member is
+/// inline, noexcept and allocation-free. A batch that is not open (submitted, moved from, or
+/// started on a null QueuePair) ignores further operations and its submit() answers
+/// errc::wrong_state, as it does on a QP that has not reached RTS (rxe would otherwise keep the
+/// refused work requests and run them once the QP is connected).
+///
+/// One open batch per QP at a time: a second ibv_wr_start on the same QP spins forever in the
+/// provider (rxe; its send-queue lock). The posting forms MemoryWindow::bind(qp, ...) (type 2)
+/// and MemoryWindow::invalidate(qp) open a batch of their own: do not call them while a batch of
+/// yours is open on that QP.
+///
 /// Known rxe defect (rdma-core 44 provider, measured): ibv_wr_set_sge_list sends num_sge x the
 /// FIRST SGE's length and still completes successfully. On a QP of an rxe device the
 /// std::span<const ibv_sge> overloads therefore never hand it SGEs of unequal lengths: a gather
