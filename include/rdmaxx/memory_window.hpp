@@ -425,10 +425,9 @@ private:
       return make_error_code(errc::already_bound);
     return check_pending(qp);
   }
-  // ibv_bind_mw on a QP before RTS: rxe fails it but leaves the bind queued, to run once the QP
-  // is connected (as SendBatch::submit). qp->state is verbs' record of the last ibv_modify_qp.
+  // ibv_bind_mw before RTS would stay queued and run later, as a batch would (detail::before_rts).
   [[nodiscard]] static std::error_code check_can_post(const QueuePair &qp) noexcept {
-    if (qp.native_handle()->state < IBV_QPS_RTS) return make_error_code(errc::wrong_state);
+    if (detail::before_rts(*qp.native_handle())) return make_error_code(errc::wrong_state);
     return {};
   }
   [[nodiscard]] std::error_code check_unbind(const QueuePair &qp) const noexcept {

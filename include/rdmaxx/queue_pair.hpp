@@ -126,6 +126,11 @@ struct wr {
 };
 
 namespace detail {
+// rxe fails a post before RTS (EINVAL) but keeps the work requests and runs them once the QP is
+// connected, so rdmaxx never posts before RTS. qp->state is verbs' own record of the last
+// ibv_modify_qp (raw calls on native_handle() included).
+[[nodiscard]] inline bool before_rts(const ibv_qp &qp) noexcept { return qp.state < IBV_QPS_RTS; }
+
 // What a batch of a null QueuePair (moved from, destroyed) posts to: a stand-in ibv_qp_ex whose
 // ibv_wr_* entries do nothing and whose state is RESET, so that submit() aborts it with
 // errc::wrong_state. It keeps the real batch free of a null test per operation (the compiler
@@ -285,9 +290,7 @@ public:
   result<void> submit() noexcept {
     ibv_qp_ex *qp = qp_.release();
     if (!qp) [[unlikely]] return make_error_code(fault_ != errc{} ? fault_ : errc::wrong_state);
-    // Before RTS, rxe's ibv_wr_complete fails (EINVAL) but leaves the work requests queued: they
-    // run once the QP is connected. qp_base.state is verbs' own record of the last ibv_modify_qp.
-    if (qp->qp_base.state < IBV_QPS_RTS) [[unlikely]] {
+    if (detail::before_rts(qp->qp_base)) [[unlikely]] {
       ::ibv_wr_abort(qp);
       return make_error_code(errc::wrong_state);
     }
