@@ -499,7 +499,7 @@ public:
         batch.bind_mw({w.id, i + 1 == n ? w.flags : quiet}, s.windows[i], rkey, info);
         g.rkey = rkey;
       }
-      qp_link_ = detail::child_link(qp.h_.node());
+      h_.set_parent<detail::parent_slot::second>(qp.h_.node());
     }
     s.nsegs = std::uint32_t(n);
     s.length = l.total_length();
@@ -541,7 +541,7 @@ public:
     s.configured = false;
     s.nsegs = 0;
     s.length = 0;
-    qp_link_.drop();
+    h_.set_parent<detail::parent_slot::second>(nullptr);
     if (rc != 0) return errno_code(rc);
     return success();
   }
@@ -599,11 +599,7 @@ public:
 
   /// Destroy now: software windows deallocated, mlx5 mkey destroyed (mlx5dv_destroy_mkey).
   /// Errors: errno of the verbs; on failure the key stays valid.
-  result<void> destroy() noexcept {
-    RDMAXX_TRYV(h_.destroy());
-    qp_link_.drop();
-    return success();
-  }
+  result<void> destroy() noexcept { return h_.destroy(); }
 
 #if RDMAXX_HAVE_MLX5
   /// An RC QP that can configure mlx5 keys: mlx5dv_create_qp with the UMR send operations and
@@ -643,6 +639,7 @@ private:
     using native = detail::ikey_state;
     static constexpr const char *object = "IndirectKey";
     static constexpr const char *verb = "ibv_dealloc_mw / mlx5dv_destroy_mkey";
+    static constexpr std::size_t parents = 2; // PD, software: the QP the windows were bound through
     static int destroy(native *s) noexcept {
       if (const int rc = s->release_windows()) return rc;
 #if RDMAXX_HAVE_MLX5
@@ -666,7 +663,6 @@ private:
   [[nodiscard]] std::uint32_t mkey_rkey() const noexcept { return 0; }
 #endif
 
-  detail::child_link qp_link_; // declared first: released after the key is destroyed
   detail::handle<traits> h_;
 };
 

@@ -395,9 +395,9 @@ public:
       return ec;
     }
     QueuePair r;
-    r.send_cq_link_ = detail::child_link(send_cq.h_.node());
-    r.recv_cq_link_ = detail::child_link(recv_cq.h_.node());
     r.h_ = detail::handle<traits>(qp, pd.node(), node);
+    r.h_.set_parent<detail::parent_slot::second>(send_cq.h_.node());
+    r.h_.set_parent<detail::parent_slot::third>(recv_cq.h_.node());
     r.qpx_.reset(::ibv_qp_to_qp_ex(qp));
     r.caps_ = {a.cap.max_send_wr, a.cap.max_recv_wr, a.cap.max_send_sge, a.cap.max_recv_sge,
                a.cap.max_inline_data};
@@ -568,8 +568,6 @@ public:
   /// are alive, errno of ibv_destroy_qp. On failure the QP stays valid.
   result<void> destroy() noexcept {
     RDMAXX_TRYV(h_.destroy());
-    send_cq_link_.drop();
-    recv_cq_link_.drop();
     qpx_.release();
     return success();
   }
@@ -581,6 +579,7 @@ private:
     using native = ibv_qp;
     static constexpr const char *object = "QueuePair";
     static constexpr const char *verb = "ibv_destroy_qp";
+    static constexpr std::size_t parents = 3; // PD, send CQ, receive CQ
     static int destroy(native *q) noexcept { return ::ibv_destroy_qp(q); }
   };
 
@@ -648,9 +647,7 @@ private:
 
   friend class MemoryWindow;
   friend class IndirectKey;
-  detail::child_link send_cq_link_;
-  detail::child_link recv_cq_link_;
-  detail::handle<traits> h_;
+  detail::handle<traits> h_; // parents: PD, send CQ, receive CQ
   detail::moved_ptr<ibv_qp_ex> qpx_;
   qp_caps caps_{};
   endpoint remote_{};
