@@ -129,11 +129,11 @@ public:
   /// The segments, in address-space order.
   [[nodiscard]] std::span<const remote_segment> segments() const noexcept { return {s_.data(), n_}; }
 
-  /// Encode into `out`; returns the bytes written. Errors: errc::out_of_range (out too small),
+  /// Encode into `out`; returns the bytes written. Errors: errc::buffer_too_small (out too small),
   /// errc::zero_length (an empty descriptor).
   [[nodiscard]] result<std::size_t> encode(std::span<std::byte> out) const noexcept {
     if (n_ == 0) return make_error_code(errc::zero_length);
-    if (out.size() < encoded_size(n_)) return make_error_code(errc::out_of_range);
+    if (out.size() < encoded_size(n_)) return make_error_code(errc::buffer_too_small);
     detail::wire_writer w(out);
     w.u32(magic);
     w.u8(version);
@@ -452,7 +452,7 @@ public:
   /// remote_read, remote_write, remote_atomic, each granted by every underlying region (software
   /// remote rights also need IBV_ACCESS_MW_BIND on the MRs).
   /// Errors (nothing added to the batch): errc::null_handle, errc::already_bound (configured:
-  /// invalidate first), errc::invalid_argument (batch not of `qp`), errc::wrong_state (batch
+  /// invalidate first), errc::qp_mismatch (batch not of `qp`), errc::wrong_state (batch
   /// submitted), errc::pd_mismatch, the layout_category() codes of layout::validate (naming the
   /// entry) and expand, errno of ibv_alloc_mw.
   [[nodiscard]] result<void> configure(QueuePair &qp, SendBatch &batch, const layout &l,
@@ -550,7 +550,7 @@ public:
   /// QP's max_send_sge entries). mlx5: one SGE {offset, length, lkey} (zero-based). Software: one
   /// SGE per touched segment. Returns the number written.
   /// Errors: errc::null_handle, errc::wrong_state (not configured), errc::zero_length,
-  /// errc::out_of_range (beyond the layout), errc::too_many_entries (more SGEs than `out` holds).
+  /// errc::out_of_range (beyond the layout), errc::buffer_too_small (more SGEs than `out` holds).
   /// Inline, allocation-free.
   [[nodiscard]] result<std::size_t> sges(std::uint64_t offset, std::uint64_t length,
                                          std::span<ibv_sge> out) const noexcept {
@@ -561,14 +561,14 @@ public:
     if (offset > s.length || length > s.length - offset) return make_error_code(errc::out_of_range);
     if (s.mkey) {
       if (length > UINT32_MAX) return make_error_code(errc::out_of_range);
-      if (out.empty()) return make_error_code(errc::too_many_entries);
+      if (out.empty()) return make_error_code(errc::buffer_too_small);
       out[0] = {offset, std::uint32_t(length), mkey_lkey()};
       return std::size_t(1);
     }
     auto len_of = [&](std::size_t i) { return std::uint64_t(s.segs[i].length); };
     std::size_t n = 0;
     (void)for_each_piece(s.nsegs, len_of, offset, length, [&](const window_piece &) { ++n; });
-    if (n > out.size()) return make_error_code(errc::too_many_entries);
+    if (n > out.size()) return make_error_code(errc::buffer_too_small);
     std::size_t k = 0;
     (void)for_each_piece(s.nsegs, len_of, offset, length, [&](const window_piece &p) {
       const key_segment &g = s.segs[p.segment];

@@ -658,10 +658,10 @@ private:
 
 namespace detail {
 // For calls that add to a caller's batch: it must be open (errc::wrong_state: submitted, moved
-// from) and belong to `qp` (errc::invalid_argument).
+// from) and belong to `qp` (errc::qp_mismatch).
 [[nodiscard]] inline std::error_code check_batch_of(const SendBatch &b, const QueuePair &qp) noexcept {
   if (!b.native_handle()) return make_error_code(errc::wrong_state);
-  if (b.native_handle() != qp.native_handle_ex()) return make_error_code(errc::invalid_argument);
+  if (b.native_handle() != qp.native_handle_ex()) return make_error_code(errc::qp_mismatch);
   return {};
 }
 } // namespace detail

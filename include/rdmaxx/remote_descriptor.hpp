@@ -127,10 +127,10 @@ struct remote_descriptor {
     w.u16(0);
     return out;
   }
-  /// Encode into the front of `out`; returns the bytes written. Errors: errc::out_of_range when
+  /// Encode into the front of `out`; returns the bytes written. Errors: errc::buffer_too_small when
   /// `out` is shorter than encoded_size (nothing is written).
   [[nodiscard]] result<std::size_t> encode_to(std::span<std::byte> out) const noexcept {
-    if (out.size() < encoded_size) return make_error_code(errc::out_of_range);
+    if (out.size() < encoded_size) return make_error_code(errc::buffer_too_small);
     const auto a = encode();
     for (std::size_t i = 0; i < encoded_size; ++i) out[i] = a[i];
     return encoded_size;
