@@ -573,12 +573,12 @@ TEST_CASE("bad inputs: every public creating or mutating call refuses them with 
   });
   t.add("QueuePair::to_init", "unknown QP access bits", is(errc::unknown_access_flag), [&] {
     connect_options o;
-    o.qp_access |= 1u << 28;
+    o.qp_access |= access_flags(1u << 28);
     return err(fresh().to_init(o));
   });
   t.add("QueuePair::to_init", "MW_BIND as a QP access right", is(errc::unknown_access_flag), [&] {
     connect_options o;
-    o.qp_access |= IBV_ACCESS_MW_BIND;
+    o.qp_access |= access::mw_bind;
     return err(fresh().to_init(o));
   });
   t.add("QueuePair::to_rtr", "gid index 200", transition(__builtin_ctz(IBV_QP_AV)), [&] {
@@ -646,7 +646,7 @@ TEST_CASE("bad inputs: every public creating or mutating call refuses them with 
           [&, ep] { return err(qp_moved.connect(ep)); });
     t.add("QueuePair::reset_and_reconnect", "moved-from QP", is(errc::null_handle),
           [&] { return err(qp_moved.reset_and_reconnect()); });
-    t.add("QueuePair::reset", "moved-from QP", is(errc::null_handle), [&] { return err(qp_moved.reset()); });
+    t.add("QueuePair::to_reset", "moved-from QP", is(errc::null_handle), [&] { return err(qp_moved.to_reset()); });
     t.add("QueuePair::to_error", "moved-from QP", is(errc::null_handle),
           [&] { return err(qp_moved.to_error()); });
     t.add("QueuePair::state", "moved-from QP", is(errc::null_handle), [&] { return err(qp_moved.state()); });
