@@ -29,16 +29,11 @@ public:
   /// ibv_create_comp_channel. Errors: errc::null_handle, errno (EMFILE, ENOMEM).
   [[nodiscard]] static result<CompletionChannel> create(const Context &ctx) noexcept {
     if (!ctx) return make_error_code(errc::null_handle);
-    detail::parent_node *node = detail::new_parent_node();
-    if (!node) return std::make_error_code(std::errc::not_enough_memory);
-    ibv_comp_channel *ch = ::ibv_create_comp_channel(ctx.native_handle());
-    if (!ch) {
-      const auto ec = last_errno();
-      delete node;
-      return ec;
-    }
+    RDMAXX_TRY(h, detail::create_with_node<traits>(detail::handle_access::node(ctx), [&] {
+      return ::ibv_create_comp_channel(ctx.native_handle());
+    }));
     CompletionChannel c;
-    c.h_ = detail::handle<traits>(ch, ctx.h_.node(), node);
+    c.h_ = std::move(h);
     return c;
   }
   /// The ibv_comp_channel (owned), or nullptr.
@@ -58,7 +53,7 @@ private:
     static constexpr const char *verb = "ibv_destroy_comp_channel";
     static int destroy(native *c) noexcept { return ::ibv_destroy_comp_channel(c); }
   };
-  friend class CompletionQueue;
+  friend struct detail::handle_access; // children register with this object's node
   detail::handle<traits> h_;
 };
 
@@ -79,18 +74,13 @@ public:
     if (cqe <= 0) return make_error_code(errc::zero_length);
     if (channel && channel->native_handle()->context != ctx.native_handle())
       return make_error_code(errc::context_mismatch);
-    detail::parent_node *node = detail::new_parent_node();
-    if (!node) return std::make_error_code(std::errc::not_enough_memory);
-    ibv_cq *cq = ::ibv_create_cq(ctx.native_handle(), cqe, nullptr,
-                                 channel ? channel->native_handle() : nullptr, 0);
-    if (!cq) {
-      const auto ec = last_errno();
-      delete node;
-      return ec;
-    }
+    RDMAXX_TRY(h, detail::create_with_node<traits>(detail::handle_access::node(ctx), [&] {
+      return ::ibv_create_cq(ctx.native_handle(), cqe, nullptr,
+                             channel ? channel->native_handle() : nullptr, 0);
+    }));
     CompletionQueue q;
-    q.h_ = detail::handle<traits>(cq, ctx.h_.node(), node);
-    q.h_.set_parent<detail::parent_slot::second>(channel ? channel->h_.node() : nullptr);
+    q.h_ = std::move(h);
+    q.h_.set_parent<detail::parent_slot::second>(channel ? detail::handle_access::node(*channel) : nullptr);
     return q;
   }
 
@@ -156,7 +146,7 @@ private:
     static constexpr std::size_t parents = 2; // Context, completion channel
     static int destroy(native *c) noexcept { return ::ibv_destroy_cq(c); }
   };
-  friend class QueuePair;
+  friend struct detail::handle_access; // children register with this object's node
   detail::handle<traits> h_; // parents: Context, completion channel
 };
 

@@ -160,22 +160,21 @@ public:
   /// Errors: errc::no_device (null device), the errno of ibv_open_device (ENOMEM, EPERM, ...).
   [[nodiscard]] static result<Context> open(ibv_device *dev, const context_options &o = {}) noexcept {
     if (!dev) return make_error_code(errc::no_device);
-    detail::parent_node *node = detail::new_parent_node();
-    if (!node) return std::make_error_code(std::errc::not_enough_memory);
-    ibv_context *c = nullptr;
     bool devx = false;
+    auto open_one = [&]() noexcept {
+      ibv_context *c = nullptr;
 #if RDMAXX_HAVE_MLX5
-    if (o.mlx5_devx) devx = (c = mlx5::open_devx(dev)) != nullptr;
+      if (o.mlx5_devx) devx = (c = mlx5::open_devx(dev)) != nullptr;
 #else
-    (void)o;
+      (void)o;
 #endif
-    if (!c) c = ::ibv_open_device(dev);
-    if (!c) {
-      const auto ec = last_errno();
-      delete node;
-      return ec;
-    }
-    return Context(c, node, devx);
+      return c ? c : ::ibv_open_device(dev);
+    };
+    RDMAXX_TRY(h, detail::create_with_node<traits>(nullptr, open_one));
+    Context r;
+    r.h_ = std::move(h);
+    r.devx_ = devx;
+    return r;
   }
   /// Open the device called `name`. Errors: errc::no_device when absent, then as open().
   [[nodiscard]] static result<Context> open(std::string_view name, const context_options &o = {}) noexcept {
@@ -279,8 +278,6 @@ private:
     static constexpr const char *verb = "ibv_close_device";
     static int destroy(native *c) noexcept { return ::ibv_close_device(c); }
   };
-  Context(ibv_context *c, detail::parent_node *node, bool devx) noexcept
-      : h_(c, nullptr, node), devx_(devx) {}
 
   // The live probes use raw verbs: they run once, off the fast path, on scratch objects.
   [[gnu::cold]] void probe(Capabilities &c, probe_options probes) const noexcept {
@@ -319,9 +316,7 @@ private:
     ::ibv_dealloc_pd(pd);
   }
 
-  friend class ProtectionDomain;
-  friend class CompletionQueue;
-  friend class CompletionChannel;
+  friend struct detail::handle_access; // children register with this object's node
   detail::handle<traits> h_;
   bool devx_ = false; // opened by mlx5dv_open_device with a DEVX context
 };

@@ -305,7 +305,7 @@ public:
         batch.bind_mw({w.id, i + 1 == n ? w.flags : quiet}, s.windows[i], rkey, info);
         g.rkey = rkey;
       }
-      h_.set_parent<detail::parent_slot::second>(qp.h_.node());
+      h_.set_parent<detail::parent_slot::second>(detail::handle_access::node(qp));
     }
     s.nsegs = std::uint32_t(n);
     s.length = l.total_length();
@@ -432,7 +432,7 @@ public:
       return ec;
     }
     QueuePair r;
-    r.h_ = detail::handle<QueuePair::traits>(qp, pd.node(), node);
+    r.h_ = detail::handle<QueuePair::traits>(qp, detail::handle_access::node(pd), node);
     r.qpx_.reset(::ibv_qp_to_qp_ex(qp));
     r.caps_ = {a.cap.max_send_wr, a.cap.max_recv_wr, a.cap.max_send_sge, a.cap.max_recv_sge,
                a.cap.max_inline_data};
@@ -459,7 +459,7 @@ private:
     }
   };
   IndirectKey(detail::ikey_state *s, const ProtectionDomain &pd) noexcept
-      : h_(s, pd.node(), nullptr) {}
+      : h_(s, detail::handle_access::node(pd), nullptr) {}
   [[nodiscard]] detail::ikey_state &st() const noexcept { return *h_.get(); }
 #if RDMAXX_HAVE_MLX5
   [[nodiscard]] std::uint32_t mkey_lkey() const noexcept { return st().mkey->lkey; }

@@ -334,7 +334,7 @@ private:
         iova_ = reinterpret_cast<std::uintptr_t>(mr->addr);
         kind_ = mr_kind::user;
       }
-      if (flags & IBV_REREG_MR_CHANGE_PD) h_.set_parent(pd->node());
+      if (flags & IBV_REREG_MR_CHANGE_PD) h_.set_parent(detail::handle_access::node(*pd));
       if (flags & IBV_REREG_MR_CHANGE_ACCESS) access_ = access_flags(unsigned(access));
     }
     if (rc == 0) return rereg_info{rereg_path::native, mr->lkey != lkey || mr->rkey != rkey};
@@ -363,7 +363,7 @@ private:
       return rereg_error(rereg_state::old_valid, 0, rc == EINVAL ? EBUSY : rc);
     }
     h_.replace(fresh);
-    if (pd) h_.set_parent(pd->node());
+    if (pd) h_.set_parent(detail::handle_access::node(*pd));
     iova_ = iova;
     access_ = acc;
     if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) kind_ = mr_kind::user;
@@ -399,28 +399,25 @@ private:
     if (auto ec = check_reg_args(addr, length, acc)) return ec;
     if (!pd) return make_error_code(errc::null_handle);
     // The node counts memory windows bound to this MR (dereg refuses with errc::busy meanwhile).
-    detail::parent_node *node = detail::new_parent_node();
-    if (!node) return std::make_error_code(std::errc::not_enough_memory);
-    ibv_mr *mr = ::ibv_reg_mr_iova2(pd.native_handle(), addr, length, iova, int(acc.native()));
-    if (!mr) {
-      const auto ec = last_errno();
-      delete node;
+    auto h = detail::create_with_node<traits>(detail::handle_access::node(pd), [&] {
+      return ::ibv_reg_mr_iova2(pd.native_handle(), addr, length, iova, int(acc.native()));
+    });
+    if (!h) {
       if (odp_unsupported(pd.context(), acc)) return make_error_code(errc::unsupported);
-      return ec;
+      return h.error();
     }
     MemoryRegion r;
-    r.h_ = detail::handle<traits>(mr, pd.node(), node);
+    r.h_ = std::move(h).value();
     r.iova_ = iova;
     r.access_ = acc;
     r.kind_ = kind;
     return r;
   }
 
-  friend class MemoryWindow;
-  friend class IndirectKey;
 
   // Declaration order matters: pages_ is destroyed after h_ (dereg before munmap).
   detail::owned_pages pages_;
+  friend struct detail::handle_access; // children register with this object's node
   detail::handle<traits> h_;
   std::uint64_t iova_ = 0;
   access_flags access_;

@@ -189,7 +189,7 @@ public:
     ibv_mw *mw = ::ibv_alloc_mw(pd.native_handle(), ibv_mw_type(type));
     if (!mw) return alloc_failure(pd.context(), type);
     MemoryWindow w;
-    w.h_ = detail::handle<traits>(mw, pd.node(), nullptr);
+    w.h_ = detail::handle<traits>(mw, detail::handle_access::node(pd), nullptr);
     w.type_ = type;
     w.cur_.rkey = mw->rkey;
     return w;
@@ -461,10 +461,10 @@ private:
     cur_.addr = mr.iova() + r.offset;
     cur_.length = r.length;
     cur_.rights = rights;
-    cur_.mr_link = detail::child_link(mr.h_.node());
+    cur_.mr_link = detail::child_link(detail::handle_access::node(mr));
     if (type_ == mw_type::type2) {
       cur_.qp_num = qp.qp_num();
-      cur_.qp_link = detail::child_link(qp.h_.node());
+      cur_.qp_link = detail::child_link(detail::handle_access::node(qp));
     }
   }
   void set_unbound(mw_state s, std::uint32_t key) noexcept {

@@ -25,15 +25,12 @@ public:
   /// ibv_alloc_pd. Errors: errc::null_handle (empty context), errno of ibv_alloc_pd (ENOMEM).
   [[nodiscard]] static result<ProtectionDomain> alloc(const Context &ctx) noexcept {
     if (!ctx) return make_error_code(errc::null_handle);
-    detail::parent_node *node = detail::new_parent_node();
-    if (!node) return std::make_error_code(std::errc::not_enough_memory);
-    ibv_pd *pd = ::ibv_alloc_pd(ctx.native_handle());
-    if (!pd) {
-      const auto ec = last_errno();
-      delete node;
-      return ec;
-    }
-    return ProtectionDomain(pd, ctx.h_.node(), node);
+    RDMAXX_TRY(h, detail::create_with_node<traits>(detail::handle_access::node(ctx), [&] {
+      return ::ibv_alloc_pd(ctx.native_handle());
+    }));
+    ProtectionDomain r;
+    r.h_ = std::move(h);
+    return r;
   }
 
   /// The ibv_pd (owned: do not deallocate it), or nullptr.
@@ -55,13 +52,7 @@ private:
     static constexpr const char *verb = "ibv_dealloc_pd";
     static int destroy(native *p) noexcept { return ::ibv_dealloc_pd(p); }
   };
-  ProtectionDomain(ibv_pd *pd, detail::parent_node *parent, detail::parent_node *node) noexcept
-      : h_(pd, parent, node) {}
-  friend class MemoryRegion;
-  friend class MemoryWindow;
-  friend class QueuePair;
-  friend class IndirectKey;
-  [[nodiscard]] detail::parent_node *node() const noexcept { return h_.node(); }
+  friend struct detail::handle_access; // children register with this object's node
   detail::handle<traits> h_;
 };
 

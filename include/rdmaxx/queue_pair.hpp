@@ -353,8 +353,6 @@ public:
     if (send_cq.native_handle()->context != pd.context() ||
         recv_cq.native_handle()->context != pd.context())
       return make_error_code(errc::context_mismatch);
-    detail::parent_node *node = detail::new_parent_node();
-    if (!node) return std::make_error_code(std::errc::not_enough_memory);
     ibv_qp_init_attr_ex a{};
     a.qp_type = IBV_QPT_RC;
     a.send_cq = send_cq.native_handle();
@@ -364,16 +362,14 @@ public:
     a.pd = pd.native_handle();
     a.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
     a.send_ops_flags = ops.native();
-    ibv_qp *qp = ::ibv_create_qp_ex(pd.context(), &a);
-    if (!qp) {
-      const auto ec = last_errno();
-      delete node;
-      return ec;
-    }
+    RDMAXX_TRY(h, detail::create_with_node<traits>(detail::handle_access::node(pd), [&] {
+      return ::ibv_create_qp_ex(pd.context(), &a);
+    }));
+    ibv_qp *qp = h.get();
     QueuePair r;
-    r.h_ = detail::handle<traits>(qp, pd.node(), node);
-    r.h_.set_parent<detail::parent_slot::second>(send_cq.h_.node());
-    r.h_.set_parent<detail::parent_slot::third>(recv_cq.h_.node());
+    r.h_ = std::move(h);
+    r.h_.set_parent<detail::parent_slot::second>(detail::handle_access::node(send_cq));
+    r.h_.set_parent<detail::parent_slot::third>(detail::handle_access::node(recv_cq));
     r.qpx_.reset(::ibv_qp_to_qp_ex(qp));
     r.caps_ = {a.cap.max_send_wr, a.cap.max_recv_wr, a.cap.max_send_sge, a.cap.max_recv_sge,
                a.cap.max_inline_data};
@@ -622,8 +618,8 @@ private:
     return -1;
   }
 
-  friend class MemoryWindow;
   friend class IndirectKey;
+  friend struct detail::handle_access; // children register with this object's node
   detail::handle<traits> h_; // parents: PD, send CQ, receive CQ
   detail::moved_ptr<ibv_qp_ex> qpx_;
   qp_caps caps_{};

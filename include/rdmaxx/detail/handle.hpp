@@ -250,7 +250,34 @@ private:
   moved_ptr<parent_node> node_;
 };
 
+/// The one way a child reaches the node of a parent handle of another class, to register with it:
+/// each parent class befriends this struct (and no child class), so adding a kind of child edits
+/// no parent.
+struct handle_access {
+  template <class T>
+  [[nodiscard]] static parent_node *node(const T &parent) noexcept {
+    return parent.h_.node();
+  }
+};
+
 /// Allocate a parent's children counter; nullptr when out of memory (creation then fails).
 [[nodiscard]] inline parent_node *new_parent_node() noexcept { return new (std::nothrow) parent_node; }
+
+/// How every object that can have children is created: allocate its children counter, call
+/// `create` (the verb: returns the C object, or nullptr with errno set) and own the object as a
+/// child of `parent`. On failure nothing stays allocated and the verb's errno is returned (ENOMEM
+/// when the counter itself cannot be allocated; the verb is then not called).
+template <class Traits, class Create>
+[[nodiscard]] result<handle<Traits>> create_with_node(parent_node *parent, Create &&create) noexcept {
+  parent_node *node = new_parent_node();
+  if (!node) return std::make_error_code(std::errc::not_enough_memory);
+  typename Traits::native *p = create();
+  if (!p) {
+    const std::error_code ec = last_errno();
+    delete node;
+    return ec;
+  }
+  return handle<Traits>(p, parent, node);
+}
 
 } // namespace rdmaxx::detail
