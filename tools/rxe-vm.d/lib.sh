@@ -24,7 +24,7 @@ env_script() {
 usage() {
 	cat <<'EOF'
 usage: tools/rxe-vm CMD [ARGS...]
-       tools/rxe-vm --pair 'CMD_A' 'CMD_B'
+       tools/rxe-vm --pair 'CMD_A' 'CMD_B'   (the same as tools/rxe-vm-pair 'CMD_A' 'CMD_B')
 
 Runs CMD where a Soft-RoCE device rxe0 exists and exits with CMD's exit status.
 Without an rxe device on the host, boots a throwaway QEMU VM (TCG) of the installed
