@@ -35,6 +35,12 @@ inline constexpr access_flags all_known_access =
 
 /// The rule of ibv_reg_mr(3): remote write and remote atomic require local write; unknown bits
 /// are refused. Checked by every call that registers or re-registers, before verbs is called.
+/// Returns an empty error_code when `a` is a valid combination.
+/// \errors
+/// - errc::unknown_access_flag: a bit outside all_known_access.
+/// - errc::remote_write_needs_local_write: access::remote_write without access::local_write.
+/// - errc::remote_atomic_needs_local_write: access::remote_atomic without access::local_write.
+/// \mallocs None.
 [[nodiscard]] inline std::error_code check_access(access_flags a) noexcept {
   if (!a.subset_of(all_known_access)) return make_error_code(errc::unknown_access_flag);
   if (a.any(access::remote_write) && !a.any(access::local_write))

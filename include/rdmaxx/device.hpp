@@ -33,6 +33,7 @@ public:
   DeviceList() noexcept = default;
   /// Moves the list; the moved-from list is empty (size() 0, no devices).
   DeviceList(DeviceList &&o) noexcept : h_(std::move(o.h_)), n_(std::exchange(o.n_, 0)) {}
+  /// Frees the list held (ibv_free_device_list) and takes `o`'s; `o` is left empty.
   DeviceList &operator=(DeviceList &&o) noexcept {
     h_ = std::move(o.h_);
     n_ = std::exchange(o.n_, 0);

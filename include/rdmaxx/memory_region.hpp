@@ -70,7 +70,8 @@ struct rereg_changes {
   }
 };
 /// A change of translation: the region is to cover [addr, addr+length), with IOVA = addr
-/// (IBV_REREG_MR_CHANGE_TRANSLATION). Allocation-free, like change_pd() and change_access().
+/// (IBV_REREG_MR_CHANGE_TRANSLATION).
+/// \mallocs None.
 [[nodiscard]] inline rereg_changes change_translation(void *addr, std::size_t length) noexcept {
   rereg_changes c;
   c.translation = mr_range{addr, length};
@@ -78,12 +79,14 @@ struct rereg_changes {
 }
 /// A change of protection domain to `pd` (IBV_REREG_MR_CHANGE_PD); `pd` must outlive the rereg()
 /// call.
+/// \mallocs None.
 [[nodiscard]] inline rereg_changes change_pd(const ProtectionDomain &pd) noexcept {
   rereg_changes c;
   c.pd = &pd;
   return c;
 }
 /// A change of access rights to `a` (IBV_REREG_MR_CHANGE_ACCESS).
+/// \mallocs None.
 [[nodiscard]] inline rereg_changes change_access(access_flags a) noexcept {
   rereg_changes c;
   c.access = a;
@@ -126,21 +129,32 @@ public:
     std::swap(native_unsupported_, o.native_unsupported_);
   }
 
-  /// ibv_reg_mr over [addr, addr+length) with IOVA = addr. The access rule (remote write/atomic
-  /// need local write), a null address, a zero length and a range that wraps the address space
-  /// are refused before verbs is called.
-  /// Errors: errc::null_handle, errc::null_address, errc::zero_length, errc::out_of_range (the
-  /// range wraps), the check_access codes, errc::unsupported (access::on_demand on a device
-  /// without ODP, which some kernels answer with EINVAL), errno of ibv_reg_mr (EINVAL, ENOMEM:
-  /// memlock limit, EFAULT, EOPNOTSUPP for unsupported bits).
+  /// ibv_reg_mr(3) over [addr, addr+length) with IOVA = addr. Malformed arguments are refused
+  /// before verbs is called, the same way with or without a PD.
+  /// \errors
+  /// - errc::null_address: `addr` is null.
+  /// - errc::zero_length: `length` is 0.
+  /// - errc::out_of_range: [addr, addr+length) wraps the address space.
+  /// - the check_access() codes: `acc` breaks the rule of ibv_reg_mr(3) or has an unknown bit.
+  /// - errc::null_handle: `pd` is null.
+  /// - ENOMEM: no memory for the node that counts the MR's windows.
+  /// - errc::unsupported: access::on_demand on a device without ODP (which some kernels answer
+  ///   with EINVAL).
+  /// - the errno of ibv_reg_mr: EINVAL, ENOMEM (memlock limit), EFAULT, EOPNOTSUPP (unsupported
+  ///   bits).
+  /// \mallocs One node that counts the memory windows bound to the MR (new(nothrow)), besides
+  /// what verbs allocates.
   [[nodiscard]] static result<MemoryRegion> reg(const ProtectionDomain &pd, void *addr,
                                                 std::size_t length, access_flags acc) noexcept {
     return reg_impl(pd, addr, length, reinterpret_cast<std::uintptr_t>(addr), acc, mr_kind::user);
   }
   /// ibv_reg_mr_iova2: the region is addressed through `iova` (local SGEs and remote accesses both
   /// use IOVA addresses). The kernel requires iova and addr to share their offset within a page.
-  /// Errors: as reg(), plus errc::iova_page_offset_mismatch, errc::out_of_range when
-  /// [iova, iova+length) wraps (rxe would register it).
+  /// \errors
+  /// - those of reg().
+  /// - errc::out_of_range: also when [iova, iova+length) wraps (rxe would register it).
+  /// - errc::iova_page_offset_mismatch: `iova` and `addr` differ in their offset within a page.
+  /// \mallocs As reg().
   [[nodiscard]] static result<MemoryRegion> reg_iova(const ProtectionDomain &pd, void *addr,
                                                      std::size_t length, std::uint64_t iova,
                                                      access_flags acc) noexcept {
@@ -152,9 +166,17 @@ public:
     return reg_impl(pd, addr, length, iova, acc, mr_kind::iova);
   }
   /// Allocate page-aligned memory (2 MiB huge pages when `length` is a multiple of 2 MiB and huge
-  /// pages are reserved, normal pages otherwise) and register it; the successor of the seed's
-  /// IBV_ACCESS_ALLOCATE_MR. The memory is zeroed, owned, and unmapped after deregistration.
-  /// Errors: as reg(), plus errno of mmap (ENOMEM, also for a length no mapping can have).
+  /// pages are reserved, normal pages otherwise) and register it (ibv_reg_mr(3)); the successor
+  /// of MLNX_OFED's IBV_EXP_ACCESS_ALLOCATE_MR. The memory is zeroed, owned, and unmapped after
+  /// deregistration.
+  /// \errors
+  /// - errc::zero_length: `length` is 0.
+  /// - the check_access() codes.
+  /// - errc::null_handle: `pd` is null.
+  /// - the errno of mmap (ENOMEM, also for a length no mapping can have).
+  /// - those of reg() for the registration.
+  /// \mallocs The mapping of the memory (mmap of `length` rounded up to pages) and the node of
+  /// reg(), besides what verbs allocates.
   [[nodiscard]] static result<MemoryRegion> allocate(const ProtectionDomain &pd, std::size_t length,
                                                      access_flags acc) noexcept {
     if (length == 0) return make_error_code(errc::zero_length);
@@ -205,8 +227,13 @@ public:
   /// A local SGE for the whole region. Unchecked (the region must be non-null; the length is
   /// truncated to 32 bits): use slice() for a checked one.
   [[nodiscard]] ibv_sge sge() const noexcept { return sge(0, std::uint32_t(length())); }
-  /// A checked local SGE. Errors: errc::null_handle, errc::unusable, errc::zero_length,
-  /// errc::out_of_range.
+  /// A checked local SGE for [offset, offset+length) of this region.
+  /// \errors
+  /// - errc::null_handle, errc::unusable: see usable().
+  /// - errc::zero_length: `length` is 0.
+  /// - errc::out_of_range: the range does not lie within the region, or `length` does not fit
+  ///   32 bits.
+  /// \mallocs None.
   [[nodiscard]] result<ibv_sge> slice(std::size_t offset, std::size_t length) const noexcept {
     if (auto ec = usable()) return ec;
     if (length == 0) return make_error_code(errc::zero_length);
@@ -215,10 +242,14 @@ public:
     return sge(offset, std::uint32_t(length));
   }
 
-  /// Deregister now (ibv_dereg_mr) and report the outcome; on failure the MR stays registered and
-  /// in the handle. Errors: errc::busy while memory windows are bound to it (nothing is called;
-  /// rxe would answer EINVAL), errno of ibv_dereg_mr. The destructor does the same and reports
-  /// through the hook.
+  /// Deregister now (ibv_dereg_mr(3)), then unmap allocate()'s memory, and report the outcome; on
+  /// failure the MR stays registered and in the handle. A null MR: success, nothing is called.
+  /// The destructor does the same and reports a failure through the hook.
+  /// \errors
+  /// - errc::busy: memory windows are bound to the MR; nothing is called (rxe would answer
+  ///   EINVAL).
+  /// - the errno of ibv_dereg_mr.
+  /// \mallocs None.
   result<void> dereg() noexcept {
     RDMAXX_TRYV(h_.destroy());
     pages_ = {};
@@ -226,22 +257,34 @@ public:
   }
 
   /// Re-register: change the translation, the PD, the access rights, or any combination, keeping
-  /// this handle (ibv_rereg_mr(3), or a make-before-break replacement; see rereg_policy).
-  ///
-  /// Refused before verbs (MR unchanged): errc::null_handle, errc::unusable, errc::busy (memory
-  /// windows are bound to it), errc::nothing_to_change
-  /// (no field given, or each equals the current value), errc::null_address / errc::zero_length /
-  /// errc::out_of_range (translation: null, empty, or wrapping the address space), the
-  /// check_access codes, errc::unsupported (access::on_demand on a device without ODP), errc::pd_mismatch (PD of another device), errc::wrong_type
-  /// (a translation change of an allocate()d MR: it owns its memory; allocate a new MR instead).
-  /// Native failures carry a rereg_category() code whose rereg_state_of() says what is left:
-  /// old_valid (-1, -2: nothing changed), new_valid (-3: the change is in place, fields refreshed),
-  /// unusable (-4, -5: only destruction is allowed; the destructor still deregisters).
-  /// -4 with EOPNOTSUPP (no rereg in the provider) changes nothing: native_only returns
-  /// errc::unsupported, native_with_fallback goes on with the replacement (and skips the native
-  /// attempt on later calls). A failed replacement returns rereg_error(old_valid, 0, errno): the old
-  /// MR is still registered and in the handle. Allocates nothing; the replacement costs exactly one
-  /// ibv_reg_mr and one ibv_dereg_mr.
+  /// this handle (ibv_rereg_mr(3), or a make-before-break replacement; see rereg_policy). Keys
+  /// may change on either path: re-read lkey()/rkey() (rereg_info::keys_changed says whether).
+  /// \errors
+  /// - Refused before verbs, the MR unchanged:
+  ///   - errc::null_handle, errc::unusable: see usable().
+  ///   - errc::null_address, errc::zero_length, errc::out_of_range: the new translation is null,
+  ///     empty, or wraps the address space.
+  ///   - errc::wrong_type: a translation change of an allocate()d MR (it owns its memory; allocate
+  ///     a new MR instead).
+  ///   - errc::null_handle: the new PD is null; errc::pd_mismatch: it is of another device.
+  ///   - the check_access() codes: the new access rights.
+  ///   - errc::nothing_to_change: no field given, or each equals the current value.
+  ///   - errc::busy: memory windows are bound to the MR.
+  /// - Native path (ibv_rereg_mr): a rereg_category() code whose rereg_state_of() says what is
+  ///   left:
+  ///   - rereg_state::old_valid (-1, -2): nothing changed.
+  ///   - rereg_state::new_valid (-3): the change is in place, fields refreshed.
+  ///   - rereg_state::unusable (-4, -5): only destruction is allowed; the destructor still
+  ///     deregisters.
+  ///   - errc::unsupported: -4 with EOPNOTSUPP (no rereg in the provider) under
+  ///     rereg_policy::native_only; nothing changed. native_with_fallback goes on with the
+  ///     replacement instead (and skips the native attempt on later calls).
+  /// - Replacement path (make-before-break), the old MR still registered and in the handle:
+  ///   - rereg_error(old_valid, 0, errno): the new registration failed, or the old one could not
+  ///     be deregistered (EBUSY).
+  ///   - errc::unsupported: access::on_demand on a device without ODP.
+  /// \mallocs None, besides what verbs allocates; the replacement costs exactly one ibv_reg_mr
+  /// and one ibv_dereg_mr.
   result<rereg_info> rereg(const rereg_changes &c,
                            rereg_policy policy = rereg_policy::native_with_fallback) noexcept {
     if (auto ec = usable()) return ec;
@@ -289,7 +332,11 @@ public:
 
   /// ibv_rereg_mr exactly as given (flags, pd, addr, length, access), with no argument checks,
   /// and the return-code table applied to this MR. For tests that need the verb's own answers to
-  /// bad input; use rereg(). Errors: as rereg()'s native path; errc::unsupported for -4/EOPNOTSUPP.
+  /// bad input; use rereg().
+  /// \errors
+  /// - errc::null_handle, errc::unusable: see usable().
+  /// - those of rereg()'s native path; errc::unsupported for -4/EOPNOTSUPP.
+  /// \mallocs None, besides what verbs allocates.
   result<rereg_info> rereg_native_unchecked(int flags, const ProtectionDomain *pd, void *addr,
                                             std::size_t length, int access) noexcept {
     if (auto ec = usable()) return ec;
@@ -299,7 +346,11 @@ public:
   /// Memory windows bound (or with a bind in flight) to this MR (memory_window.hpp).
   [[nodiscard]] std::uint32_t bound_windows() const noexcept { return h_.live_children(); }
 
-  /// Empty error when the MR can be used; errc::null_handle or errc::unusable otherwise.
+  /// Whether the MR can be used: an empty error_code when it can.
+  /// \errors
+  /// - errc::null_handle: the MR is null (default-constructed, moved from or deregistered).
+  /// - errc::unusable: a failed re-registration left it unusable; only destruction is allowed.
+  /// \mallocs None.
   [[nodiscard]] std::error_code usable() const noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     if (state_ == mr_state::unusable) return make_error_code(errc::unusable);

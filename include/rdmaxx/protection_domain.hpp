@@ -22,7 +22,13 @@ class ProtectionDomain {
 public:
   ProtectionDomain() noexcept = default;
 
-  /// ibv_alloc_pd. Errors: errc::null_handle (empty context), errno of ibv_alloc_pd (ENOMEM).
+  /// ibv_alloc_pd(3): a protection domain of `ctx`.
+  /// \errors
+  /// - errc::null_handle: `ctx` is null (default-constructed, moved from or closed).
+  /// - ENOMEM: no memory for the node that counts the PD's children.
+  /// - the errno of ibv_alloc_pd (ENOMEM).
+  /// \mallocs One node that counts the PD's children (new(nothrow)), besides what ibv_alloc_pd
+  /// allocates.
   [[nodiscard]] static result<ProtectionDomain> alloc(const Context &ctx) noexcept {
     if (!ctx) return make_error_code(errc::null_handle);
     RDMAXX_TRY(h, detail::create_with_node<traits>(detail::handle_access::node(ctx), [&] {
@@ -41,8 +47,11 @@ public:
   [[nodiscard]] ibv_context *context() const noexcept { return h_ ? h_.get()->context : nullptr; }
   /// Objects (MRs, MWs, QPs) that still use this PD.
   [[nodiscard]] std::uint32_t live_children() const noexcept { return h_.live_children(); }
-  /// ibv_dealloc_pd now. Errors: errc::busy while children live (nothing is called), errno of
-  /// ibv_dealloc_pd. On failure the PD stays valid.
+  /// ibv_dealloc_pd(3) now. On failure the PD stays valid. A null PD: success, nothing is called.
+  /// \errors
+  /// - errc::busy: children (MRs, MWs, QPs) are alive; nothing is called.
+  /// - the errno of ibv_dealloc_pd.
+  /// \mallocs None.
   result<void> dealloc() noexcept { return h_.destroy(); }
 
 private:

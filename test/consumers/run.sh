@@ -88,9 +88,12 @@ meson-subproject)
   say "meson setup (fallback forced); ninja"
   run setup.log meson setup "$tmp/build" "$project" --wrap-mode=nodownload \
     --force-fallback-for=rdmaxx
-  grep -q "Subproject rdmaxx finished" "$tmp/setup.log" &&
-    grep -q "Dependency rdmaxx found: YES" "$tmp/setup.log" ||
-    { echo "FAILED: rdmaxx was not taken from the subproject" >&2; cat "$tmp/setup.log" >&2; exit 1; }
+  if ! grep -q "Subproject rdmaxx finished" "$tmp/setup.log" ||
+    ! grep -q "Dependency rdmaxx found: YES" "$tmp/setup.log"; then
+    echo "FAILED: rdmaxx was not taken from the subproject" >&2
+    cat "$tmp/setup.log" >&2
+    exit 1
+  fi
   run build.log ninja -C "$tmp/build" -j1
   exe=$tmp/build/consumer
   ;;
