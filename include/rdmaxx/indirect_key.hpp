@@ -27,7 +27,7 @@
 ///
 /// Lifetime: borrows its ProtectionDomain (destroy the key first). While configured with remote
 /// rights it counts as a child of the QP its windows were bound through (destroy or invalidate
-/// the key before that QP: rxe blocks ~50 s destroying a QP with bound type-2 windows).
+/// the key before that QP: rxe blocks for tens of seconds destroying a QP with bound type-2 windows: README).
 ///
 /// Allocation: IndirectKey::create() allocates the key's state (new(nothrow)) and, software, its
 /// segment table and window table; mlx5dv_create_mkey allocates inside the provider. configure()

@@ -4,11 +4,11 @@
 /// A layout maps a zero-based address space [0, total_length()) onto pieces of previously
 /// registered memory, in order:
 ///   - a list layout: entries (region, offset, length), any offset, any length, no alignment
-///     (mlx5dv_wr_set_mkey_layout_list; the seed's IBV_EXP_UMR_MR_LIST);
+///     (mlx5dv_wr_set_mkey_layout_list; MLNX_OFED's IBV_EXP_UMR_MR_LIST);
 ///   - a repeat layout: repeat_count x a block of entries (region, offset, bytes_count,
 ///     bytes_skip): repetition r of entry j covers bytes_count bytes at
 ///     offset + r * (bytes_count + bytes_skip) of its region (mlx5dv_wr_set_mkey_layout_interleaved;
-///     the seed's IBV_EXP_UMR_REPEAT, one dimension).
+///     MLNX_OFED's IBV_EXP_UMR_REPEAT, one dimension).
 /// A region is a MemoryRegion or a configured IndirectKey (nesting). A layout is a small value
 /// (fixed capacity, no allocation); it BORROWS the keys it names: build it, then configure a key
 /// with it while those MRs and keys are alive and unchanged.

@@ -9,7 +9,7 @@
 ///     the library never posts an invalidate unless the window is bound;
 ///   - rxe checks neither window bounds nor PDs on type-2 binds: rdmaxx checks range, rights, MW_BIND
 ///     access and PDs before every bind; StrictGrant makes bounds hold where the device does not;
-///   - destroying a QP with a bound type-2 window blocks ~50 s: such a window counts as a child of
+///   - destroying a QP with a bound type-2 window blocks for tens of seconds on rxe (README): such a window counts as a child of
 ///     its QP, so qp.destroy() answers errc::busy until the window is invalidated or deallocated;
 ///   - ibv_dereg_mr of an MR with bound windows: windows count as children of their MR, so
 ///     mr.dereg() answers errc::busy (rxe itself answers EINVAL);

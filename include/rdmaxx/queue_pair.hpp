@@ -4,7 +4,7 @@
 ///
 /// Lifetime: borrows its ProtectionDomain and both CompletionQueues (destroy the QP first).
 /// Type-2 memory windows bound through a QP count as its children: destroy or invalidate them
-/// before the QP (rxe blocks for ~50 s destroying a QP with a bound type-2 window).
+/// before the QP (rxe blocks for tens of seconds destroying a QP with a bound type-2 window: README).
 ///
 /// Allocation: QueuePair::create() allocates the node that counts the QP's children (new(nothrow))
 /// besides what verbs allocates; the fast path (SendBatch, post_recv) and the connection calls do

@@ -1,15 +1,16 @@
-// rdmaxx/detail/handle.hpp: the one owning-handle template every rdmaxx handle is built on.
-//
-// Lifetime rule (the same for every handle): children BORROW their parents. A ProtectionDomain
-// does not keep its Context alive, a MemoryRegion does not keep its ProtectionDomain alive, a
-// QueuePair does not keep its PD or CQs alive. Destroy children before parents.
-//
-// A parent counts its live children in a small node allocated once when the parent is created
-// (never touched on the fast path). If a parent is destroyed while children are alive, its destroy
-// verb is NOT called then (verbs would refuse, or, for a device context, tear the children down
-// under the application's feet): the destroy-failure hook is told, and the destruction is
-// deferred: the parent's C object stays valid, so the children remain usable and destroyable, and
-// the last child to go destroys the parent. Nothing is leaked, nothing is silent.
+/// \file
+/// rdmaxx/detail/handle.hpp: the one owning-handle template every rdmaxx handle is built on.
+///
+/// Lifetime rule (the same for every handle): children BORROW their parents. A ProtectionDomain
+/// does not keep its Context alive, a MemoryRegion does not keep its ProtectionDomain alive, a
+/// QueuePair does not keep its PD or CQs alive. Destroy children before parents.
+///
+/// A parent counts its live children in a small node allocated once when the parent is created
+/// (never touched on the fast path). If a parent is destroyed while children are alive, its destroy
+/// verb is NOT called then (verbs would refuse, or, for a device context, tear the children down
+/// under the application's feet): the destroy-failure hook is told, and the destruction is
+/// deferred: the parent's C object stays valid, so the children remain usable and destroyable, and
+/// the last child to go destroys the parent. Nothing is leaked, nothing is silent.
 #pragma once
 
 #include "../error.hpp"

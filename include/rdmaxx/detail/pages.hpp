@@ -1,4 +1,5 @@
-// rdmaxx/detail/pages.hpp: page-aligned anonymous memory owned by an allocate-and-register MR.
+/// \file
+/// rdmaxx/detail/pages.hpp: page-aligned anonymous memory owned by an allocate-and-register MR.
 #pragma once
 
 #include "handle.hpp"

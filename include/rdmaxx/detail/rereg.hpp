@@ -62,7 +62,7 @@ struct native_rereg_outcome {
     if (is_unsupported_errno(err)) return {rereg_state::old_valid, true};
     return {rereg_state::unusable, false};
   case IBV_REREG_MR_ERR_CMD_AND_DO_FORK_NEW:
-  default: // an undocumented code: assume the worst, as the seed's "undefined state"
+  default: // an undocumented code: assume the worst, as ibv_rereg_mr(3)'s "undefined state"
     return {rereg_state::unusable, false};
   }
 }

@@ -1,6 +1,7 @@
-// rdmaxx/detail/wire.hpp: byte-order-defined encoding helpers for values sent to peers
-// (remote descriptors). Big-endian (network order) integers; a bounds-checked reader that never
-// reads past its input.
+/// \file
+/// rdmaxx/detail/wire.hpp: byte-order-defined encoding helpers for values sent to peers
+/// (remote descriptors). Big-endian (network order) integers; a bounds-checked reader that never
+/// reads past its input.
 #pragma once
 
 #include <cstddef>
