@@ -99,6 +99,14 @@ enum class errc : int {
   wrong_type,                ///< not valid for this object's type (e.g. a type-1 window)
   provider_defect,           ///< the device's provider would get this request wrong (see README)
   context_mismatch,          ///< objects that must belong to one device context do not
+  /// The QP was not created with the mlx5 UMR send operations (a configure through it would call
+  /// a builder the provider never filled in): create it with mlx5::create_umr_qp (or
+  /// create_indirect_key_qp).
+  not_umr_qp,
+  /// A valid request beyond what this device's provider can carry (e.g. an mlx5 list layout of
+  /// 2 GiB or more in total on rdma-core before 61, an mlx5 layout entry over 2 GiB): split the
+  /// request (several keys, shorter entries).
+  provider_limit,
 };
 
 namespace detail {
@@ -137,6 +145,9 @@ public:
     case errc::wrong_type: return "not valid for this object's type";
     case errc::provider_defect: return "not supported: this device's provider mishandles the request";
     case errc::context_mismatch: return "the objects belong to different device contexts";
+    case errc::not_umr_qp:
+      return "the queue pair lacks the mlx5 UMR send operations (create it with mlx5::create_umr_qp)";
+    case errc::provider_limit: return "beyond what this device's provider can carry: split the request";
     }
     return "unknown rdmaxx error";
   }
@@ -157,6 +168,7 @@ public:
     case errc::wrong_version: return std::errc::bad_message;
     case errc::verb_failed_without_errno: return std::errc::io_error;
     case errc::provider_defect: return std::errc::operation_not_supported;
+    case errc::provider_limit: return std::errc::value_too_large;
     default: return std::errc::invalid_argument;
     }
   }

@@ -67,6 +67,8 @@ TEST_CASE("rdmaxx::errc: every code has a message and a portable condition", "[u
       {errc::wrong_type, std::errc::invalid_argument, "type"},
       {errc::provider_defect, std::errc::operation_not_supported, "provider mishandles"},
       {errc::context_mismatch, std::errc::invalid_argument, "different device contexts"},
+      {errc::not_umr_qp, std::errc::invalid_argument, "mlx5 UMR send operations"},
+      {errc::provider_limit, std::errc::value_too_large, "provider can carry"},
   };
   for (const auto &r : rows) {
     const std::error_code ec = r.e;
