@@ -544,4 +544,49 @@ TEST_CASE("mlx5 contract: the context is opened with DEVX, which mlx5dv_create_m
   CHECK(Context::open(static_cast<ibv_device *>(nullptr), {.mlx5_devx = true}).error() == errc::no_device);
 }
 
+TEST_CASE("mlx5 contract: Context::open falls back to ibv_open_device when DEVX is refused", "[unit][mlx5]") {
+  // Context::open's verb choice (detail::open_context) with stand-in openers that record calls.
+  static int devx_calls, plain_calls;
+  static ibv_context devx_ctx{}, plain_ctx{};
+  auto *dev = reinterpret_cast<ibv_device *>(0x5000);
+  auto devx_ok = [](ibv_device *) noexcept { ++devx_calls; return &devx_ctx; };
+  auto devx_refused = [](ibv_device *) noexcept -> ibv_context * { ++devx_calls; errno = EPERM; return nullptr; };
+  auto plain_ok = [](ibv_device *) noexcept { ++plain_calls; return &plain_ctx; };
+  auto plain_fails = [](ibv_device *) noexcept -> ibv_context * { ++plain_calls; errno = ENOMEM; return nullptr; };
+  struct row {
+    const char *what;
+    bool want;
+    int which_devx; // 0 ok, 1 refused
+    int which_plain; // 0 ok, 1 fails
+    ibv_context *ctx;
+    bool devx;
+    int devx_calls, plain_calls;
+  };
+  const row rows[] = {
+      {"DEVX granted", true, 0, 0, &devx_ctx, true, 1, 0},
+      {"DEVX refused: plain open", true, 1, 0, &plain_ctx, false, 1, 1},
+      {"DEVX refused, plain fails", true, 1, 1, nullptr, false, 1, 1},
+      {"DEVX not asked for", false, 0, 0, &plain_ctx, false, 0, 1},
+  };
+  for (const row &r : rows) {
+    INFO(r.what);
+    devx_calls = plain_calls = 0;
+    detail::opened_context o;
+    if (r.which_devx == 0 && r.which_plain == 0) o = detail::open_context(dev, r.want, devx_ok, plain_ok);
+    else if (r.which_devx == 1 && r.which_plain == 0) o = detail::open_context(dev, r.want, devx_refused, plain_ok);
+    else o = detail::open_context(dev, r.want, devx_refused, plain_fails);
+    CHECK(o.ctx == r.ctx);
+    CHECK(o.devx == r.devx);
+    CHECK(devx_calls == r.devx_calls);
+    CHECK(plain_calls == r.plain_calls);
+    if (!o.ctx) CHECK(errno == ENOMEM); // the caller reports the plain open's errno
+  }
+  // the default asks for DEVX; the UMR probe is on by default, so Capabilities::umr follows
+  // what IndirectKey::create can do (a plain ibv_open_device may hold DEVX as well: since
+  // rdma-core 29, mlx5.c:2596-2622 of v44.0 asks for it and retries without)
+  CHECK(context_options{}.mlx5_devx);
+  CHECK(probe_options{}.mlx5_umr);
+  CHECK_FALSE(mlx5::probe_umr(nullptr));
+}
+
 #endif // RDMAXX_HAVE_MLX5
