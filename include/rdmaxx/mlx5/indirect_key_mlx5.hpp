@@ -222,7 +222,9 @@ struct key_state {
 /// Converts a QP's ibv_qp_ex to its mlx5dv_qp_ex (mlx5dv_qp_ex_from_ibv_qp_ex in real use).
 using to_dv_qp = mlx5dv_qp_ex *(*)(ibv_qp_ex *) noexcept;
 /// mlx5dv_qp_ex_from_ibv_qp_ex.
-[[nodiscard]] inline mlx5dv_qp_ex *dv_qp_of(ibv_qp_ex *q) noexcept { return ::mlx5dv_qp_ex_from_ibv_qp_ex(q); }
+[[nodiscard]] inline mlx5dv_qp_ex *dv_qp_of(ibv_qp_ex *q) noexcept {
+  return ::mlx5dv_qp_ex_from_ibv_qp_ex(q);
+}
 
 /// Add a configure of `k` to the open batch `qpx` of a QP created with mlx5dv send operations
 /// `qp_mlx5_ops` (QueuePair::mlx5_send_ops()). On success the key is configuring.

@@ -5,9 +5,9 @@
 /// (wr_mkey_configure, wr_set_mkey_access_flags, wr_set_mkey_layout_*) are filled in only for
 /// QPs created by mlx5dv_create_qp(3) with mlx5 send operations (rdma-core v44.0,
 /// providers/mlx5/qp.c:3552-3609, mlx5_qp_fill_wr_pfns; the builders at 3595-3609), and the
-/// inline wrappers of mlx5dv.h call them unchecked: on any other QP a configure calls a NULL function pointer. A QueuePair
-/// made here records the mlx5dv send operations it was created with
-/// (QueuePair::mlx5_send_ops()); IndirectKey::configure refuses any other QP with
+/// inline wrappers of mlx5dv.h call them unchecked: on any other QP a configure calls a NULL
+/// function pointer. A QueuePair made here records the mlx5dv send operations it was created
+/// with (QueuePair::mlx5_send_ops()); IndirectKey::configure refuses any other QP with
 /// errc::not_umr_qp.
 ///
 /// The QP is built on QueuePair's one construction path (same checks, same lifetime: a child of
