@@ -3,7 +3,9 @@
 // lengths, no alignment), configures it through its QP and hands the peer an encoded
 // descriptor. The initiator writes one contiguous message through it: one RDMA write per
 // touched piece, one completion. Every byte is checked, including the ones between pieces.
-// On rxe this uses the software backend (memory windows); on mlx5, hardware UMR.
+// On rxe this uses the software backend (memory windows); on mlx5, hardware UMR, which needs
+// the target's QP from create_indirect_key_qp (mlx5::create_umr_qp there: an ordinary QP lacks
+// the UMR send operations) and the configure's completion before the key is handed out.
 //
 //   tools/rxe-vm build/examples/04_indirect_scatter
 #include <rdmaxx/rdmaxx.hpp>
@@ -33,7 +35,7 @@ result<void> run() {
   RDMAXX_TRY(cq_a, CompletionQueue::create(ctx, 16));
   RDMAXX_TRY(cq_b, CompletionQueue::create(ctx, 16));
   RDMAXX_TRY(a, QueuePair::create(pd, cq_a, cq_a)); // the initiator
-  RDMAXX_TRY(b, QueuePair::create(pd, cq_b, cq_b)); // the target
+  RDMAXX_TRY(b, create_indirect_key_qp(pd, cq_b, cq_b)); // the target: configures the key
   RDMAXX_TRYV(connect_loopback(a, b));
 
   // ---- target: three buffers, one key over five pieces of them ----
@@ -48,13 +50,11 @@ result<void> run() {
   RDMAXX_TRY(m3, MemoryRegion::reg(pd, r3, sizeof r3, acc));
   const layout l = layout::list({{m1, 3, 6}, {m3, 101, 5}, {m2, 7, 9}, {m1, 50, 4}, {m3, 0, 13}});
   RDMAXX_TRY(key, IndirectKey::create(pd, 8));
-  {
-    auto batch = b.start_send();
-    RDMAXX_TRYV(key.configure(b, batch, l, access::local_write | access::remote_write,
-                              {.id = 1, .flags = send_flag::signaled}));
-    RDMAXX_TRYV(batch.submit());
-  }
-  RDMAXX_TRYV(wait(cq_b));
+  // one batch of its own, submitted; a failed submit leaves the key unconfigured
+  RDMAXX_TRYV(key.configure(b, l, access::local_write | access::remote_write,
+                            {.id = 1, .flags = send_flag::signaled}));
+  RDMAXX_TRY(done, wait(cq_b));
+  key.complete(done); // mlx5: the configure is confirmed (descriptor() refuses before); software: no-op
   RDMAXX_TRY(desc, key.descriptor());
   std::array<std::byte, ikey_descriptor::max_encoded_size> wire{};
   RDMAXX_TRY(wire_len, desc.encode(wire));
@@ -85,11 +85,12 @@ result<void> run() {
   put(e3, 13);
   if (std::memcmp(r1, e1, sizeof r1) || std::memcmp(r2, e2, sizeof r2) || std::memcmp(r3, e3, sizeof r3))
     return make_error_code(errc::malformed_input);
-  {
-    auto inv = b.start_send(); // mlx5: a local invalidate; software: windows revoked at once
-    RDMAXX_TRYV(key.invalidate(inv));
-    RDMAXX_TRYV(inv.submit());
+  RDMAXX_TRYV(key.invalidate(b)); // mlx5: a signaled local invalidate; software: windows revoked at once
+  if (key.pending()) {             // mlx5: revoked once the invalidate has completed
+    RDMAXX_TRY(inv, wait(cq_b));
+    key.complete(inv);
   }
+  if (key.configured()) return make_error_code(errc::wrong_state);
   std::printf("%s: %zu-byte message landed in %zu pieces over 3 regions (%u RDMA writes, %s backend, "
               "%zu-byte descriptor): r1[3..8]=\"%.6s\" r3[0..12]=\"%.13s\"\n",
               ctx.name().data(), std::size_t(37), desc.segments().size(), wrs,

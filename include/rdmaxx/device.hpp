@@ -126,10 +126,16 @@ struct Capabilities {
   /// 0 when not probed or the probe failed.
   std::uint32_t max_inline_data = 0;
   bool mlx5dv = false;     ///< mlx5dv_is_supported (false when built without the mlx5 option)
-  bool mlx5_devx = false;  ///< the Context holds a DEVX context (hardware UMR needs it)
+  /// The context can create DEVX objects (hardware UMR needs it): with probe_options::mlx5_umr
+  /// (the default) an indirect mkey was created and destroyed (mlx5::probe_umr, what
+  /// IndirectKey::create does); without it, whether Context::open got DEVX through
+  /// mlx5dv_open_device (a plain ibv_open_device may have DEVX too: see context_mlx5.hpp).
+  bool mlx5_devx = false;
   /// ibv_rereg_mr works here: probed by re-registering a scratch MR with unchanged access.
   tristate native_rereg = tristate::unknown;
-  /// The backend IndirectKey uses by default here (RDMAXX_UMR=software forces software).
+  /// The backend IndirectKey uses by default here (RDMAXX_UMR=software forces software): mlx5
+  /// when mlx5dv and mlx5_devx (with the default probe, exactly when IndirectKey::create's
+  /// automatic choice is mlx5).
   umr_backend umr = umr_backend::none;
   /// Whether accesses through a window's rkey are confined to the window (rxe: no, only the MR's
   /// bounds are checked). Only probe_window_bounds() (memory_window.hpp) sets it.
@@ -142,14 +148,36 @@ struct probe_options {
   bool inline_data = true;
   /// Probe ibv_rereg_mr (registers and re-registers a scratch page).
   bool native_rereg = true;
+  /// mlx5 devices: probe hardware UMR by creating and destroying a 4-entry indirect mkey.
+  bool mlx5_umr = true;
 };
 
 /// How Context::open() opens a device.
 struct context_options {
-  /// On mlx5 devices, open a DEVX context (mlx5dv_open_device), which hardware UMR needs.
-  /// Ignored for other devices and in builds without the mlx5 option.
+  /// On mlx5 devices, ask for a DEVX context explicitly (mlx5dv_open_device), which hardware
+  /// UMR needs. false does not prevent DEVX: since rdma-core 29 ibv_open_device asks for it too
+  /// (mlx5.c:2596-2622). Ignored for other devices and in builds without the mlx5 option.
   bool mlx5_devx = true;
 };
+
+namespace detail {
+/// What Context::open opened: the context, and whether the explicit DEVX open gave it.
+struct opened_context {
+  ibv_context *ctx = nullptr;
+  bool devx = false;
+};
+/// Context::open's choice of verb: `open_devx(dev)` first when `want_devx`, `open_plain(dev)`
+/// when that was not asked for or gave nullptr. Separate so that the fallback is tested
+/// without a device.
+template <class OpenDevx, class OpenPlain>
+[[nodiscard]] inline opened_context open_context(ibv_device *dev, bool want_devx, OpenDevx &&open_devx,
+                                                 OpenPlain &&open_plain) noexcept {
+  opened_context o;
+  if (want_devx) o.devx = (o.ctx = open_devx(dev)) != nullptr;
+  if (!o.ctx) o.ctx = open_plain(dev);
+  return o;
+}
+} // namespace detail
 
 /// An open device (ibv_open_device(3), or mlx5dv_open_device(3) on mlx5).
 class Context {
@@ -161,15 +189,27 @@ public:
   /// Errors: errc::no_device (null device), the errno of ibv_open_device (ENOMEM, EPERM, ...).
   [[nodiscard]] static result<Context> open(ibv_device *dev, const context_options &o = {}) noexcept {
     if (!dev) return make_error_code(errc::no_device);
+#if RDMAXX_HAVE_MLX5
+    const bool want_devx = o.mlx5_devx;
+#else
+    const bool want_devx = false;
+    (void)o;
+#endif
     bool devx = false;
     auto open_one = [&]() noexcept {
-      ibv_context *c = nullptr;
+      const detail::opened_context oc = detail::open_context(
+          dev, want_devx,
+          [](ibv_device *d) noexcept -> ibv_context * {
 #if RDMAXX_HAVE_MLX5
-      if (o.mlx5_devx) devx = (c = mlx5::open_devx(dev)) != nullptr;
+            return mlx5::open_devx(d);
 #else
-      (void)o;
+            (void)d;
+            return nullptr;
 #endif
-      return c ? c : ::ibv_open_device(dev);
+          },
+          [](ibv_device *d) noexcept { return ::ibv_open_device(d); });
+      devx = oc.devx;
+      return oc.ctx;
     };
     RDMAXX_TRY(h, detail::create_with_node<traits>(nullptr, open_one));
     Context r;
@@ -265,10 +305,11 @@ public:
     c.mlx5dv = ::mlx5dv_is_supported(h_.get()->device);
 #endif
     c.mlx5_devx = mlx5_devx();
+    if (!c.mlx5dv) probes.mlx5_umr = false;
+    if (probes.inline_data || probes.native_rereg || probes.mlx5_umr) probe(c, probes);
     c.umr = c.mlx5dv && c.mlx5_devx && !detail::umr_forced_software() ? umr_backend::mlx5
             : (c.mw_type2a || c.mw_type2b)            ? umr_backend::software
                                                        : umr_backend::none;
-    if (probes.inline_data || probes.native_rereg) probe(c, probes);
     return c;
   }
 
@@ -314,6 +355,9 @@ private:
       }
       std::free(buf);
     }
+#if RDMAXX_HAVE_MLX5
+    if (probes.mlx5_umr) c.mlx5_devx = mlx5::probe_umr(pd);
+#endif
     ::ibv_dealloc_pd(pd);
   }
 

@@ -110,6 +110,14 @@ enum class errc : int {
                              ///< given: use the QP it was opened or bound on
   buffer_too_small,          ///< the caller's output buffer is too small: give it at least the
                              ///< size the function documents (e.g. encoded_size, max_send_sge)
+  /// The QP was not created with the mlx5 UMR send operations (a configure through it would call
+  /// a builder the provider never filled in): create it with mlx5::create_umr_qp (or
+  /// create_indirect_key_qp).
+  not_umr_qp,
+  /// A valid request beyond what this device's provider can carry (e.g. an mlx5 list layout of
+  /// 2 GiB or more in total on rdma-core before 61, an mlx5 layout entry over 2 GiB): split the
+  /// request (several keys, shorter entries).
+  provider_limit,
 };
 
 namespace detail {
@@ -150,6 +158,9 @@ public:
     case errc::context_mismatch: return "the objects belong to different device contexts";
     case errc::qp_mismatch: return "the batch, window or key belongs to another queue pair";
     case errc::buffer_too_small: return "the output buffer is too small";
+    case errc::not_umr_qp:
+      return "the queue pair lacks the mlx5 UMR send operations (create it with mlx5::create_umr_qp)";
+    case errc::provider_limit: return "beyond what this device's provider can carry: split the request";
     }
     return "unknown rdmaxx error";
   }
@@ -171,6 +182,7 @@ public:
     case errc::wrong_version: return std::errc::bad_message;
     case errc::verb_failed_without_errno: return std::errc::io_error;
     case errc::provider_defect: return std::errc::operation_not_supported;
+    case errc::provider_limit: return std::errc::value_too_large;
     default: return std::errc::invalid_argument;
     }
   }

@@ -17,6 +17,8 @@
 ///     lkey/rkey (both are 0).
 /// The backend is chosen at creation: mlx5 where mlx5dv_is_supported and an mkey can be created,
 /// software otherwise; forced to software by ikey_options::backend or RDMAXX_UMR=software.
+/// Configure keys through a QP from create_indirect_key_qp() (mlx5::create_umr_qp on mlx5): on
+/// mlx5 an ordinary QP lacks the builders and configure() refuses it (errc::not_umr_qp).
 ///
 /// Differences that remain between the backends (see the README):
 ///   - software bounds are enforced by the initiator (rdmaxx refuses windows outside the layout
@@ -70,6 +72,10 @@ struct ikey_options {
   /// Software: flat segments the key can hold after expansion (0: 8 x max_entries, at least 64,
   /// at most ikey_descriptor::max_segments).
   std::uint32_t max_segments = 0;
+  /// mlx5: let peers invalidate the key with a send-with-invalidate (SendBatch::send_inv);
+  /// creates the mkey with MLX5DV_MKEY_INIT_ATTR_FLAGS_REMOTE_INVALIDATE. Without it such a send
+  /// fails at the peer's side. Off by default: any peer holding the key could revoke it.
+  bool remote_invalidate = false;
 };
 
 namespace detail {
@@ -87,6 +93,9 @@ struct ikey_state {
   bool configured = false;
   bool all_mw_bind = false;
   ::mlx5dv_mkey *mkey = nullptr;
+#if RDMAXX_HAVE_MLX5
+  mlx5::key_state mk; // mlx5: what the device did (mk.mkey == mkey)
+#endif
 
   // Deallocating (not invalidating) the windows: never a local invalidate of a type-2 window
   // that may not be bound (rxe panics), and the peer's rkeys die at once.
@@ -124,7 +133,9 @@ public:
   /// Errors: errc::null_handle, errc::zero_length (max_entries 0), errc::out_of_range
   /// (max_entries above 65535, or max_segments above ikey_descriptor::max_segments),
   /// errc::unsupported (backend mlx5 forced on a device or build without it), errno of
-  /// mlx5dv_create_mkey when mlx5 is forced, ENOMEM.
+  /// mlx5dv_create_mkey when mlx5 is forced, ENOMEM. mlx5 (forced, or chosen automatically on an
+  /// mlx5 device): errc::out_of_range for max_entries above mlx5::max_mkey_entries (65532: the
+  /// provider's round-up to a multiple of 4 would wrap its 16-bit field to 0).
   [[nodiscard]] static result<IndirectKey> create(const ProtectionDomain &pd, std::uint32_t max_entries,
                                                   ikey_options o = {}) noexcept {
     if (!pd) return make_error_code(errc::null_handle);
@@ -143,11 +154,16 @@ public:
     }
     if (want_mlx5) {
 #if RDMAXX_HAVE_MLX5
+      if (max_entries > mlx5::max_mkey_entries) {
+        delete st;
+        return make_error_code(errc::out_of_range);
+      }
       std::uint32_t granted = max_entries;
-      auto k = mlx5::create_mkey(st->pd, granted);
+      auto k = mlx5::create_mkey(st->pd, granted, o.remote_invalidate);
       if (k) {
         st->backend = umr_backend::mlx5;
         st->mkey = k.value();
+        st->mk.mkey = k.value();
         st->max_entries = granted;
         return IndirectKey(st, pd);
       }
@@ -189,7 +205,18 @@ public:
   /// Software: flat segments the key can hold.
   [[nodiscard]] std::uint32_t max_segments() const noexcept { return h_ ? st().max_segments : 0; }
   /// True from a successful configure() (its operations added to the batch) until invalidate().
+  /// mlx5: until the invalidate is confirmed (the key may work until then), see pending().
   [[nodiscard]] bool configured() const noexcept { return h_ && st().configured; }
+  /// mlx5: a configure or invalidate added to a batch is not confirmed yet (hand its completion
+  /// to complete(), or call cancel_pending() when its batch was dropped or failed to submit).
+  /// Software: false.
+  [[nodiscard]] bool pending() const noexcept {
+#if RDMAXX_HAVE_MLX5
+    return h_ && st().mkey && st().mk.pending();
+#else
+    return false;
+#endif
+  }
   /// Bytes of the configured layout (0 when not configured).
   [[nodiscard]] std::uint64_t length() const noexcept { return configured() ? st().length : 0; }
   /// The rights the key was configured with (empty when not configured).
@@ -231,7 +258,7 @@ public:
       r.problem = errc::null_handle;
       return r;
     }
-    if (!st().configured) {
+    if (!st().configured || !usable_locally()) {
       r.problem = errc::wrong_state;
       return r;
     }
@@ -257,25 +284,34 @@ public:
   /// bound (ibv_wr_bind_mw; w.flags' signaled bit on the last bind only). Rights: local_write,
   /// remote_read, remote_write, remote_atomic, each granted by every underlying region (software
   /// remote rights also need IBV_ACCESS_MW_BIND on the MRs).
+  /// mlx5: `qp` must come from mlx5::create_umr_qp (or create_indirect_key_qp); the key is then
+  /// pending until the configure's completion is handed to complete() (descriptor() refuses
+  /// until then); if the batch is dropped or its submit() fails, call cancel_pending(). The
+  /// posting form configure(qp, l, acc, w) does the submit and the cancel itself.
   /// Errors (nothing added to the batch): errc::null_handle, errc::already_bound (configured:
-  /// invalidate first), errc::qp_mismatch (batch not of `qp`), errc::wrong_state (batch
-  /// submitted), errc::pd_mismatch, the layout_category() codes of layout::validate (naming the
-  /// entry) and expand, errno of ibv_alloc_mw.
+  /// invalidate first), errc::busy (mlx5: an operation is unconfirmed), errc::not_umr_qp (mlx5:
+  /// `qp` lacks the mlx5 UMR send operations), errc::qp_mismatch (batch not of `qp`),
+  /// errc::wrong_state (batch submitted), errc::pd_mismatch, the layout_category() codes of
+  /// layout::validate (naming the entry), expand and (mlx5) mlx5::check_provider_limits
+  /// (errc::provider_limit: a list entry over 2 GiB, a list of 2 GiB or more in total), errno of
+  /// ibv_alloc_mw.
   [[nodiscard]] result<void> configure(QueuePair &qp, SendBatch &batch, const layout &l,
                                        access_flags acc, wr w = {}) noexcept {
     if (!h_ || !qp) return make_error_code(errc::null_handle);
     detail::ikey_state &s = st();
+#if RDMAXX_HAVE_MLX5
+    if (s.backend == umr_backend::mlx5 && s.mk.pending()) return make_error_code(errc::busy);
+#endif
     if (s.configured) return make_error_code(errc::already_bound);
     if (auto ec = detail::check_batch_of(batch, qp)) return ec;
     if (qp.pd() != s.pd) return make_error_code(errc::pd_mismatch);
 #if RDMAXX_HAVE_MLX5
     if (s.backend == umr_backend::mlx5) {
-      ibv_qp_ex *qpx = batch.native_handle();
-      RDMAXX_TRYV(mlx5::post_configure(qpx, ::mlx5dv_qp_ex_from_ibv_qp_ex(qpx), s.mkey, s.pd, w, l,
-                                       acc, {qp.caps().max_inline_data, s.max_entries}));
+      RDMAXX_TRYV(mlx5::configure_key(s.mk, qp.mlx5_send_ops(), batch.native_handle(), s.pd, w, l,
+                                      acc, {qp.caps().max_inline_data, s.max_entries}));
       s.length = l.total_length();
       s.access = acc;
-      s.configured = true;
+      s.configured = s.mk.live();
       return success();
     }
 #endif
@@ -316,18 +352,20 @@ public:
   }
 
   /// Invalidate: the key stops working. mlx5: a local invalidate of the mkey added to `batch`
-  /// (ibv_wr_local_inv). Software: the windows are deallocated now (ibv_dealloc_mw), so peers'
-  /// rkeys fail at once; nothing is added to the batch. Either way the key can be configured
-  /// again. Errors: errc::null_handle, errc::not_bound (not configured), errc::wrong_state
-  /// (mlx5: batch submitted), errno of ibv_dealloc_mw (the key is invalid regardless).
+  /// (ibv_wr_local_inv); the key stays configured() (it may still work) and pending() until the
+  /// invalidate's completion is handed to complete(); cancel_pending() if the batch is dropped
+  /// or its submit() fails. Software: the windows are deallocated now (ibv_dealloc_mw), so
+  /// peers' rkeys fail at once; nothing is added to the batch. Either way the key can be
+  /// configured again. Errors: errc::null_handle, errc::not_bound (not configured),
+  /// errc::wrong_state (mlx5: batch submitted), errc::busy (mlx5: an operation is unconfirmed),
+  /// errno of ibv_dealloc_mw (the key is invalid regardless).
   [[nodiscard]] result<void> invalidate(SendBatch &batch, wr w = {}) noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     if (!st().configured) return make_error_code(errc::not_bound);
 #if RDMAXX_HAVE_MLX5
     if (st().backend == umr_backend::mlx5) {
       if (!batch.native_handle()) return make_error_code(errc::wrong_state);
-      RDMAXX_TRYV(mlx5::post_invalidate(batch.native_handle(), st().mkey, w));
-      st().configured = false;
+      RDMAXX_TRYV(mlx5::invalidate_key(st().mk, batch.native_handle(), w));
       return success();
     }
 #endif
@@ -362,7 +400,7 @@ public:
                                          std::span<ibv_sge> out) const noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     const detail::ikey_state &s = st();
-    if (!s.configured) return make_error_code(errc::wrong_state);
+    if (!s.configured || !usable_locally()) return make_error_code(errc::wrong_state);
     if (length == 0) return make_error_code(errc::zero_length);
     if (offset > s.length || length > s.length - offset) return make_error_code(errc::out_of_range);
     if (s.mkey) {
@@ -383,14 +421,19 @@ public:
     return n;
   }
 
-  /// What a peer needs (send it encoded). mlx5: one segment {0, length, rkey}. Software: the
-  /// segments with their window rkeys. Errors: errc::null_handle, errc::wrong_state (not
-  /// configured), errc::missing_access (no remote rights), errc::too_many_entries / out_of_range
-  /// (an mlx5 key longer than one segment can say: more than 4 GiB).
+  /// What a peer needs (send it encoded). mlx5: one segment {0, length, rkey}, only once the
+  /// configure is confirmed (complete()): a configure that fails at submit or completion must
+  /// not hand a peer the rkey of a free mkey. Software: the segments with their window rkeys.
+  /// Errors: errc::null_handle, errc::wrong_state (not configured; mlx5: configure or
+  /// invalidate unconfirmed), errc::missing_access (no remote rights), errc::too_many_entries /
+  /// out_of_range (an mlx5 key longer than one segment can say: more than 4 GiB).
   [[nodiscard]] result<ikey_descriptor> descriptor() const noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     const detail::ikey_state &s = st();
     if (!s.configured) return make_error_code(errc::wrong_state);
+#if RDMAXX_HAVE_MLX5
+    if (s.mkey && s.mk.phase != mlx5::key_phase::configured) return make_error_code(errc::wrong_state);
+#endif
     const access_flags rights = s.access & ikey_descriptor::remote_rights;
     if (rights.empty()) return make_error_code(errc::missing_access);
     std::array<remote_segment, ikey_descriptor::max_segments> rs;
@@ -407,38 +450,62 @@ public:
   /// Errors: errno of the verbs; on failure the key stays valid.
   result<void> destroy() noexcept { return h_.destroy(); }
 
+  /// Hand a send completion of the QP the key was configured or invalidated through (mlx5):
+  /// the unconfirmed operation's own completion confirms it (success) or undoes it (error:
+  /// configure -> not configured, invalidate -> still configured); a successful send completion
+  /// of a later work request of that QP confirms it too. Returns true when the key's state
+  /// changed. Software: false (nothing is pending). Inline, allocation-free.
+  bool complete(const ibv_wc &wc) noexcept {
 #if RDMAXX_HAVE_MLX5
-  /// An RC QP that can configure mlx5 keys: mlx5dv_create_qp with the UMR send operations and
-  /// local invalidate; caps.max_inline_data sizes the layouts (default 512: 32 list entries).
-  /// The QP does not count as a child of its CQs (destroy it before them).
-  /// Errors: errc::null_handle, errc::unsupported (not an mlx5 device), errno of mlx5dv_create_qp.
-  [[nodiscard]] static result<QueuePair> create_umr_qp(const ProtectionDomain &pd,
-                                                       const CompletionQueue &send_cq,
-                                                       const CompletionQueue &recv_cq,
-                                                       qp_caps caps = {.max_inline_data = 512},
-                                                       send_ops ops = all_send_ops) noexcept {
-    if (!pd || !send_cq || !recv_cq) return make_error_code(errc::null_handle);
-    if (!::mlx5dv_is_supported(pd.context()->device)) return make_error_code(errc::unsupported);
-    detail::parent_node *node = detail::new_parent_node();
-    if (!node) return std::make_error_code(std::errc::not_enough_memory);
-    ibv_qp_init_attr_ex a;
-    mlx5dv_qp_init_attr dv;
-    mlx5::umr_qp_attrs(pd.native_handle(), send_cq.native_handle(), recv_cq.native_handle(), caps,
-                       ops, a, dv);
-    ibv_qp *qp = ::mlx5dv_create_qp(pd.context(), &a, &dv);
-    if (!qp) {
-      const auto ec = last_errno();
-      delete node;
-      return ec;
-    }
-    QueuePair r;
-    r.h_ = detail::handle<QueuePair::traits>(qp, detail::handle_access::node(pd), node);
-    r.qpx_.reset(::ibv_qp_to_qp_ex(qp));
-    r.caps_ = {a.cap.max_send_wr, a.cap.max_recv_wr, a.cap.max_send_sge, a.cap.max_recv_sge,
-               a.cap.max_inline_data};
-    return r;
-  }
+    if (!h_ || !st().mkey) return false;
+    const bool changed = mlx5::complete_key(st().mk, wc);
+    sync_mlx5();
+    return changed;
+#else
+    (void)wc;
+    return false;
 #endif
+  }
+  /// mlx5: undo the unconfirmed operation (its batch was dropped, or submit() failed: nothing
+  /// was posted). No effect otherwise.
+  void cancel_pending() noexcept {
+#if RDMAXX_HAVE_MLX5
+    if (!h_ || !st().mkey) return;
+    mlx5::cancel_key(st().mk);
+    sync_mlx5();
+#endif
+  }
+
+  /// Configure through a batch of its own on `qp` (start_send, configure, submit); the work
+  /// request is signaled unless `w.flags` says otherwise. If the submit fails the key is left as
+  /// before (mlx5: cancel_pending(); software: the windows are deallocated). mlx5: hand the
+  /// completion to complete() before descriptor(). Errors: as the batch form, plus errc::wrong_state
+  /// (the QP has not reached RTS) and errno of ibv_wr_complete.
+  [[nodiscard]] result<void> configure(QueuePair &qp, const layout &l, access_flags acc,
+                                       wr w = {0, send_flag::signaled}) noexcept {
+    auto batch = qp.start_send();
+    RDMAXX_TRYV(configure(qp, batch, l, acc, w));
+    if (auto r = batch.submit(); !r) {
+      if (backend() == umr_backend::mlx5) cancel_pending();
+      else (void)invalidate();
+      return r.error();
+    }
+    return success();
+  }
+  /// Invalidate through a batch of its own on `qp` (mlx5: signaled unless `w.flags` says
+  /// otherwise; hand the completion to complete()); software: as invalidate(). If the submit
+  /// fails the key stays configured. Errors: as invalidate(batch, w), plus errc::wrong_state
+  /// (the QP has not reached RTS) and errno of ibv_wr_complete.
+  [[nodiscard]] result<void> invalidate(QueuePair &qp, wr w = {0, send_flag::signaled}) noexcept {
+    if (backend() != umr_backend::mlx5) return invalidate();
+    auto batch = qp.start_send();
+    RDMAXX_TRYV(invalidate(batch, w));
+    if (auto r = batch.submit(); !r) {
+      cancel_pending();
+      return r.error();
+    }
+    return success();
+  }
 
 private:
   struct traits {
@@ -461,6 +528,19 @@ private:
   IndirectKey(detail::ikey_state *s, const ProtectionDomain &pd) noexcept
       : h_(s, detail::handle_access::node(pd), nullptr) {}
   [[nodiscard]] detail::ikey_state &st() const noexcept { return *h_.get(); }
+  // mlx5: local use (sges(), nesting) is ordered after the configure on the QP, so it is allowed
+  // while the configure is unconfirmed, not while an invalidate is.
+  [[nodiscard]] bool usable_locally() const noexcept {
+#if RDMAXX_HAVE_MLX5
+    return !st().mkey || st().mk.phase == mlx5::key_phase::configuring ||
+           st().mk.phase == mlx5::key_phase::configured;
+#else
+    return true;
+#endif
+  }
+#if RDMAXX_HAVE_MLX5
+  void sync_mlx5() noexcept { st().configured = st().mk.live(); }
+#endif
 #if RDMAXX_HAVE_MLX5
   [[nodiscard]] std::uint32_t mkey_lkey() const noexcept { return st().mkey->lkey; }
   [[nodiscard]] std::uint32_t mkey_rkey() const noexcept { return st().mkey->rkey; }
@@ -471,5 +551,26 @@ private:
 
   detail::handle<traits> h_;
 };
+
+/// The QP to configure indirect keys through, on any device: mlx5::create_umr_qp on an mlx5
+/// device in a build with the mlx5 option (an ordinary QP lacks the mlx5 UMR send operations
+/// and IndirectKey::configure refuses it with errc::not_umr_qp), QueuePair::create elsewhere.
+/// On mlx5 `caps.max_inline_data` below 512 is raised to 512 (32 inline list entries). Also the
+/// QP to post receives into indirect keys on (mlx5: scatter-to-CQE disabled, see
+/// mlx5/umr_qp.hpp). Errors: as the function used.
+[[nodiscard]] inline result<QueuePair> create_indirect_key_qp(const ProtectionDomain &pd,
+                                                              const CompletionQueue &send_cq,
+                                                              const CompletionQueue &recv_cq,
+                                                              qp_caps caps = {},
+                                                              send_ops ops = all_send_ops) noexcept {
+#if RDMAXX_HAVE_MLX5
+  if (pd && ::mlx5dv_is_supported(pd.context()->device)) {
+    if (caps.max_inline_data < mlx5::umr_default_caps.max_inline_data)
+      caps.max_inline_data = mlx5::umr_default_caps.max_inline_data;
+    return mlx5::create_umr_qp(pd, send_cq, recv_cq, caps, ops);
+  }
+#endif
+  return QueuePair::create(pd, send_cq, recv_cq, caps, ops);
+}
 
 } // namespace rdmaxx

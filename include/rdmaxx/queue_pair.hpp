@@ -25,6 +25,10 @@
 
 namespace rdmaxx {
 
+namespace mlx5 {
+struct qp_factory; // mlx5/umr_qp.hpp: builds UMR QPs on QueuePair's construction path
+} // namespace mlx5
+
 /// Send operations a QP is created with (IBV_QP_EX_WITH_*).
 enum class send_op : std::uint64_t {
   rdma_write = IBV_QP_EX_WITH_RDMA_WRITE,
@@ -134,6 +138,21 @@ namespace detail {
     return x;
   }();
   return &q;
+}
+
+// The verbs attributes of every rdmaxx RC QP (QueuePair::create and mlx5::create_umr_qp).
+[[nodiscard]] inline ibv_qp_init_attr_ex rc_qp_init_attr(ibv_pd *pd, ibv_cq *send_cq, ibv_cq *recv_cq,
+                                                         const qp_caps &caps, send_ops ops) noexcept {
+  ibv_qp_init_attr_ex a{};
+  a.qp_type = IBV_QPT_RC;
+  a.send_cq = send_cq;
+  a.recv_cq = recv_cq;
+  a.cap = {caps.max_send_wr, caps.max_recv_wr, caps.max_send_sge, caps.max_recv_sge,
+           caps.max_inline_data};
+  a.pd = pd;
+  a.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  a.send_ops_flags = ops.native();
+  return a;
 }
 
 // rxe reports vendor id 0xFFFFFF (RXE_VENDOR_ID in the kernel driver); asked once per QP creation.
@@ -349,32 +368,10 @@ public:
                                                 const CompletionQueue &send_cq,
                                                 const CompletionQueue &recv_cq, qp_caps caps = {},
                                                 send_ops ops = all_send_ops) noexcept {
-    if (!pd || !send_cq || !recv_cq) return make_error_code(errc::null_handle);
-    if (send_cq.native_handle()->context != pd.context() ||
-        recv_cq.native_handle()->context != pd.context())
-      return make_error_code(errc::context_mismatch);
-    ibv_qp_init_attr_ex a{};
-    a.qp_type = IBV_QPT_RC;
-    a.send_cq = send_cq.native_handle();
-    a.recv_cq = recv_cq.native_handle();
-    a.cap = {caps.max_send_wr, caps.max_recv_wr, caps.max_send_sge, caps.max_recv_sge,
-             caps.max_inline_data};
-    a.pd = pd.native_handle();
-    a.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-    a.send_ops_flags = ops.native();
-    RDMAXX_TRY(h, detail::create_with_node<traits>(detail::handle_access::node(pd), [&] {
-      return ::ibv_create_qp_ex(pd.context(), &a);
-    }));
-    ibv_qp *qp = h.get();
-    QueuePair r;
-    r.h_ = std::move(h);
-    r.h_.set_parent<detail::parent_slot::second>(detail::handle_access::node(send_cq));
-    r.h_.set_parent<detail::parent_slot::third>(detail::handle_access::node(recv_cq));
-    r.qpx_.reset(::ibv_qp_to_qp_ex(qp));
-    r.caps_ = {a.cap.max_send_wr, a.cap.max_recv_wr, a.cap.max_send_sge, a.cap.max_recv_sge,
-               a.cap.max_inline_data};
-    r.sge_list_defect_ = detail::has_sge_list_defect(pd.context());
-    return r;
+    return create_with(pd, send_cq, recv_cq, caps, ops, 0,
+                       [](ibv_context *c, ibv_qp_init_attr_ex &a) noexcept {
+                         return ::ibv_create_qp_ex(c, &a);
+                       });
   }
 
   /// The ibv_qp (owned: do not destroy it), or nullptr.
@@ -389,6 +386,9 @@ public:
   [[nodiscard]] ibv_pd *pd() const noexcept { return h_ ? h_.get()->pd : nullptr; }
   /// The capacities the provider actually granted (may exceed what was asked).
   [[nodiscard]] const qp_caps &caps() const noexcept { return caps_; }
+  /// The mlx5dv send operations (MLX5DV_QP_EX_WITH_*) the QP was created with: 0 unless it was
+  /// created by mlx5::create_umr_qp (mlx5/umr_qp.hpp); 0 when null.
+  [[nodiscard]] std::uint64_t mlx5_send_ops() const noexcept { return h_ ? mlx5_send_ops_ : 0; }
 
   // ---- fast path ----
 
@@ -548,6 +548,38 @@ public:
   [[nodiscard]] std::uint32_t live_children() const noexcept { return h_.live_children(); }
 
 private:
+  // The one construction path of every QueuePair: checks, the child node, the CQ links, the
+  // granted caps. `create(ctx, attr)` is the creation verb (ibv_create_qp_ex, or
+  // mlx5dv_create_qp for mlx5::create_umr_qp); `mlx5_ops` records the mlx5dv send operations it
+  // was given.
+  template <class Create>
+  [[nodiscard]] static result<QueuePair> create_with(const ProtectionDomain &pd,
+                                                     const CompletionQueue &send_cq,
+                                                     const CompletionQueue &recv_cq, qp_caps caps,
+                                                     send_ops ops, std::uint64_t mlx5_ops,
+                                                     Create &&create) noexcept {
+    if (!pd || !send_cq || !recv_cq) return make_error_code(errc::null_handle);
+    if (send_cq.native_handle()->context != pd.context() ||
+        recv_cq.native_handle()->context != pd.context())
+      return make_error_code(errc::context_mismatch);
+    ibv_qp_init_attr_ex a = detail::rc_qp_init_attr(pd.native_handle(), send_cq.native_handle(),
+                                                    recv_cq.native_handle(), caps, ops);
+    RDMAXX_TRY(h, detail::create_with_node<traits>(detail::handle_access::node(pd), [&] {
+      return create(pd.context(), a);
+    }));
+    ibv_qp *qp = h.get();
+    QueuePair r;
+    r.h_ = std::move(h);
+    r.h_.set_parent<detail::parent_slot::second>(detail::handle_access::node(send_cq));
+    r.h_.set_parent<detail::parent_slot::third>(detail::handle_access::node(recv_cq));
+    r.qpx_.reset(::ibv_qp_to_qp_ex(qp));
+    r.caps_ = {a.cap.max_send_wr, a.cap.max_recv_wr, a.cap.max_send_sge, a.cap.max_recv_sge,
+               a.cap.max_inline_data};
+    r.mlx5_send_ops_ = mlx5_ops;
+    r.sge_list_defect_ = detail::has_sge_list_defect(pd.context());
+    return r;
+  }
+
   struct traits {
     using native = ibv_qp;
     static constexpr const char *object = "QueuePair";
@@ -620,11 +652,13 @@ private:
 
   friend class IndirectKey;
   friend struct detail::handle_access; // children register with this object's node
+  friend struct mlx5::qp_factory;
   detail::handle<traits> h_; // parents: PD, send CQ, receive CQ
   detail::moved_ptr<ibv_qp_ex> qpx_;
   qp_caps caps_{};
   endpoint remote_{};
   connect_options opts_{};
+  std::uint64_t mlx5_send_ops_ = 0; // MLX5DV_QP_EX_WITH_*: set only by mlx5::create_umr_qp
   bool connected_once_ = false;
   bool sge_list_defect_ = false; // rxe: see SendBatch
 };

@@ -678,12 +678,12 @@ void bad_inputs(const std::string &only) {
     t.add("QueuePair::state", "moved-from QP", is(errc::null_handle), [&] { return err(qp_moved.state()); });
   }
 #if RDMAXX_HAVE_MLX5
-  t.add("IndirectKey::create_umr_qp", "not an mlx5 device", is(errc::unsupported),
-        [&] { return err(IndirectKey::create_umr_qp(pd, cq_s, cq_s)); });
-  t.add("IndirectKey::create_umr_qp", "moved-from PD", is(errc::null_handle),
-        [&] { return err(IndirectKey::create_umr_qp(pd_moved, cq_s, cq_s)); });
-  t.add("IndirectKey::create_umr_qp", "moved-from CQ", is(errc::null_handle),
-        [&] { return err(IndirectKey::create_umr_qp(pd, cq_moved, cq_s)); });
+  t.add("mlx5::create_umr_qp", "not an mlx5 device", is(errc::unsupported),
+        [&] { return err(mlx5::create_umr_qp(pd, cq_s, cq_s)); });
+  t.add("mlx5::create_umr_qp", "moved-from PD", is(errc::null_handle),
+        [&] { return err(mlx5::create_umr_qp(pd_moved, cq_s, cq_s)); });
+  t.add("mlx5::create_umr_qp", "moved-from CQ", is(errc::null_handle),
+        [&] { return err(mlx5::create_umr_qp(pd, cq_moved, cq_s)); });
 #endif
 
   // =============================================================================================

@@ -77,6 +77,8 @@ TEST_CASE("rdmaxx::errc: every code has a message and a portable condition", "[u
       {errc::context_mismatch, std::errc::invalid_argument, "different device contexts"},
       {errc::qp_mismatch, std::errc::invalid_argument, "another queue pair"},
       {errc::buffer_too_small, std::errc::no_buffer_space, "too small"},
+      {errc::not_umr_qp, std::errc::invalid_argument, "mlx5 UMR send operations"},
+      {errc::provider_limit, std::errc::value_too_large, "provider can carry"},
   };
   for (const auto &r : rows) {
     const std::error_code ec = r.e;

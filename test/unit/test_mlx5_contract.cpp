@@ -2,12 +2,20 @@
 // and ibv_wr_local_inv are static inline calls through the function pointers of mlx5dv_qp_ex and
 // ibv_qp_ex. These tests hand the backend C structs whose pointers record every call and its
 // arguments, and assert exactly what rdmaxx gives mlx5dv. No device, no mock of one.
+//
+// The provider's rules are taken from rdma-core tag v44.0 (providers/mlx5/qp.c, verbs.c, cq.c,
+// mlx5.c, mlx5dv.h) and pyverbs' tests/test_mlx5_mkey.py, which passes on hardware; each test
+// names the source lines it checks against. Only hardware can show that the device accepts what
+// the provider builds (see README, "Support by device").
 #include <rdmaxx/layout.hpp>
 
 #if RDMAXX_HAVE_MLX5
 #include <rdmaxx/device.hpp>
 #include <rdmaxx/mlx5/context_mlx5.hpp>
+#include <rdmaxx/indirect_key.hpp>
 #include <rdmaxx/mlx5/indirect_key_mlx5.hpp>
+#include <rdmaxx/mlx5/umr_qp.hpp>
+#include <rdmaxx/queue_pair.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -246,31 +254,285 @@ TEST_CASE("mlx5 contract: invalidation is a local invalidate of the mkey", "[uni
   CHECK(mlx5::post_invalidate(&rec.qpx, nullptr, {}).error() == errc::null_handle);
 }
 
-TEST_CASE("mlx5 contract: mkey and QP creation attributes", "[unit][mlx5]") {
+TEST_CASE("mlx5 contract: mkey creation attributes (indirect, remote invalidate when asked)", "[unit][mlx5]") {
   const auto a = mlx5::mkey_init_attr(pd1, 9);
   CHECK(a.pd == pd1);
   CHECK(a.create_flags == unsigned(MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT));
   CHECK(a.max_entries == 9);
+  // pyverbs test_mkey_remote_invalidate creates its mkey with INDIRECT | REMOTE_INVALIDATE; the
+  // provider enables en_rinval only for that flag (verbs.c:6820-6822).
+  const auto b = mlx5::mkey_init_attr(pd1, 9, true);
+  CHECK(b.create_flags ==
+        unsigned(MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT | MLX5DV_MKEY_INIT_ATTR_FLAGS_REMOTE_INVALIDATE));
+  CHECK(ikey_options{}.remote_invalidate == false);
   std::uint32_t zero = 0, huge = 0x10000;
   CHECK(mlx5::create_mkey(pd1, zero).error() == errc::out_of_range);
   CHECK(mlx5::create_mkey(pd1, huge).error() == errc::out_of_range);
   CHECK(mlx5::create_mkey(nullptr, huge).error() == errc::null_handle);
+}
 
-  ibv_qp_init_attr_ex qa;
-  mlx5dv_qp_init_attr dv;
+TEST_CASE("mlx5 contract: max_entries must survive the provider's round-up into 16 bits", "[unit][mlx5]") {
+  // verbs.c:6802 mkey->num_desc = align(max_entries, 4), num_desc is a uint16_t (mlx5.h:896), and
+  // it becomes translations_octword_size and the entry limit of every layout (qp.c:2999-3006).
+  auto provider_num_desc = [](std::uint32_t n) { return std::uint16_t((n + 3) & ~3u); };
+  for (std::uint32_t n = 1; n <= mlx5::max_mkey_entries; ++n) {
+    if (provider_num_desc(n) < n) FAIL("max_entries " << n << " wraps");
+  }
+  CHECK(provider_num_desc(65532) == 65532);
+  for (std::uint32_t n : {65533u, 65534u, 65535u}) {
+    INFO(n);
+    CHECK(provider_num_desc(n) == 0); // what rdma-core 44 would store
+    std::uint32_t want = n;
+    // refused before mlx5dv_create_mkey is called (pd1 is not a real PD: a call would crash)
+    CHECK(mlx5::create_mkey(pd1, want).error() == errc::out_of_range);
+    CHECK(want == n);
+  }
+}
+
+TEST_CASE("mlx5 contract: the UMR QP is created as pyverbs creates it", "[unit][mlx5]") {
+  // pyverbs tests/test_mlx5_mkey.py (v44.0), Mlx5MkeyResources: comp_mask
+  // MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS | _SEND_OPS_FLAGS, create_flags
+  // MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE, max_inline_data 512 with MKEY_CONFIGURE, and
+  // IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS on the verbs side.
+  const mlx5dv_qp_init_attr dv = mlx5::umr_dv_attr();
+  CHECK(dv.comp_mask ==
+        (MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS | MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS));
+  // scatter-to-CQE is on unless disabled (verbs.c:2330-2331); the provider then copies small
+  // receives to the SGE address as a pointer (cq.c:237-242, qp.c:74-101), but indirect-key SGEs
+  // are zero-based. DISABLE clears it (verbs.c:2371-2381), and ALLOW with DISABLE is EINVAL.
+  CHECK(dv.create_flags == unsigned(MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE));
+  CHECK((dv.create_flags & MLX5DV_QP_CREATE_ALLOW_SCATTER_TO_CQE) == 0);
+  CHECK(dv.send_ops_flags ==
+        (MLX5DV_QP_EX_WITH_MR_LIST | MLX5DV_QP_EX_WITH_MR_INTERLEAVED | MLX5DV_QP_EX_WITH_MKEY_CONFIGURE));
+  // only these (and RAW_WQE, MEMCPY) are accepted for an RC QP (qp.c:3574-3581)
+  CHECK((dv.send_ops_flags & ~std::uint64_t(MLX5DV_QP_EX_WITH_MR_INTERLEAVED | MLX5DV_QP_EX_WITH_MR_LIST |
+                                            MLX5DV_QP_EX_WITH_MKEY_CONFIGURE | MLX5DV_QP_EX_WITH_RAW_WQE |
+                                            MLX5DV_QP_EX_WITH_MEMCPY)) == 0);
+  CHECK(mlx5::has_umr_ops(dv.send_ops_flags));
+  CHECK_FALSE(mlx5::has_umr_ops(0));
+
+  // the verbs attributes: the same function QueuePair::create uses, with local invalidate added
   auto *cq = reinterpret_cast<ibv_cq *>(0x3000);
-  mlx5::umr_qp_attrs(pd1, cq, cq, {.max_inline_data = 512}, send_op::rdma_write | send_op::rdma_read, qa, dv);
+  const ibv_qp_init_attr_ex qa = detail::rc_qp_init_attr(
+      pd1, cq, cq, mlx5::umr_default_caps, mlx5::umr_verbs_ops(send_op::rdma_write | send_op::rdma_read));
   CHECK(qa.qp_type == IBV_QPT_RC);
   CHECK(qa.pd == pd1);
   CHECK(qa.send_cq == cq);
+  CHECK(qa.recv_cq == cq);
   CHECK(qa.cap.max_inline_data == 512);
   CHECK(qa.comp_mask == (IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS));
   CHECK(qa.send_ops_flags ==
         (IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_LOCAL_INV));
-  CHECK(dv.comp_mask == MLX5DV_QP_INIT_ATTR_MASK_SEND_OPS_FLAGS);
-  CHECK(dv.send_ops_flags ==
-        (MLX5DV_QP_EX_WITH_MR_LIST | MLX5DV_QP_EX_WITH_MR_INTERLEAVED | MLX5DV_QP_EX_WITH_MKEY_CONFIGURE));
-  CHECK(dv.create_flags == 0);
+  // every default op is one the mlx5 RC QP accepts (qp.c:3588: ops & ~MLX5_SUPPORTED_SEND_OPS_FLAGS_RC)
+  CHECK((mlx5::umr_verbs_ops(all_send_ops).native() & IBV_QP_EX_WITH_LOCAL_INV) != 0);
+  // 512 inline bytes hold 32 list entries, the most a layout has
+  CHECK(mlx5::inline_list_capacity(mlx5::umr_default_caps.max_inline_data) == layout::capacity);
+  // an ordinary QueuePair records no mlx5 send ops
+  CHECK(QueuePair{}.mlx5_send_ops() == 0);
+}
+
+TEST_CASE("mlx5 contract: the limit formulas are the provider's expressions", "[unit][mlx5]") {
+  // qp.c:2999-3006 (mlx5_send_wr_set_mkey_layout):
+  //   interleaved: min((max_inline_data + sizeof(mlx5_wqe_inl_data_seg)) /
+  //                    sizeof(mlx5_wqe_umr_repeat_ent_seg) - 1, mkey->num_desc)
+  //   list:        min((max_inline_data + sizeof(mlx5_wqe_inl_data_seg)) /
+  //                    sizeof(mlx5_wqe_data_seg), mkey->num_desc)
+  // num_entries above that sets mqp->err = ENOMEM (qp.c:3009-3012): a failed ibv_wr_complete.
+  for (std::uint32_t inl = 0; inl <= 1024; ++inl) {
+    for (std::uint32_t desc : {4u, 8u, 32u, 64u}) {
+      const std::size_t list = std::min<std::size_t>(
+          (inl + sizeof(mlx5_wqe_inl_data_seg)) / sizeof(mlx5_wqe_data_seg), desc);
+      const std::size_t fit_il = (inl + sizeof(mlx5_wqe_inl_data_seg)) / sizeof(mlx5_wqe_umr_repeat_ent_seg);
+      const std::size_t il = std::min<std::size_t>(fit_il > 0 ? fit_il - 1 : 0, desc);
+      const auto l = mlx5::limits_for({inl, desc});
+      if (l.max_entries != std::min<std::size_t>(list, layout::capacity))
+        FAIL("list limit differs at inline " << inl << ", desc " << desc);
+      // rdmaxx is one stricter where the mkey is the bound: the repeat block header takes one of
+      // its translation entries (xlat_size = (num_interleaved + 1) * 16, qp.c:2175)
+      if (l.max_repeat_entries > il || l.max_repeat_entries + 1 > desc)
+        FAIL("interleaved limit above the provider's at inline " << inl << ", desc " << desc);
+    }
+  }
+  CHECK(sizeof(mlx5_wqe_inl_data_seg) == 4);
+  CHECK(sizeof(mlx5_wqe_data_seg) == 16);
+  CHECK(sizeof(mlx5_wqe_umr_repeat_ent_seg) == 16);
+}
+
+TEST_CASE("mlx5 contract: list entries and totals at and over 2 GiB", "[unit][mlx5]") {
+  recorder rec;
+  mlx5dv_mkey mkey{5, 5};
+  constexpr std::uint64_t G2 = std::uint64_t(1) << 31;
+  const region_ref big = mr(0x100000000, std::uint64_t(1) << 34, 7);
+  struct row {
+    const char *what;
+    layout l;
+    bool ok;
+    std::size_t entry;
+  };
+  const row rows[] = {
+      // umr_sg_list_create sums into an int (qp.c:2102, 2115) and stores it sign-extended as the
+      // mkey length (qp.c:2122, 3036): a list of 2^31 bytes or more in total gets a wrong length
+      {"one entry of 2^31 - 1", layout::list({{big, 0, G2 - 1}}), true, no_entry},
+      {"one entry of 2^31", layout::list({{big, 0, G2}}), false, 0},
+      {"two entries of 2^30: total 2^31", layout::list({{big, 0, G2 / 2}, {big, G2 / 2, G2 / 2}}), false, 1},
+      {"three entries, total 2^31 - 1", layout::list({{big, 0, G2 / 2}, {big, 0, G2 / 4}, {big, 0, G2 / 4 - 1}}),
+       true, no_entry},
+      // a KLM reaches 2 GiB ("KLM support only 2GB", qp.c:624-626; UCX splits at 0x80000000)
+      {"one entry of 2^31 + 1", layout::list({{big, 0, G2 + 1}}), false, 0},
+      {"one entry of 2^32 - 1", layout::list({{big, 0, 0xffffffffu}}), false, 0},
+      // interleaved lengths are summed into a uint64_t (qp.c:2145, 2168-2169): no such limit
+      {"interleaved, 2^16 x 2^15 bytes", layout::repeat(1u << 16, {{big, 0, 0x8000, 0}}), true, no_entry},
+  };
+  for (const row &r : rows) {
+    INFO(r.what);
+    rec.calls.clear();
+    auto res = mlx5::post_configure(&rec.qpx, &rec.mqp, &mkey, pd1, {1}, r.l, rw, lim512);
+    CHECK(res.has_value() == r.ok);
+    if (r.ok) {
+      CHECK(rec.calls.size() == 3);
+      continue;
+    }
+    INFO(res.error().message());
+    CHECK(layout_errc(res.error()) == errc::provider_limit);
+    CHECK(layout_error_entry(res.error()) == r.entry);
+    CHECK(rec.calls.empty());
+  }
+  CHECK(mlx5::max_list_total == G2 - 1); // RDMAXX_MLX5_LIST_TOTAL_FIXED is 0 in this build
+}
+
+namespace {
+ibv_wc wc_of(std::uint64_t id, std::uint32_t qpn, ibv_wc_status st = IBV_WC_SUCCESS,
+             ibv_wc_opcode op = IBV_WC_DRIVER1) {
+  ibv_wc wc{};
+  wc.wr_id = id;
+  wc.qp_num = qpn;
+  wc.status = st;
+  wc.opcode = op;
+  return wc;
+}
+int to_dv_calls = 0;
+mlx5dv_qp_ex *to_dv_recorder(ibv_qp_ex *) noexcept {
+  ++to_dv_calls;
+  return &current->mqp;
+}
+} // namespace
+
+TEST_CASE("mlx5 contract: a configure through a QP without the UMR send ops reaches no builder", "[unit][mlx5]") {
+  // A QP from ibv_create_qp_ex has no mkey builders: mlx5_qp_fill_wr_pfns fills them only when
+  // mlx5 send ops were given (qp.c:3595-3609), and mlx5dv_wr_mkey_configure calls through the
+  // pointer unchecked. The recorder here is such a QP: its mlx5dv builders are all NULL.
+  recorder rec;
+  rec.mqp = mlx5dv_qp_ex{};
+  rec.qpx.qp_base.qp_num = 0x11;
+  mlx5dv_mkey mkey{5, 5};
+  mlx5::key_state k;
+  k.mkey = &mkey;
+  to_dv_calls = 0;
+  const layout l = layout::list({{mr(0x10000, 4096, 7), 0, 64}});
+  for (std::uint64_t ops : {std::uint64_t(0), std::uint64_t(MLX5DV_QP_EX_WITH_RAW_WQE)}) {
+    auto r = mlx5::configure_key(k, ops, &rec.qpx, pd1, {1}, l, rw, lim512, to_dv_recorder);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error() == errc::not_umr_qp);
+    INFO(r.error().message());
+    CHECK(r.error().message().find("create_umr_qp") != std::string::npos);
+  }
+  CHECK(to_dv_calls == 0); // refused before the mlx5dv_qp_ex is even computed
+  CHECK(rec.calls.empty());
+  CHECK(k.phase == mlx5::key_phase::idle);
+  // the same call through a UMR QP (its builders filled in) posts the configure
+  recorder umr;
+  umr.qpx.qp_base.qp_num = 0x11;
+  REQUIRE(mlx5::configure_key(k, mlx5::umr_send_ops, &umr.qpx, pd1, {1}, l, rw, lim512, to_dv_recorder)
+              .has_value());
+  CHECK(to_dv_calls == 1);
+  CHECK(umr.calls.size() == 3);
+}
+
+TEST_CASE("mlx5 contract: key state follows the submit and the completion", "[unit][mlx5]") {
+  recorder rec;
+  rec.qpx.qp_base.qp_num = 0x22;
+  mlx5dv_mkey mkey{0x4400, 0x4400};
+  mlx5::key_state k;
+  k.mkey = &mkey;
+  const layout l = layout::list({{mr(0x10000, 4096, 7), 0, 64}});
+  auto configure = [&](std::uint64_t id) {
+    return mlx5::configure_key(k, mlx5::umr_send_ops, &rec.qpx, pd1, {id, send_flag::signaled}, l, rw,
+                               lim512, to_dv_recorder);
+  };
+  // nothing to invalidate yet
+  CHECK(mlx5::invalidate_key(k, &rec.qpx, {9}).error() == errc::not_bound);
+
+  // queued: not configured until the device says so
+  REQUIRE(configure(1).has_value());
+  CHECK(k.phase == mlx5::key_phase::configuring);
+  CHECK(k.live());
+  CHECK(k.pending());
+  CHECK(configure(2).error() == errc::busy);
+  CHECK(mlx5::invalidate_key(k, &rec.qpx, {3}).error() == errc::busy);
+  // the batch was aborted or its submit failed (ENOMEM full SQ, EINVAL/EOPNOTSUPP builder error,
+  // QP before RTS): nothing was posted
+  mlx5::cancel_key(k);
+  CHECK(k.phase == mlx5::key_phase::idle);
+  CHECK_FALSE(k.live());
+
+  // posted, then completed in error: not configured
+  REQUIRE(configure(4).has_value());
+  CHECK_FALSE(mlx5::complete_key(k, wc_of(4, 0x99)));                               // another QP
+  CHECK_FALSE(mlx5::complete_key(k, wc_of(4, 0x22, IBV_WC_SUCCESS, IBV_WC_RECV)));  // a receive
+  CHECK_FALSE(mlx5::complete_key(k, wc_of(77, 0x22, IBV_WC_REM_ACCESS_ERR)));       // another WR's error
+  CHECK(k.phase == mlx5::key_phase::configuring);
+  CHECK(mlx5::complete_key(k, wc_of(4, 0x22, IBV_WC_MW_BIND_ERR)));
+  CHECK(k.phase == mlx5::key_phase::idle);
+  REQUIRE(configure(5).has_value());
+  CHECK(mlx5::complete_key(k, wc_of(5, 0x22, IBV_WC_WR_FLUSH_ERR)));
+  CHECK(k.phase == mlx5::key_phase::idle);
+
+  // posted and completed: configured. A UMR completes with opcode MLX5DV_WC_UMR ==
+  // IBV_WC_DRIVER1 (mlx5dv.h:437; qp.c:1263 records it for the WQE), whose value has the
+  // IBV_WC_RECV bit: it must not be taken for a receive.
+  CHECK((unsigned(MLX5DV_WC_UMR) & IBV_WC_RECV) != 0);
+  REQUIRE(configure(6).has_value());
+  CHECK(mlx5::complete_key(k, wc_of(6, 0x22)));
+  CHECK(k.phase == mlx5::key_phase::configured);
+  CHECK_FALSE(k.pending());
+  CHECK(configure(7).error() == errc::already_bound);
+
+  // an invalidate is not a revocation until it completes
+  rec.calls.clear();
+  REQUIRE(mlx5::invalidate_key(k, &rec.qpx, {8, send_flag::signaled}).has_value());
+  REQUIRE(rec.calls.size() == 1);
+  CHECK(rec.calls[0].name == "local_inv");
+  CHECK(k.phase == mlx5::key_phase::invalidating);
+  CHECK(k.live()); // the key may still work
+  mlx5::cancel_key(k); // its batch failed: still configured
+  CHECK(k.phase == mlx5::key_phase::configured);
+  REQUIRE(mlx5::invalidate_key(k, &rec.qpx, {10}).has_value());
+  CHECK(mlx5::complete_key(k, wc_of(10, 0x22, IBV_WC_LOC_PROT_ERR))); // failed: still configured
+  CHECK(k.phase == mlx5::key_phase::configured);
+  REQUIRE(mlx5::invalidate_key(k, &rec.qpx, {11}).has_value()); // unsignaled
+  CHECK(mlx5::complete_key(k, wc_of(12, 0x22, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE))); // a later WR
+  CHECK(k.phase == mlx5::key_phase::idle);
+  CHECK_FALSE(k.live());
+  CHECK_FALSE(mlx5::complete_key(k, wc_of(11, 0x22))); // nothing pending
+}
+
+TEST_CASE("mlx5 contract: refused operations leave the key state alone", "[unit][mlx5]") {
+  recorder rec;
+  rec.qpx.qp_base.qp_num = 0x33;
+  mlx5dv_mkey mkey{5, 5};
+  mlx5::key_state k;
+  k.mkey = &mkey;
+  layout too_long = layout::list({{mr(0x10000, 4096, 7), 4000, 200}}); // outside its MR
+  CHECK(layout_errc(mlx5::configure_key(k, mlx5::umr_send_ops, &rec.qpx, pd1, {1}, too_long, rw, lim512,
+                                        to_dv_recorder)
+                        .error()) == errc::out_of_range);
+  CHECK(k.phase == mlx5::key_phase::idle);
+  CHECK(rec.calls.empty());
+  mlx5::key_state none;
+  CHECK(mlx5::configure_key(none, mlx5::umr_send_ops, &rec.qpx, pd1, {1}, too_long, rw, lim512,
+                            to_dv_recorder)
+            .error() == errc::null_handle);
+  CHECK(mlx5::invalidate_key(none, &rec.qpx, {}).error() == errc::null_handle);
 }
 
 TEST_CASE("mlx5 contract: the context is opened with DEVX, which mlx5dv_create_mkey needs", "[unit][mlx5]") {
@@ -280,6 +542,51 @@ TEST_CASE("mlx5 contract: the context is opened with DEVX, which mlx5dv_create_m
   // No device: nothing is opened, the caller falls back (and reports no_device).
   CHECK(mlx5::open_devx(nullptr) == nullptr);
   CHECK(Context::open(static_cast<ibv_device *>(nullptr), {.mlx5_devx = true}).error() == errc::no_device);
+}
+
+TEST_CASE("mlx5 contract: Context::open falls back to ibv_open_device when DEVX is refused", "[unit][mlx5]") {
+  // Context::open's verb choice (detail::open_context) with stand-in openers that record calls.
+  static int devx_calls, plain_calls;
+  static ibv_context devx_ctx{}, plain_ctx{};
+  auto *dev = reinterpret_cast<ibv_device *>(0x5000);
+  auto devx_ok = [](ibv_device *) noexcept { ++devx_calls; return &devx_ctx; };
+  auto devx_refused = [](ibv_device *) noexcept -> ibv_context * { ++devx_calls; errno = EPERM; return nullptr; };
+  auto plain_ok = [](ibv_device *) noexcept { ++plain_calls; return &plain_ctx; };
+  auto plain_fails = [](ibv_device *) noexcept -> ibv_context * { ++plain_calls; errno = ENOMEM; return nullptr; };
+  struct row {
+    const char *what;
+    bool want;
+    int which_devx; // 0 ok, 1 refused
+    int which_plain; // 0 ok, 1 fails
+    ibv_context *ctx;
+    bool devx;
+    int devx_calls, plain_calls;
+  };
+  const row rows[] = {
+      {"DEVX granted", true, 0, 0, &devx_ctx, true, 1, 0},
+      {"DEVX refused: plain open", true, 1, 0, &plain_ctx, false, 1, 1},
+      {"DEVX refused, plain fails", true, 1, 1, nullptr, false, 1, 1},
+      {"DEVX not asked for", false, 0, 0, &plain_ctx, false, 0, 1},
+  };
+  for (const row &r : rows) {
+    INFO(r.what);
+    devx_calls = plain_calls = 0;
+    detail::opened_context o;
+    if (r.which_devx == 0 && r.which_plain == 0) o = detail::open_context(dev, r.want, devx_ok, plain_ok);
+    else if (r.which_devx == 1 && r.which_plain == 0) o = detail::open_context(dev, r.want, devx_refused, plain_ok);
+    else o = detail::open_context(dev, r.want, devx_refused, plain_fails);
+    CHECK(o.ctx == r.ctx);
+    CHECK(o.devx == r.devx);
+    CHECK(devx_calls == r.devx_calls);
+    CHECK(plain_calls == r.plain_calls);
+    if (!o.ctx) CHECK(errno == ENOMEM); // the caller reports the plain open's errno
+  }
+  // the default asks for DEVX; the UMR probe is on by default, so Capabilities::umr follows
+  // what IndirectKey::create can do (a plain ibv_open_device may hold DEVX as well: since
+  // rdma-core 29, mlx5.c:2596-2622 of v44.0 asks for it and retries without)
+  CHECK(context_options{}.mlx5_devx);
+  CHECK(probe_options{}.mlx5_umr);
+  CHECK_FALSE(mlx5::probe_umr(nullptr));
 }
 
 #endif // RDMAXX_HAVE_MLX5
