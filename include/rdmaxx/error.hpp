@@ -408,7 +408,21 @@ namespace detail {
 }
 // value layout: bits 0..15 errno, 16..23 attribute bit + 1 (0 = not identified), 24..27 from,
 // 28..30 to.
-class qp_transition_category_impl final : public std::error_category {
+// Categories whose value packs the errno of a verb in bits 0..15 and detail above it: each code
+// compares equal to that errno's std::errc.
+class packed_errno_category : public std::error_category {
+public:
+  std::error_condition default_error_condition(int v) const noexcept override {
+    return {v & 0xffff, std::generic_category()};
+  }
+};
+// An errno as packed (positive, never 0: a failure without errno is EIO).
+[[nodiscard]] constexpr int packed_errno(int err) noexcept {
+  if (err < 0) err = -err;
+  return (err == 0 ? EIO : err) & 0xffff;
+}
+
+class qp_transition_category_impl final : public packed_errno_category {
 public:
   const char *name() const noexcept override { return "rdmaxx.qp_transition"; }
   std::string message(int v) const override {
@@ -420,9 +434,6 @@ public:
     m += ": ";
     m += std::generic_category().message(v & 0xffff);
     return m;
-  }
-  std::error_condition default_error_condition(int v) const noexcept override {
-    return {v & 0xffff, std::generic_category()};
   }
 };
 } // namespace detail
@@ -436,9 +447,7 @@ inline const std::error_category &qp_transition_category() noexcept {
 /// bit blamed (log2 of the flag), or -1 when no single attribute could be identified.
 [[nodiscard]] inline std::error_code qp_transition_error(ibv_qp_state from, ibv_qp_state to,
                                                          int attr_bit, int err) noexcept {
-  if (err < 0) err = -err;
-  if (err == 0) err = EIO;
-  const int v = (err & 0xffff) | (((attr_bit + 1) & 0xff) << 16) | ((int(from) & 0xf) << 24) |
+  const int v = detail::packed_errno(err) | (((attr_bit + 1) & 0xff) << 16) | ((int(from) & 0xf) << 24) |
                 ((int(to) & 0x7) << 28);
   return {v, qp_transition_category()};
 }
@@ -460,7 +469,7 @@ enum class rereg_state : int {
 
 namespace detail {
 // value layout: bits 0..15 errno, 16..19 rereg_state, 20..23 -(ibv_rereg_mr return) (0 = none)
-class rereg_category_impl final : public std::error_category {
+class rereg_category_impl final : public packed_errno_category {
 public:
   const char *name() const noexcept override { return "rdmaxx.rereg"; }
   std::string message(int v) const override {
@@ -482,9 +491,6 @@ public:
     m += std::generic_category().message(v & 0xffff);
     return m;
   }
-  std::error_condition default_error_condition(int v) const noexcept override {
-    return {v & 0xffff, std::generic_category()};
-  }
 };
 } // namespace detail
 
@@ -496,9 +502,7 @@ inline const std::error_category &rereg_category() noexcept {
 /// A failed re-registration: the state left behind, the ibv_rereg_mr return code (0 when the
 /// failure came from the replacement path) and the errno.
 [[nodiscard]] inline std::error_code rereg_error(rereg_state s, int verb_rc, int err) noexcept {
-  if (err < 0) err = -err;
-  if (err == 0) err = EIO;
-  const int v = (err & 0xffff) | ((int(s) & 0xf) << 16) | (((-verb_rc) & 0xf) << 20);
+  const int v = detail::packed_errno(err) | ((int(s) & 0xf) << 16) | (((-verb_rc) & 0xf) << 20);
   return {v, rereg_category()};
 }
 /// The state a failed rereg left, or old_valid for any code that is not a rereg code (every
