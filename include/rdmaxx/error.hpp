@@ -99,6 +99,15 @@ enum class errc : int {
   wrong_type,                ///< not valid for this object's type (e.g. a type-1 window)
   provider_defect,           ///< the device's provider would get this request wrong (see README)
   context_mismatch,          ///< objects that must belong to one device context do not
+  /// A window already has MemoryWindow::max_pending operations posted and not yet confirmed:
+  /// hand their completions to complete() (or, for a batch that was never posted,
+  /// cancel_pending()) before posting another.
+  too_many_pending,
+  /// The request would hand a peer a key it could use to crash this host's kernel (a type-2
+  /// window on a device with Capabilities::remote_inv_unbound_mw_panics): use the grant
+  /// mechanism the library chose (StrictGrant::create without a type), or opt in for trusted
+  /// peers (grant_options::trusted_peers).
+  unsafe_grant,
 };
 
 namespace detail {
@@ -137,6 +146,10 @@ public:
     case errc::wrong_type: return "not valid for this object's type";
     case errc::provider_defect: return "not supported: this device's provider mishandles the request";
     case errc::context_mismatch: return "the objects belong to different device contexts";
+    case errc::too_many_pending:
+      return "too many unconfirmed operations: hand their completions to complete() first";
+    case errc::unsafe_grant:
+      return "unsafe grant: a peer could crash this device's kernel with this key (trusted peers only)";
     }
     return "unknown rdmaxx error";
   }
@@ -148,6 +161,8 @@ public:
     case errc::already_bound:
     case errc::unusable: return std::errc::operation_not_permitted;
     case errc::busy: return std::errc::device_or_resource_busy;
+    case errc::too_many_pending: return std::errc::resource_unavailable_try_again;
+    case errc::unsafe_grant: return std::errc::operation_not_permitted;
     case errc::unsupported: return std::errc::operation_not_supported;
     case errc::no_device: return std::errc::no_such_device;
     case errc::timeout: return std::errc::timed_out;

@@ -12,5 +12,6 @@
 #include "queue_pair.hpp"
 #include "remote_descriptor.hpp"
 #include "memory_window.hpp"
+#include "probe.hpp"
 #include "layout.hpp"
 #include "indirect_key.hpp"

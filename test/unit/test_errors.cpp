@@ -67,6 +67,8 @@ TEST_CASE("rdmaxx::errc: every code has a message and a portable condition", "[u
       {errc::wrong_type, std::errc::invalid_argument, "type"},
       {errc::provider_defect, std::errc::operation_not_supported, "provider mishandles"},
       {errc::context_mismatch, std::errc::invalid_argument, "different device contexts"},
+      {errc::too_many_pending, std::errc::resource_unavailable_try_again, "unconfirmed"},
+      {errc::unsafe_grant, std::errc::operation_not_permitted, "crash"},
   };
   for (const auto &r : rows) {
     const std::error_code ec = r.e;
