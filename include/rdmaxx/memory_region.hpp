@@ -418,6 +418,7 @@ private:
 
   friend class MemoryWindow;
   friend class IndirectKey;
+  friend struct region_ref; // takes the child counter, so that keys over the region count
 
   // Declaration order matters: pages_ is destroyed after h_ (dereg before munmap).
   detail::owned_pages pages_;

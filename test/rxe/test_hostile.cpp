@@ -345,6 +345,60 @@ TEST_CASE("[hostile] a re-registered region's key: send-with-invalidate and out-
   invalidate_attacks(p, o, old_key);
 }
 
+TEST_CASE("[hostile] indirect-key segment keys: each reaches exactly its segment, no panic",
+          "[hostile][ikey]") {
+  device_pd d;
+  owner_mem o;
+  // Two segments of one MR (the issue's 3000-byte segment and its neighbour) and one of another.
+  auto m1 = need(MemoryRegion::reg(d.pd, o.mem.data(), 8192,
+                                   access::local_write | access::remote_write | access::remote_read |
+                                       access::mw_bind),
+                 "owner mr 1");
+  auto m2 = need(MemoryRegion::reg(d.pd, o.mem.data() + 8192, 8192,
+                                   access::local_write | access::remote_write | access::remote_read |
+                                       access::mw_bind),
+                 "owner mr 2");
+  peer_side p(d.ctx, d.pd);
+  auto key = need(IndirectKey::create(d.pd, 4), "ikey");
+  REQUIRE(key.backend() == umr_backend::software);
+  const layout l = layout::list({{m1, 1000, 3000}, {m1, 5000, 2000}, {m2, 100, 1500}});
+  const std::size_t owner_off[] = {1000, 5000, 8192 + 100};
+  {
+    auto b = p.qp.b.start_send();
+    need(key.configure(p.qp.b, b, l, access::local_write | access::remote_write | access::remote_read,
+                       {800, send_flag::signaled}),
+         "configure");
+    need(b.submit(), "submit");
+  }
+  CHECK(wait_one(p.qp.cq_b).wr_id == 800);
+  const auto desc = need(key.descriptor(), "descriptor");
+  REQUIRE(desc.segments().size() == 3);
+  // The underlying regions are counted: they cannot be deregistered under the key.
+  CHECK(m1.dereg().error() == errc::busy);
+  for (std::size_t i = 0; i < 3; ++i) {
+    const remote_segment sg = desc.segments()[i];
+    INFO("segment " << i);
+    use_inside(p, o, sg.addr, sg.length, sg.rkey, owner_off[i], unsigned(20 + i));
+    attack_around(p, o, sg.addr, sg.length, sg.rkey);
+    // The issue's cases: a 4096-byte write through the 3000-byte segment, a read 2 KiB past it.
+    expect_denied(p, o, IBV_WR_RDMA_WRITE, sg.addr, 4096, sg.rkey, "4096-byte write through the segment");
+    // One segment's key aimed at another segment of the same MR.
+    const remote_segment other = desc.segments()[(i + 1) % 3];
+    expect_denied(p, o, IBV_WR_RDMA_WRITE, other.addr, 64, sg.rkey, "a segment's key on another segment");
+    invalidate_attacks(p, o, sg.rkey);
+    use_inside(p, o, sg.addr, sg.length, sg.rkey, owner_off[i], unsigned(30 + i)); // still granted
+  }
+  // The underlying MRs' own rkeys are not handed out; revoke and check every segment key dead.
+  need(key.invalidate(), "invalidate");
+  for (const remote_segment &sg : desc.segments()) {
+    expect_dead(p, o, sg.addr, sg.length, sg.rkey, "after invalidate");
+    invalidate_attacks(p, o, sg.rkey);
+  }
+  need(m1.dereg(), "dereg m1 after the key is invalidated");
+  need(key.destroy(), "destroy key");
+  o.check("indirect key");
+}
+
 // ---- canaries: the unsafe type-2 mode forced (RDMAXX_GRANT=type2); each must panic the kernel ----
 namespace {
 struct canary {
