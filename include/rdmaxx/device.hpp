@@ -184,6 +184,8 @@ namespace detail {
 struct grant_choice {
   grant_mechanism mechanism = grant_mechanism::none;
   const char *reason = "";
+  /// none because the only window type would be unsafe with untrusted peers (errc::unsafe_grant).
+  bool unsafe = false;
 };
 [[nodiscard]] inline grant_choice choose_grant(bool type1, bool type2b, tristate panics,
                                                grant_options o, const char *forced) noexcept {
@@ -208,7 +210,8 @@ struct grant_choice {
   if (panics == tristate::yes)
     return {grant_mechanism::none,
             "only type-2 windows, and a peer's send-with-invalidate of an unbound one panics this "
-            "kernel: no grants unless grant_options::trusted_peers"};
+            "kernel: no grants unless grant_options::trusted_peers",
+            true};
   return {grant_mechanism::type2_window, "only type-2 windows (defect not known for this device)"};
 }
 /// What is known of the remote-invalidate panic for a device (see Capabilities).

@@ -296,6 +296,7 @@ struct ikey_state {
   std::uint32_t nwindows = 0;
   std::uint32_t nexact = 0;
   grant_mechanism grant = grant_mechanism::type2_window;
+  bool grant_unsafe = false; // no safe grant mechanism here (remote rights: errc::unsafe_grant)
   std::uint64_t length = 0;
   access_flags access{};
   bool configured = false;
@@ -399,8 +400,10 @@ public:
     st->windows = new (std::nothrow) ibv_mw *[segs]();
     st->exact = new (std::nothrow) ibv_mr *[segs]();
     st->links = new (std::nothrow) detail::child_link[segs];
-    if (auto g = detail::grant_for(pd.context(), {o.trusted_peers}))
+    if (auto g = detail::grant_for(pd.context(), {o.trusted_peers})) {
       st->grant = g.value().mechanism;
+      st->grant_unsafe = g.value().unsafe;
+    }
     if (!st->segs || !st->windows || !st->exact || !st->links) {
       delete st;
       return std::make_error_code(std::errc::not_enough_memory);
@@ -490,7 +493,8 @@ public:
   /// remote rights also need IBV_ACCESS_MW_BIND on the MRs).
   /// Errors (nothing added to the batch): errc::null_handle, errc::already_bound (configured:
   /// invalidate first), errc::invalid_argument (batch not of `qp`), errc::wrong_state (batch
-  /// submitted), errc::pd_mismatch, the layout_category() codes of layout::validate (naming the
+  /// submitted), errc::pd_mismatch, errc::unsafe_grant (remote rights where the only window type
+  /// would let a peer panic the kernel: see ikey_options::trusted_peers), the layout_category() codes of layout::validate (naming the
   /// entry) and expand, errno of ibv_alloc_mw.
   [[nodiscard]] result<void> configure(QueuePair &qp, SendBatch &batch, const layout &l,
                                        access_flags acc, wr w = {}) noexcept {
@@ -515,6 +519,7 @@ public:
     const access_flags remote = acc & ikey_descriptor::remote_rights;
     bool all_bind = true;
     for (const auto &e : l.entries()) all_bind = all_bind && e.source.access.any(access::mw_bind);
+    if (!remote.empty() && s.grant_unsafe) return make_error_code(errc::unsafe_grant);
     if (!remote.empty() && s.grant == grant_mechanism::type1_exact_region) {
       for (std::size_t i = 0; i < n; ++i)
         if (!s.segs[i].mr || !s.segs[i].data) return layout_error(errc::null_handle, no_entry);

@@ -536,7 +536,8 @@ public:
   /// mechanism of the device calls for (detail::grant_for: one ibv_query_device_ex; see
   /// grant_mechanism). Errors: errc::null_handle, errc::unusable, errc::zero_length,
   /// errc::out_of_range, errc::context_mismatch (pd of another device), errc::unsupported (no
-  /// grant mechanism here, see Capabilities::grant_reason), errno of ibv_query_device_ex and
+  /// memory windows here), errc::unsafe_grant (only type-2 windows on a device where a peer
+  /// could panic the kernel with them: opt in with grant_options::trusted_peers), errno of ibv_query_device_ex and
   /// ibv_reg_mr, and MemoryWindow::alloc's errors.
   [[nodiscard]] static result<StrictGrant> create(const ProtectionDomain &pd, const MemoryRegion &mr,
                                                   window_range r, grant_options o = {}) noexcept {
@@ -544,7 +545,8 @@ public:
     if (auto ec = mr.usable()) return ec;
     if (mr.native_handle()->context != pd.context()) return make_error_code(errc::context_mismatch);
     RDMAXX_TRY(g, detail::grant_for(pd.context(), o));
-    if (g.mechanism == grant_mechanism::none) return make_error_code(errc::unsupported);
+    if (g.mechanism == grant_mechanism::none)
+      return make_error_code(g.unsafe ? errc::unsafe_grant : errc::unsupported);
     return make(pd, mr, r, g.mechanism == grant_mechanism::type1_exact_region ? mw_type::type1
                                                                               : mw_type::type2);
   }
@@ -582,6 +584,8 @@ public:
   }
   /// The window (for complete(), state(), descriptor(), rkey(), and type-2 invalidate()).
   [[nodiscard]] MemoryWindow &window() noexcept { return window_; }
+  /// The window, read-only (state(), rkey(), descriptor()).
+  [[nodiscard]] const MemoryWindow &window() const noexcept { return window_; }
   /// The region registered for exactly the granted bytes.
   [[nodiscard]] const MemoryRegion &region() const noexcept { return region_; }
   /// The grant mechanism in use (type1_exact_region or type2_window; none when empty).

@@ -15,6 +15,8 @@
 #include <rdmaxx/rdmaxx.hpp>
 
 #include <cinttypes>
+#include <ctime>
+#include <memory>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -397,6 +399,242 @@ TEST_CASE("[hostile] indirect-key segment keys: each reaches exactly its segment
   need(m1.dereg(), "dereg m1 after the key is invalidated");
   need(key.destroy(), "destroy key");
   o.check("indirect key");
+}
+
+// ---- the seeded hostile-peer fuzzer ----
+// Two peers, each on its own PD (the per-peer isolation of the default), each with two grant slots
+// (StrictGrant on its PD over a seeded range of the owner's 64 KiB). Every step the owner may
+// grant, end (unbind) or revoke-and-recreate a slot on its own seeded schedule; then one peer
+// issues a seeded operation (read, write, fetch-add, compare-swap, send-with-invalidate) with a
+// current, revoked, neighbouring or other peer's key at an address inside, at the edges of, across
+// or around a grant. The expectation is computed from the live grants; after every step the owner
+// checks all its memory against the shadow (only allowed writes/atomics change it) and every key
+// it revoked is re-tried dead. RDMAXX_HOSTILE_SEED replays a run; RDMAXX_HOSTILE_SECONDS bounds it
+// (default 60).
+namespace {
+struct rng {
+  std::uint64_t s;
+  std::uint64_t next() {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
+  }
+  std::uint64_t below(std::uint64_t n) { return next() % n; }
+};
+struct slot {
+  int peer = 0;
+  StrictGrant g;
+  std::uint64_t off = 0, len = 0;
+  bool bound = false;
+  remote_descriptor d{};
+  access_flags rights;
+};
+struct dead_key {
+  std::uint64_t addr, len;
+  std::uint32_t rkey;
+};
+std::uint64_t env_u64(const char *name, std::uint64_t dflt) {
+  const char *v = std::getenv(name);
+  return v ? std::strtoull(v, nullptr, 0) : dflt;
+}
+} // namespace
+
+TEST_CASE("[hostile-fuzz] seeded hostile peers against a granting, re-granting, revoking owner",
+          "[hostile-fuzz]") {
+  const std::uint64_t seed = env_u64("RDMAXX_HOSTILE_SEED", std::uint64_t(std::time(nullptr)));
+  const std::uint64_t seconds = env_u64("RDMAXX_HOSTILE_SECONDS", 60);
+  std::printf("[hostile-fuzz] seed %llu (RDMAXX_HOSTILE_SEED=%llu replays), %llu s\n",
+              (unsigned long long)seed, (unsigned long long)seed, (unsigned long long)seconds);
+  std::fflush(stdout);
+  rng r{seed * 2654435761u + 1};
+  device_pd d;
+  ProtectionDomain pds[2] = {need(ProtectionDomain::alloc(d.ctx), "pd 0"),
+                             need(ProtectionDomain::alloc(d.ctx), "pd 1")};
+  constexpr std::size_t M = 65536;
+  std::vector<unsigned char> mem(M), shadow;
+  fill(mem.data(), M, 99);
+  shadow = mem;
+  auto mr = need(MemoryRegion::reg(d.pd, mem.data(), M, access::local_write), "owner mr");
+  std::vector<std::unique_ptr<peer_side>> peers;
+  peers.push_back(std::make_unique<peer_side>(d.ctx, pds[0]));
+  peers.push_back(std::make_unique<peer_side>(d.ctx, pds[1]));
+  std::vector<slot> slots(4);
+  std::vector<dead_key> dead;
+  auto make_slot = [&](slot &sl, int peer) {
+    sl.peer = peer;
+    sl.len = 16 + r.below(4000);
+    sl.off = 64 + r.below(M - sl.len - 128);
+    sl.g = need(StrictGrant::create(pds[peer], mr, {sl.off, sl.len}), "fuzz grant");
+    sl.bound = false;
+  };
+  for (int i = 0; i < 4; ++i) make_slot(slots[std::size_t(i)], i / 2);
+  long ops = 0, attempts = 0, denied = 0, breaches = 0, unexpected = 0, grants = 0, revokes = 0;
+  auto drain_owner = [&](peer_side &p) {
+    ibv_wc wc[8];
+    while (p.qp.cq_b.poll(wc).value() > 0) {}
+  };
+  auto owner_wait = [&](slot &sl) {
+    peer_side &p = *peers[std::size_t(sl.peer)];
+    ibv_wc wc = wait_wc(p.qp.cq_b, 1).front();
+    CHECK(sl.g.window().complete(wc));
+    REQUIRE(wc.status == IBV_WC_SUCCESS);
+  };
+  auto check_mem = [&](const char *what) {
+    if (mem != shadow) {
+      ++breaches;
+      FAIL_CHECK("owner memory changed outside the live grants after " << what << " (seed " << seed << ")");
+      shadow = mem;
+    }
+  };
+  // One peer operation; returns whether it was denied.
+  auto attack = [&](int pi, ibv_wr_opcode op, std::uint64_t addr, std::uint32_t len, std::uint32_t key,
+                    std::uint64_t add) {
+    peer_side &p = *peers[std::size_t(pi)];
+    ++attempts;
+    // Expectation from the live grants (by key value, so a neighbour that is another live key counts).
+    bool allowed = false;
+    const slot *hit = nullptr;
+    for (const slot &sl : slots)
+      if (sl.bound && sl.d.rkey == key) hit = &sl;
+    if (hit && op != IBV_WR_SEND_WITH_INV && hit->peer == pi && addr >= hit->d.addr &&
+        len <= hit->d.length && addr - hit->d.addr <= hit->d.length - len) {
+      const access_flags need_r = op == IBV_WR_RDMA_WRITE  ? access_flags(access::remote_write)
+                                  : op == IBV_WR_RDMA_READ ? access_flags(access::remote_read)
+                                                           : access_flags(access::remote_atomic);
+      allowed = hit->rights.has(need_r) && (op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_READ || addr % 8 == 0);
+    }
+    for (std::size_t k = 0; k < 4096; ++k) p.buf[k] = static_cast<unsigned char>(r.next());
+    const std::vector<unsigned char> sent(p.buf.begin(), p.buf.begin() + 4096);
+    if (op == IBV_WR_SEND_WITH_INV) need(p.qp.b.post_recv(9, p.owner_rmr.sge()), "post_recv");
+    ibv_send_wr w{};
+    ibv_sge sge = p.sge(len);
+    w.wr_id = 1;
+    w.opcode = op;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.sg_list = &sge;
+    w.num_sge = 1;
+    if (op == IBV_WR_SEND_WITH_INV) {
+      w.invalidate_rkey = key;
+    } else if (op == IBV_WR_ATOMIC_FETCH_AND_ADD || op == IBV_WR_ATOMIC_CMP_AND_SWP) {
+      w.wr.atomic.remote_addr = addr;
+      w.wr.atomic.rkey = key;
+      w.wr.atomic.compare_add = op == IBV_WR_ATOMIC_FETCH_AND_ADD ? add : 0;
+      w.wr.atomic.swap = add;
+    } else {
+      w.wr.rdma.remote_addr = addr;
+      w.wr.rdma.rkey = key;
+    }
+    ibv_send_wr *bad = nullptr;
+    REQUIRE(::ibv_post_send(p.qp.a.native_handle(), &w, &bad) == 0);
+    ibv_wc_status st = wait_wc(p.qp.cq_a, 1, 20s).front().status;
+    if (op == IBV_WR_SEND_WITH_INV) st = wait_wc(p.qp.cq_b, 1, 20s).front().status; // the owner's receive
+    const bool is_denied = is_denial(st);
+    if (allowed && st == IBV_WC_SUCCESS) {
+      const std::size_t o = std::size_t(addr - std::uint64_t(reinterpret_cast<std::uintptr_t>(mem.data())));
+      if (op == IBV_WR_RDMA_WRITE) std::memcpy(shadow.data() + o, sent.data(), len);
+      if (op == IBV_WR_RDMA_READ && std::memcmp(p.buf.data(), mem.data() + o, len) != 0) ++unexpected;
+      if (op == IBV_WR_ATOMIC_FETCH_AND_ADD || op == IBV_WR_ATOMIC_CMP_AND_SWP) {
+        std::uint64_t v;
+        std::memcpy(&v, shadow.data() + o, 8);
+        v = op == IBV_WR_ATOMIC_FETCH_AND_ADD ? v + add : (v == 0 ? add : v);
+        std::memcpy(shadow.data() + o, &v, 8);
+      }
+    } else if (!allowed && st == IBV_WC_SUCCESS) {
+      ++breaches;
+      FAIL_CHECK("breach: op " << int(op) << " key 0x" << std::hex << key << std::dec << " at " << addr
+                               << " len " << len << " succeeded (seed " << seed << ", op " << ops << ")");
+    } else if (!is_denied || allowed) {
+      ++unexpected;
+      FAIL_CHECK("unexpected " << ibv_wc_status_str(st) << " (op " << int(op) << ", len " << len
+                               << ", allowed " << allowed << ", seed " << seed
+                               << ", op " << ops << ")");
+    }
+    if (is_denied) {
+      ++denied;
+      if (op != IBV_WR_RDMA_WRITE && op != IBV_WR_SEND_WITH_INV)
+        CHECK(std::memcmp(p.buf.data(), sent.data(), len) == 0); // nothing returned
+    }
+    if (st != IBV_WC_SUCCESS) p.qp.recover(); // reconnect on ERR
+    check_mem("a peer operation");
+  };
+  const auto t_end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (std::chrono::steady_clock::now() < t_end) {
+    ++ops;
+    // The owner's schedule.
+    slot &sl = slots[r.below(4)];
+    const auto act = r.below(10);
+    peer_side &op_ = *peers[std::size_t(sl.peer)];
+    if (act < 3 && !sl.bound) {
+      const access_flags choices[] = {access::remote_read, access::remote_write,
+                                      access::remote_read | access::remote_write, all_rights};
+      sl.rights = choices[r.below(4)];
+      drain_owner(op_);
+      sl.d = need(sl.g.bind(op_.qp.b, sl.rights, {500, send_flag::signaled}), "fuzz bind");
+      owner_wait(sl);
+      sl.bound = true;
+      ++grants;
+    } else if (act < 5 && sl.bound) {
+      need(sl.g.unbind(op_.qp.b, {501, send_flag::signaled}), "fuzz unbind");
+      owner_wait(sl);
+      sl.bound = false;
+      dead.push_back({sl.d.addr, sl.d.length, sl.d.rkey});
+      ++revokes;
+    } else if (act == 5) {
+      if (sl.bound) dead.push_back({sl.d.addr, sl.d.length, sl.d.rkey});
+      need(sl.g.revoke(), "fuzz revoke");
+      ++revokes;
+      make_slot(sl, sl.peer);
+    }
+    if (dead.size() > 64) dead.erase(dead.begin());
+    // Every revoked key is dead: re-try the latest one.
+    if (!dead.empty() && (act == 4 || act == 5 || act == 3)) {
+      const dead_key &k = dead.back();
+      bool live_again = false;
+      for (const slot &s2 : slots) live_again = live_again || (s2.bound && s2.d.rkey == k.rkey);
+      if (!live_again) attack(int(r.below(2)), IBV_WR_RDMA_WRITE, k.addr, 8, k.rkey, 0);
+    }
+    // A hostile operation.
+    const int pi = int(r.below(2));
+    const slot &t = slots[r.below(4)];
+    std::uint32_t key = t.g ? t.g.window().rkey() : 1;
+    std::uint64_t base = t.d.addr ? t.d.addr : std::uint64_t(reinterpret_cast<std::uintptr_t>(mem.data())) + t.off;
+    std::uint64_t glen = t.d.length ? t.d.length : t.len;
+    switch (r.below(6)) {
+    case 0: if (!dead.empty()) { const dead_key &k = dead[r.below(dead.size())]; key = k.rkey; base = k.addr; glen = k.len; } break;
+    case 1: key = ::ibv_inc_rkey(key); break;
+    case 2: key = key - 1; break;
+    default: break;
+    }
+    const ibv_wr_opcode opcodes[] = {IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ, IBV_WR_ATOMIC_FETCH_AND_ADD,
+                                     IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_SEND_WITH_INV, IBV_WR_RDMA_WRITE};
+    const ibv_wr_opcode op = opcodes[r.below(6)];
+    const bool atomic = op == IBV_WR_ATOMIC_FETCH_AND_ADD || op == IBV_WR_ATOMIC_CMP_AND_SWP;
+    std::uint32_t len = atomic || op == IBV_WR_SEND_WITH_INV // the owner's receive holds 64 bytes
+                            ? 8
+                            : std::uint32_t(1 + r.below(glen < 512 ? glen + 8 : 520));
+    std::int64_t off;
+    switch (r.below(6)) {
+    case 0: off = 0; break;
+    case 1: off = -std::int64_t(1 + r.below(16)); break;                      // before / across the start
+    case 2: off = std::int64_t(glen) - std::int64_t(r.below(len + 1)); break;  // at / across the end
+    case 3: off = std::int64_t(glen) + std::int64_t(r.below(64)); break;       // just past
+    case 4: off = std::int64_t(r.below(glen)); break;                          // inside
+    default: off = std::int64_t(r.below(16384)) - 8192; break;                 // around
+    }
+    std::uint64_t addr = std::uint64_t(std::int64_t(base) + off);
+    if (atomic) addr &= ~7ull; // rxe's own post_send refuses a misaligned atomic (EINVAL)
+    // Keep the peer's accesses within the owner's buffer's pages plus the MR-less surroundings:
+    // anything outside mem is outside every grant and must be denied anyway.
+    attack(pi, op, addr, len, key, r.next() & 0xff);
+  }
+  for (slot &sl : slots)
+    if (sl.g) need(sl.g.revoke(), "final revoke");
+  std::printf("[hostile-fuzz] seed %llu: %ld steps, %ld attempts, %ld denied, %ld grants, %ld revokes, "
+              "%ld breaches, %ld unexpected, 0 panics\n",
+              (unsigned long long)seed, ops, attempts, denied, grants, revokes, breaches, unexpected);
+  CHECK(breaches == 0);
+  CHECK(unexpected == 0);
 }
 
 // ---- canaries: the unsafe type-2 mode forced (RDMAXX_GRANT=type2); each must panic the kernel ----

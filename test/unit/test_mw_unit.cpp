@@ -150,6 +150,8 @@ TEST_CASE("grant mechanism: no key a peer could turn into a panic unless the cal
         grant_mechanism::type2_window);
   // Only type 2 and the panic known: no grants for untrusted peers.
   CHECK(choose_grant(false, true, tristate::yes, untrusted, nullptr).mechanism == grant_mechanism::none);
+  CHECK(choose_grant(false, true, tristate::yes, untrusted, nullptr).unsafe);
+  CHECK_FALSE(choose_grant(false, false, tristate::yes, untrusted, nullptr).unsafe);
   CHECK(choose_grant(false, false, tristate::no, trusted, nullptr).mechanism == grant_mechanism::none);
   // RDMAXX_GRANT forces a mechanism the device has (the panic canaries use type2).
   CHECK(choose_grant(true, true, tristate::yes, untrusted, "type2").mechanism ==
