@@ -22,7 +22,8 @@ const char *mechanism(grant_mechanism g) {
 }
 const char *backend(umr_backend b) {
   return b == umr_backend::mlx5 ? "mlx5 (hardware UMR)"
-         : b == umr_backend::software ? "software (type-2 windows)" : "none (local use only)";
+         : b == umr_backend::software ? "software (one grant per segment, by the grant mechanism)"
+                                      : "none (local use only)";
 }
 
 result<void> show(ibv_device *dev) {
