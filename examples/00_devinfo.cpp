@@ -1,6 +1,7 @@
 // examples/00_devinfo: a focused ibv_devinfo for memory registration, windows and indirect keys.
 // For each RDMA device: memory-window types and limits, native re-registration (live probe),
-// the indirect-key backend, and whether window bounds are enforced (live probe on loopback QPs).
+// the indirect-key backend, whether window bounds are enforced (live probe on loopback QPs), the
+// known remote-invalidate kernel defect and the grant mechanism the library uses, with the reason.
 //
 //   tools/rxe-vm build/examples/00_devinfo
 #include <rdmaxx/rdmaxx.hpp>
@@ -14,9 +15,15 @@ const char *yes_no(tristate t) {
   return t == tristate::yes ? "yes" : t == tristate::no ? "no" : "unknown";
 }
 const char *yes_no(bool b) { return b ? "yes" : "no"; }
+const char *mechanism(grant_mechanism g) {
+  return g == grant_mechanism::type1_exact_region ? "type-1 window over an exact region"
+         : g == grant_mechanism::type2_window     ? "type-2B window over an exact region"
+                                                  : "none";
+}
 const char *backend(umr_backend b) {
   return b == umr_backend::mlx5 ? "mlx5 (hardware UMR)"
-         : b == umr_backend::software ? "software (type-2 windows)" : "none (local use only)";
+         : b == umr_backend::software ? "software (one grant per segment, by the grant mechanism)"
+                                      : "none (local use only)";
 }
 
 result<void> show(ibv_device *dev) {
@@ -32,6 +39,10 @@ result<void> show(ibv_device *dev) {
               yes_no(caps.mw_type1), yes_no(caps.mw_type2a), yes_no(caps.mw_type2b), caps.max_mw);
   std::printf("  window bounds       %s%s\n", yes_no(caps.mw_bounds_enforced),
               bounds ? "" : " (probe could not run)");
+  std::printf("  remote-inv panic    %s%s%s%s\n", yes_no(caps.remote_inv_unbound_mw_panics),
+              *caps.defect_measured_on ? " (measured on " : "", caps.defect_measured_on,
+              *caps.defect_measured_on ? ")" : "");
+  std::printf("  grant mechanism     %s: %s\n", mechanism(caps.grant), caps.grant_reason);
   std::printf("  indirect keys       %s; mlx5dv %s\n", backend(caps.umr), yes_no(caps.mlx5dv));
   std::printf("  QP                  max wr %u, max inline %u, max rd atomic %u, atomics %s\n",
               caps.max_qp_wr, caps.max_inline_data, caps.max_qp_rd_atom, yes_no(caps.atomics));

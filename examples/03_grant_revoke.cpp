@@ -1,9 +1,11 @@
 // examples/03_grant_revoke: grant a peer write access to part of your memory through a memory
 // window, then revoke it; two processes.
 //
-// The owner registers a buffer (no remote rights on the region itself), binds a type-2 window over
-// 256 bytes of it with remote write, and sends the peer a descriptor (address, length, rkey). The
-// peer RDMA-writes through it. The owner revokes the grant (deallocates the window: synchronous)
+// The owner registers a buffer (no remote rights on the region itself), grants 256 bytes of it with
+// remote write through the library's default grant (StrictGrant: on rxe a type-1 window over a
+// region of exactly those bytes, which no peer can remotely invalidate or reach past), and sends
+// the peer a descriptor (address, length, rkey). The peer RDMA-writes through it. The owner
+// revokes the grant (deallocates the window and deregisters the exact region: synchronous)
 // and tells the peer, whose next write with the same descriptor fails with a remote access error;
 // the owner shows its memory untouched. QP information and the descriptor go over plain TCP.
 //
@@ -234,13 +236,14 @@ result<bool> owner(Socket &listener) noexcept {
   RDMAXX_TRY(r, rdma::connect(sock));
   std::vector<unsigned char> mem(buffer_size, fill_owner);
   // The region grants nothing remotely by itself: only the window will.
-  RDMAXX_TRY(mr, MemoryRegion::reg(r.pd, mem.data(), mem.size(), access::local_write | access::mw_bind));
-  RDMAXX_TRY(mw, MemoryWindow::alloc(r.pd, mw_type::type2));
+  RDMAXX_TRY(mr, MemoryRegion::reg(r.pd, mem.data(), mem.size(), access::local_write));
+  // The grant mechanism the library chose for this device (Capabilities::grant).
+  RDMAXX_TRY(g, StrictGrant::create(r.pd, mr, granted));
 
-  // Grant: bind through the QP connected to the peer (a type-2B window serves only that QP).
-  RDMAXX_TRY(desc, mw.bind(r.qp, mr, granted, access::remote_write, {1, send_flag::signaled}));
+  // Grant: bind through the QP connected to the peer.
+  RDMAXX_TRY(desc, g.bind(r.qp, access::remote_write, {1, send_flag::signaled}));
   RDMAXX_TRY(bound, wait_wc(r.cq));
-  (void)mw.complete(bound);
+  (void)g.window().complete(bound);
   if (auto ec = wc_error(bound)) return ec;
   std::printf("owner: granted %llu bytes at offset %llu, rkey 0x%x; sending the descriptor\n",
               static_cast<unsigned long long>(granted.length),
@@ -257,9 +260,9 @@ result<bool> owner(Socket &listener) noexcept {
   ok &= expect(landed, "owner", "the peer's bytes landed exactly in the granted range");
 
   // Revoke for good: ibv_dealloc_mw is synchronous, the key is dead when it returns.
-  RDMAXX_TRYV(mw.dealloc());
+  RDMAXX_TRYV(g.revoke());
   const std::vector<unsigned char> snapshot = mem;
-  std::printf("owner: revoked (window deallocated); telling the peer\n");
+  std::printf("owner: revoked (window deallocated, exact region deregistered); telling the peer\n");
   RDMAXX_TRYV(sock.send_byte('R'));
 
   RDMAXX_TRY(verdict, sock.recv_byte());

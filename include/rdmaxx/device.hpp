@@ -86,6 +86,36 @@ enum class tristate : std::uint8_t { unknown, no, yes };
 /// none (no hardware UMR and no type-2 windows: software keys work for local use only).
 enum class umr_backend : std::uint8_t { none, software, mlx5 };
 
+/// How the library grants a peer remote access to memory (StrictGrant::create without a window
+/// type, and everything else that hands a peer a key). Chosen per device by
+/// Context::query_capabilities (Capabilities::grant, with the reason in grant_reason).
+enum class grant_mechanism : std::uint8_t {
+  /// No memory windows: the library hands out no grant keys (StrictGrant::create answers
+  /// errc::unsupported).
+  none,
+  /// A type-2B window bound over a region of exactly the granted bytes, revoked by a local or the
+  /// peer's remote invalidation: the fast default where remote invalidation of an unbound window
+  /// is handled by the device (mlx5), and the opt-in for trusted peers elsewhere.
+  type2_window,
+  /// A type-1 window bound over a region of exactly the granted bytes (the region is registered
+  /// once per grant slot, the window bound and unbound per grant): bounds are the region's, which
+  /// every device enforces, and a type-1 key cannot be remotely invalidated (a peer's
+  /// send-with-invalidate naming it is refused with IBV_WC_REM_INV_REQ_ERR). Type-1 keys are
+  /// PD-scoped: for per-peer isolation create each peer's grants on that peer's PD.
+  type1_exact_region,
+};
+
+/// Opt-ins for StrictGrant::create (and anything else that hands a peer a key).
+struct grant_options {
+  /// The peers are trusted not to send a send-with-invalidate naming a key that is no longer bound
+  /// (or one twice): type-2 windows and remote invalidation are used even where the device panics
+  /// on them (rxe). Default false: the library chooses the mechanism (Capabilities::grant).
+  bool trusted_peers = false;
+};
+
+/// The vendor id rxe (Soft-RoCE) reports (ibv_device_attr::vendor_id).
+inline constexpr std::uint32_t rxe_vendor_id = 0xFFFFFF;
+
 namespace detail {
 /// RDMAXX_UMR=software forces the software backend (tests, devices where UMR misbehaves).
 [[nodiscard]] inline bool umr_forced_software() noexcept {
@@ -138,9 +168,88 @@ struct Capabilities {
   /// automatic choice is mlx5).
   umr_backend umr = umr_backend::none;
   /// Whether accesses through a window's rkey are confined to the window (rxe: no, only the MR's
-  /// bounds are checked). Only probe_window_bounds() (memory_window.hpp) sets it.
+  /// bounds are checked). Only probe_window_bounds() (probe.hpp) sets it.
   tristate mw_bounds_enforced = tristate::unknown;
+  /// Whether the kernel panics when a peer's send-with-invalidate names a type-2 window that is
+  /// allocated but not bound (the owner invalidated it, or the peer already did once): yes on rxe
+  /// (NULL dereference in rxe_invalidate_mw from the responder; measured on the kernel named in
+  /// defect_measured_on), no on mlx5 (hardware; not run here), unknown elsewhere. Known from the
+  /// device, not probed (the probe would be the panic).
+  tristate remote_inv_unbound_mw_panics = tristate::unknown;
+  /// Where remote_inv_unbound_mw_panics was measured (empty when not measured).
+  const char *defect_measured_on = "";
+  /// The grant mechanism the library uses on this device (see grant_mechanism) and why.
+  grant_mechanism grant = grant_mechanism::none;
+  /// One sentence: why `grant` was chosen.
+  const char *grant_reason = "";
 };
+
+namespace detail {
+/// The library's choice of grant mechanism (pure: no verbs). RDMAXX_GRANT=type2 (or type1) in
+/// the environment forces that mechanism where the device has the window type: the panic
+/// canaries use it to show the guard is needed; never set it for untrusted peers.
+struct grant_choice {
+  grant_mechanism mechanism = grant_mechanism::none;
+  const char *reason = "";
+  /// none because the only window type would be unsafe with untrusted peers (errc::unsafe_grant).
+  bool unsafe = false;
+};
+[[nodiscard]] inline grant_choice choose_grant(bool type1, bool type2b, tristate panics,
+                                               grant_options o, const char *forced) noexcept {
+  const std::string_view f = forced ? forced : "";
+  if (f == "type2" && type2b)
+    return {grant_mechanism::type2_window, "forced by RDMAXX_GRANT=type2 (unsafe with untrusted peers)"};
+  if (f == "type1" && type1)
+    return {grant_mechanism::type1_exact_region, "forced by RDMAXX_GRANT=type1"};
+  if (!type1 && !type2b) return {grant_mechanism::none, "the device has no memory windows"};
+  if (o.trusted_peers && type2b)
+    return {grant_mechanism::type2_window, "trusted peers (grant_options::trusted_peers): type-2B windows"};
+  if (panics == tristate::no && type2b)
+    return {grant_mechanism::type2_window,
+            "the device handles remote invalidation of unbound windows: type-2B windows, fastest revoke"};
+  if (type1)
+    return {grant_mechanism::type1_exact_region,
+            panics == tristate::yes
+                ? "a peer's send-with-invalidate of an unbound type-2 window panics this kernel: "
+                  "type-1 windows over exact regions (cannot be remotely invalidated)"
+                : "remote invalidation of unbound type-2 windows not known safe here: "
+                  "type-1 windows over exact regions (cannot be remotely invalidated)"};
+  if (panics == tristate::yes)
+    return {grant_mechanism::none,
+            "only type-2 windows, and a peer's send-with-invalidate of an unbound one panics this "
+            "kernel: no grants unless grant_options::trusted_peers",
+            true};
+  return {grant_mechanism::type2_window, "only type-2 windows (defect not known for this device)"};
+}
+/// What is known of the remote-invalidate panic for a device (see Capabilities).
+inline void known_invalidate_defect(std::uint32_t vendor_id, bool mlx5dv, tristate &panics,
+                                    const char *&measured_on) noexcept {
+  if (vendor_id == rxe_vendor_id) {
+    panics = tristate::yes;
+    measured_on = "Linux 6.1.0-57-amd64 (Debian 12), rdma-core 44, rxe";
+  } else if (mlx5dv) {
+    panics = tristate::no;
+    measured_on = "";
+  }
+}
+/// The grant mechanism for the device of `ctx` (one ibv_query_device_ex, no probes).
+[[nodiscard]] inline result<grant_choice> grant_for(ibv_context *ctx, grant_options o) noexcept {
+  ibv_device_attr_ex ax{};
+  if (const int rc = ::ibv_query_device_ex(ctx, nullptr, &ax)) return errno_code(rc);
+  const auto f = ax.orig_attr.device_cap_flags;
+  bool mlx5dv = false;
+#if RDMAXX_HAVE_MLX5
+  mlx5dv = ::mlx5dv_is_supported(ctx->device);
+#endif
+  tristate panics = tristate::unknown;
+  const char *measured = "";
+  known_invalidate_defect(ax.orig_attr.vendor_id, mlx5dv, panics, measured);
+  const bool has_mw = ax.orig_attr.max_mw != 0;
+  return choose_grant(has_mw && (f & IBV_DEVICE_MEM_WINDOW) != 0,
+                      has_mw && (f & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0, panics, o,
+                      std::getenv("RDMAXX_GRANT"));
+}
+} // namespace detail
 
 /// Which live probes query_capabilities runs (each creates and destroys scratch objects).
 struct probe_options {
@@ -310,6 +419,13 @@ public:
     c.umr = c.mlx5dv && c.mlx5_devx && !detail::umr_forced_software() ? umr_backend::mlx5
             : (c.mw_type2a || c.mw_type2b)            ? umr_backend::software
                                                        : umr_backend::none;
+    detail::known_invalidate_defect(c.vendor_id, c.mlx5dv, c.remote_inv_unbound_mw_panics,
+                                    c.defect_measured_on);
+    const bool has_mw = c.max_mw != 0;
+    const auto g = detail::choose_grant(has_mw && c.mw_type1, has_mw && c.mw_type2b,
+                                        c.remote_inv_unbound_mw_panics, {}, std::getenv("RDMAXX_GRANT"));
+    c.grant = g.mechanism;
+    c.grant_reason = g.reason;
     return c;
   }
 

@@ -118,6 +118,15 @@ enum class errc : int {
   /// 2 GiB or more in total on rdma-core before 61, an mlx5 layout entry over 2 GiB): split the
   /// request (several keys, shorter entries).
   provider_limit,
+  /// A window already has MemoryWindow::max_pending operations posted and not yet confirmed:
+  /// hand their completions to complete() (or, for a batch that was never posted,
+  /// cancel_pending()) before posting another.
+  too_many_pending,
+  /// The request would hand a peer a key it could use to crash this host's kernel (a type-2
+  /// window on a device with Capabilities::remote_inv_unbound_mw_panics): use the grant
+  /// mechanism the library chose (StrictGrant::create without a type), or opt in for trusted
+  /// peers (grant_options::trusted_peers).
+  unsafe_grant,
 };
 
 namespace detail {
@@ -161,6 +170,10 @@ public:
     case errc::not_umr_qp:
       return "the queue pair lacks the mlx5 UMR send operations (create it with mlx5::create_umr_qp)";
     case errc::provider_limit: return "beyond what this device's provider can carry: split the request";
+    case errc::too_many_pending:
+      return "too many unconfirmed operations: hand their completions to complete() first";
+    case errc::unsafe_grant:
+      return "unsafe grant: a peer could crash this device's kernel with this key (trusted peers only)";
     }
     return "unknown rdmaxx error";
   }
@@ -172,6 +185,8 @@ public:
     case errc::already_bound:
     case errc::unusable: return std::errc::operation_not_permitted;
     case errc::busy: return std::errc::device_or_resource_busy;
+    case errc::too_many_pending: return std::errc::resource_unavailable_try_again;
+    case errc::unsafe_grant: return std::errc::operation_not_permitted;
     case errc::unsupported: return std::errc::operation_not_supported;
     case errc::no_device: return std::errc::no_such_device;
     case errc::timeout: return std::errc::timed_out;

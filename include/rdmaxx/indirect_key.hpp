@@ -9,21 +9,30 @@
 ///     an mkey-configure work request; lkey()/rkey() address the whole layout; the descriptor has
 ///     one segment. Compiled and contract-tested, not run on hardware.
 ///   - software (every other device): the layout is flattened into (MR, address, length)
-///     segments. Local use expands a window of the key into SGEs (sges()). Remote use binds one
-///     type-2 memory window per segment (configure() adds the binds to the send batch); the
+///     segments. Local use expands a window of the key into SGEs (sges()). Remote use grants
+///     each segment through the device's grant mechanism (Capabilities::grant, chosen at
+///     create()): on rxe (grant_mechanism::type1_exact_region) a region of exactly the segment's
+///     bytes at the same device address plus a type-1 window over all of it, so that every
+///     segment key reaches exactly its segment's bytes and no peer's send-with-invalidate can
+///     panic the kernel; elsewhere (or with ikey_options::trusted_peers) one type-2 window per
+///     segment over the underlying region. configure() adds the binds to the send batch; the
 ///     descriptor carries the segments' window rkeys, and the initiator splits a write or read
 ///     into one work request per touched segment (write_indirect / read_indirect). invalidate()
-///     deallocates the windows: the peer's keys stop working at once. There is no single
-///     lkey/rkey (both are 0).
+///     deallocates the windows (and deregisters the exact regions): the peer's keys stop working
+///     at once. While configured with remote rights the key counts as a child of each underlying
+///     MemoryRegion (exact-region mechanism): dereg() of one answers errc::busy. There is no
+///     single lkey/rkey (both are 0).
 /// The backend is chosen at creation: mlx5 where mlx5dv_is_supported and an mkey can be created,
 /// software otherwise; forced to software by ikey_options::backend or RDMAXX_UMR=software.
 /// Configure keys through a QP from create_indirect_key_qp() (mlx5::create_umr_qp on mlx5): on
 /// mlx5 an ordinary QP lacks the builders and configure() refuses it (errc::not_umr_qp).
 ///
 /// Differences that remain between the backends (see the README):
-///   - software bounds are enforced by the initiator (rdmaxx refuses windows outside the layout
-///     before posting); rxe does not enforce memory-window bounds, so a peer using raw verbs can
-///     reach the rest of an underlying MR through a window rkey until invalidation;
+///   - software bounds: with the exact-region mechanism (rxe's default) the device enforces
+///     them (each key's region is exactly its segment); with type-2 windows they are enforced by
+///     rdmaxx's initiator only (write_indirect / read_indirect refuse accesses beyond the
+///     layout), and a peer using raw verbs can reach the rest of an underlying MR on devices that
+///     do not enforce window bounds (rxe) until invalidation;
 ///   - a software key nested in another is copied at configure time: invalidating the inner key
 ///     does not revoke the outer one (on mlx5 it does).
 ///
@@ -33,7 +42,8 @@
 ///
 /// Allocation: IndirectKey::create() allocates the key's state (new(nothrow)) and, software, its
 /// segment table and window table; mlx5dv_create_mkey allocates inside the provider. configure()
-/// (software, remote rights) allocates one window per segment (ibv_alloc_mw). ikey_descriptor is
+/// (software, remote rights) allocates one window per segment (ibv_alloc_mw) and, with the
+/// exact-region mechanism, registers one region per segment (ibv_reg_mr_iova2). ikey_descriptor is
 /// a fixed-size value; write_indirect, read_indirect, sges() and descriptor() allocate nothing.
 #pragma once
 
@@ -76,6 +86,10 @@ struct ikey_options {
   /// creates the mkey with MLX5DV_MKEY_INIT_ATTR_FLAGS_REMOTE_INVALIDATE. Without it such a send
   /// fails at the peer's side. Off by default: any peer holding the key could revoke it.
   bool remote_invalidate = false;
+  /// Software: the peers are trusted (see grant_options::trusted_peers): type-2 windows over the
+  /// underlying regions even where a peer's send-with-invalidate of an unbound one panics the
+  /// kernel (rxe). Default false: the device's grant mechanism (Capabilities::grant).
+  bool trusted_peers = false;
 };
 
 namespace detail {
@@ -86,8 +100,15 @@ struct ikey_state {
   std::uint32_t max_segments = 0;
   key_segment *segs = nullptr; // software: capacity max_segments
   ibv_mw **windows = nullptr;  // software: one per segment while configured with remote rights
+  // software, grant_mechanism::type1_exact_region: one region of exactly each segment's bytes
+  // (the type-1 window is bound over all of it) and a count on each underlying MemoryRegion.
+  ibv_mr **exact = nullptr;
+  child_link *links = nullptr;
   std::uint32_t nsegs = 0;
   std::uint32_t nwindows = 0;
+  std::uint32_t nexact = 0;
+  grant_mechanism grant = grant_mechanism::type2_window;
+  bool grant_unsafe = false; // no safe grant mechanism here (remote rights: errc::unsafe_grant)
   std::uint64_t length = 0;
   access_flags access{};
   bool configured = false;
@@ -99,6 +120,8 @@ struct ikey_state {
 
   // Deallocating (not invalidating) the windows: never a local invalidate of a type-2 window
   // that may not be bound (rxe panics), and the peer's rkeys die at once.
+  // Then the exact regions (after their windows: a region with a bound window cannot be
+  // deregistered) and the counts on the underlying regions.
   int release_windows() noexcept {
     int first = 0;
     for (std::uint32_t i = 0; i < nwindows; ++i) {
@@ -108,11 +131,22 @@ struct ikey_state {
       }
     }
     nwindows = 0;
+    if (first != 0) return first; // keep the regions: a window may still be bound over them
+    for (std::uint32_t i = 0; i < nexact; ++i) {
+      if (exact[i]) {
+        if (const int rc = ::ibv_dereg_mr(exact[i]); rc != 0 && first == 0) first = rc;
+        exact[i] = nullptr;
+      }
+      links[i].drop();
+    }
+    nexact = 0;
     return first;
   }
   ~ikey_state() {
     delete[] segs;
     delete[] windows;
+    delete[] exact;
+    delete[] links;
   }
 };
 } // namespace detail
@@ -186,7 +220,13 @@ public:
     st->max_segments = segs;
     st->segs = new (std::nothrow) key_segment[segs];
     st->windows = new (std::nothrow) ibv_mw *[segs]();
-    if (!st->segs || !st->windows) {
+    st->exact = new (std::nothrow) ibv_mr *[segs]();
+    st->links = new (std::nothrow) detail::child_link[segs];
+    if (auto g = detail::grant_for(pd.context(), {o.trusted_peers})) {
+      st->grant = g.value().mechanism;
+      st->grant_unsafe = g.value().unsafe;
+    }
+    if (!st->segs || !st->windows || !st->exact || !st->links) {
       delete st;
       return std::make_error_code(std::errc::not_enough_memory);
     }
@@ -291,10 +331,11 @@ public:
   /// Errors (nothing added to the batch): errc::null_handle, errc::already_bound (configured:
   /// invalidate first), errc::busy (mlx5: an operation is unconfirmed), errc::not_umr_qp (mlx5:
   /// `qp` lacks the mlx5 UMR send operations), errc::qp_mismatch (batch not of `qp`),
-  /// errc::wrong_state (batch submitted), errc::pd_mismatch, the layout_category() codes of
-  /// layout::validate (naming the entry), expand and (mlx5) mlx5::check_provider_limits
-  /// (errc::provider_limit: a list entry over 2 GiB, a list of 2 GiB or more in total), errno of
-  /// ibv_alloc_mw.
+  /// errc::wrong_state (batch submitted), errc::pd_mismatch, errc::unsafe_grant (remote rights
+  /// where the only window type would let a peer panic the kernel: see
+  /// ikey_options::trusted_peers), the layout_category() codes of layout::validate (naming the
+  /// entry), expand and (mlx5) mlx5::check_provider_limits (errc::provider_limit: a list entry
+  /// over 2 GiB, a list of 2 GiB or more in total), errno of ibv_alloc_mw / ibv_reg_mr_iova2.
   [[nodiscard]] result<void> configure(QueuePair &qp, SendBatch &batch, const layout &l,
                                        access_flags acc, wr w = {}) noexcept {
     if (!h_ || !qp) return make_error_code(errc::null_handle);
@@ -320,7 +361,15 @@ public:
     const access_flags remote = acc & ikey_descriptor::remote_rights;
     bool all_bind = true;
     for (const auto &e : l.entries()) all_bind = all_bind && e.source.access.any(access::mw_bind);
-    if (!remote.empty()) {
+    if (!remote.empty() && s.grant_unsafe) return make_error_code(errc::unsafe_grant);
+    if (!remote.empty() && s.grant == grant_mechanism::type1_exact_region) {
+      for (std::size_t i = 0; i < n; ++i)
+        if (!s.segs[i].mr || !s.segs[i].data) return layout_error(errc::null_handle, no_entry);
+      RDMAXX_TRYV(configure_exact(batch, remote, n, w));
+      // Type-1 windows do not hang on the QP, but their binds are posted through it: the key
+      // counts as its child as with type-2 windows (one rule for both mechanisms).
+      h_.set_parent<detail::parent_slot::second>(detail::handle_access::node(qp));
+    } else if (!remote.empty()) {
       for (std::size_t i = 0; i < n; ++i)
         if (!s.segs[i].mr) return layout_error(errc::null_handle, no_entry); // raw region
       for (std::size_t i = 0; i < n; ++i) {
@@ -541,6 +590,47 @@ private:
 #if RDMAXX_HAVE_MLX5
   void sync_mlx5() noexcept { st().configured = st().mk.live(); }
 #endif
+  // grant_mechanism::type1_exact_region: per segment, a region of exactly its bytes at the same
+  // device address (ibv_reg_mr_iova2: the descriptor is unchanged), a type-1 window bound over
+  // all of it in `batch` (a peer's send-with-invalidate of a type-1 key is refused, and bounds
+  // are the exact region's, which rxe enforces), and a count on the underlying MemoryRegion.
+  // On failure everything made so far is destroyed and nothing is added to the batch.
+  [[nodiscard]] result<void> configure_exact(SendBatch &batch, access_flags remote, std::size_t n,
+                                             wr w) noexcept {
+    detail::ikey_state &s = st();
+    const bool writes = remote.any(access::remote_write | access::remote_atomic);
+    const int acc = IBV_ACCESS_MW_BIND | (writes ? IBV_ACCESS_LOCAL_WRITE : 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      const key_segment &g = s.segs[i];
+      s.exact[i] = ::ibv_reg_mr_iova2(s.pd, g.data, g.length, g.addr, unsigned(acc));
+      if (!s.exact[i]) {
+        const auto ec = last_errno();
+        s.release_windows();
+        return ec;
+      }
+      s.nexact = std::uint32_t(i + 1);
+      s.links[i] = detail::child_link(g.node);
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      s.windows[i] = ::ibv_alloc_mw(s.pd, IBV_MW_TYPE_1);
+      if (!s.windows[i]) {
+        const auto ec = last_errno();
+        s.release_windows();
+        return ec;
+      }
+      s.nwindows = std::uint32_t(i + 1);
+    }
+    const send_flags quiet = w.flags & ~send_flags(send_flag::signaled);
+    for (std::size_t i = 0; i < n; ++i) {
+      key_segment &g = s.segs[i];
+      const std::uint32_t rkey = ::ibv_inc_rkey(s.windows[i]->rkey);
+      const ibv_mw_bind_info info{s.exact[i], g.addr, g.length, unsigned(remote.native())};
+      batch.bind_mw({w.id, i + 1 == n ? w.flags : quiet}, s.windows[i], rkey, info);
+      s.windows[i]->rkey = rkey;
+      g.rkey = rkey;
+    }
+    return success();
+  }
 #if RDMAXX_HAVE_MLX5
   [[nodiscard]] std::uint32_t mkey_lkey() const noexcept { return st().mkey->lkey; }
   [[nodiscard]] std::uint32_t mkey_rkey() const noexcept { return st().mkey->rkey; }

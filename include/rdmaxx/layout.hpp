@@ -97,6 +97,12 @@ struct key_segment {
   std::uint32_t lkey = 0;
   std::uint32_t rkey = 0;    ///< the MR's rkey (the software backend hands peers window rkeys)
   ibv_mr *mr = nullptr;      ///< the MR (null for raw regions, e.g. in unit tests)
+  /// The first byte in this process (null for raw regions): the software backend registers the
+  /// segment's exact bytes from it.
+  std::byte *data = nullptr;
+  /// The MemoryRegion's child counter (null for raw regions): a configured key counts as a child
+  /// of each region it grants, so that the region cannot be deregistered under it.
+  detail::parent_node *node = nullptr;
 };
 
 /// What a layout entry points into: a snapshot of a MemoryRegion, or a view of a configured
@@ -117,6 +123,8 @@ struct region_ref {
   /// Entries in segments.
   std::uint32_t nsegments = 0;
   bool indirect = false;       ///< an IndirectKey rather than a MemoryRegion
+  std::byte *data = nullptr;   ///< a MemoryRegion's first byte in this process (null otherwise)
+  detail::parent_node *node = nullptr; ///< a MemoryRegion's child counter (null otherwise)
   errc problem{};              ///< non-zero: the source cannot be used (null_handle, unusable, ...)
 
   /// An empty ref (validation refuses it with errc::null_handle).
@@ -124,7 +132,7 @@ struct region_ref {
   /// A snapshot of a MemoryRegion (an empty or unusable MR gives a ref that validation refuses).
   region_ref(const MemoryRegion &m) noexcept // NOLINT: implicit on purpose ({mr, off, len})
       : pd(m.pd()), iova(m.iova()), length(m.length()), lkey(m.lkey()), rkey(m.rkey()),
-        access(m.access()), mr(m.native_handle()) {
+        access(m.access()), mr(m.native_handle()), data(m.data()), node(detail::handle_access::node(m)) {
     if (auto ec = m.usable()) problem = errc(ec.value());
   }
   /// A region given by its raw values (tests, fuzzing, regions registered outside rdmaxx).
@@ -378,7 +386,8 @@ private:
   template <class F>
   static void emit(const region_ref &s, std::uint64_t off, std::uint64_t len, F &&f) noexcept {
     if (!s.segments) {
-      f(key_segment{s.iova + off, std::uint32_t(len), s.lkey, s.rkey, s.mr});
+      f(key_segment{s.iova + off, std::uint32_t(len), s.lkey, s.rkey, s.mr,
+                    s.data ? s.data + off : nullptr, s.node});
       return;
     }
     std::uint64_t base = 0;
@@ -388,7 +397,8 @@ private:
       if (off < end) {
         const std::uint64_t in = off - base;
         const std::uint64_t take = g.length - in < len ? g.length - in : len;
-        f(key_segment{g.addr + in, std::uint32_t(take), g.lkey, g.rkey, g.mr});
+        f(key_segment{g.addr + in, std::uint32_t(take), g.lkey, g.rkey, g.mr,
+                      g.data ? g.data + in : nullptr, g.node});
         off += take;
         len -= take;
       }

@@ -1,6 +1,7 @@
 /// \file
 /// rdmaxx/memory_window.hpp: MemoryWindow (ibv_alloc_mw(3), ibv_bind_mw(3), ibv_wr_bind_mw(3),
-/// local and remote invalidation), the strict grant mode and the window-bounds probe.
+/// local and remote invalidation) and StrictGrant, the grant mechanism the library chooses
+/// (the window-bounds probe is in probe.hpp).
 ///
 /// A window grants a peer remote access to a range of a registered region and can be revoked
 /// without touching the region. rdmaxx makes this safe on devices that get it wrong (rxe, measured
@@ -41,12 +42,11 @@
 /// Allocation: MemoryWindow allocates nothing but what verbs allocates (ibv_alloc_mw); bind,
 /// unbind, invalidate and complete() are inline and allocation-free (the unconfirmed operations
 /// live in the window). StrictGrant::create() registers a region (MemoryRegion::reg) and allocates
-/// a window; probe_window_bounds() creates and destroys scratch objects.
+/// a window.
 #pragma once
 
 #include "access.hpp"
 #include "completion_queue.hpp"
-#include "detail/clock.hpp"
 #include "detail/handle.hpp"
 #include "device.hpp"
 #include "error.hpp"
@@ -225,7 +225,7 @@ public:
   /// call cancel_pending(). Errors: errc::null_handle, errc::qp_mismatch (batch of another
   /// QP), errc::unusable, the check_window_bind codes, errc::already_bound (type 2),
   /// errc::wrong_state (unconfirmed operations on another QP, or the batch is not open),
-  /// errc::busy (max_pending unconfirmed operations). Inline, allocation-free.
+  /// errc::too_many_pending (max_pending unconfirmed operations). Inline, allocation-free.
   [[nodiscard]] result<remote_descriptor> bind(SendBatch &batch, QueuePair &qp, const MemoryRegion &mr,
                                                window_range r, access_flags rights, wr w = {}) noexcept {
     if (auto ec = check_bind(qp, mr, r, rights)) return ec;
@@ -276,7 +276,7 @@ public:
   /// Type 1: unbind now (ibv_bind_mw with the bound MR, addr 0, length 0; never a NULL MR, which
   /// crashes the rxe provider). The old key stops working once it executes. Errors:
   /// errc::null_handle, errc::wrong_type (type 2: use invalidate or dealloc), errc::not_bound,
-  /// errc::wrong_state (see bind; or the QP has not reached RTS), errc::busy (see bind), errno of
+  /// errc::wrong_state (see bind; or the QP has not reached RTS), errc::too_many_pending (see bind), errno of
   /// ibv_bind_mw.
   result<void> unbind(QueuePair &qp, wr w = {window_wr_id, send_flag::signaled}) noexcept {
     if (auto ec = check_unbind(qp)) return ec;
@@ -312,7 +312,7 @@ public:
   /// (type 1), errc::not_bound (never bound, already invalidated locally or by the peer),
   /// errc::qp_mismatch (another QP than the one bound through, or a batch of another QP),
   /// errc::wrong_state (the batch is not open),
-  /// errc::busy (see bind).
+  /// errc::too_many_pending (see bind).
   result<void> invalidate(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept {
     if (auto ec = check_invalidate(qp)) return ec;
     if (auto ec = detail::check_batch_of(batch, qp)) return ec;
@@ -408,7 +408,7 @@ private:
   }
 
   [[nodiscard]] std::error_code check_pending(const QueuePair &qp) const noexcept {
-    if (npending_ == max_pending) return make_error_code(errc::busy);
+    if (npending_ == max_pending) return make_error_code(errc::too_many_pending);
     // Operations of one window in flight on two QPs could execute out of order.
     if (npending_ != 0 && pending_[0].qp_num != qp.qp_num()) return make_error_code(errc::wrong_state);
     return {};
@@ -504,36 +504,63 @@ private:
   detail::handle<traits> h_;
 };
 
-/// Strict grant mode: a window over a region registered for exactly the granted bytes, so that
-/// the grant's bounds hold even where the device checks only the bounds of the underlying MR
-/// (rxe, see probe_window_bounds). Cost: one ibv_reg_mr + ibv_dereg_mr per grant (the price
-/// windows exist to avoid: on rxe, reg+dereg of 1 MiB is ~5 RDMA write round trips against ~1
-/// for a type-2 bind + invalidate), plus a pinned-page reference per grant. Reuse one StrictGrant
-/// (bind, invalidate, bind again) for a range granted repeatedly.
+/// A grant: a window over a region registered for exactly the granted bytes, so that the grant's
+/// bounds hold even where the device checks only the bounds of the underlying MR (rxe, see
+/// probe_window_bounds in probe.hpp), and, in the library's default (create() without a window
+/// type), with a window type no peer can turn into a kernel panic:
+///   - create(pd, mr, range, grant_options) uses the mechanism the library chooses for the device
+///     (Capabilities::grant): on rxe, whose kernel panics when a peer's send-with-invalidate names
+///     an unbound type-2 window (a peer that holds a type-2 key can do that by sending two in a
+///     row), a type-1 window (grant_mechanism::type1_exact_region: cannot be remotely
+///     invalidated; a peer's send-with-invalidate is refused with IBV_WC_REM_INV_REQ_ERR); on
+///     mlx5 a type-2B window. grant_options::trusted_peers opts in to type 2 everywhere;
+///   - create(pd, mr, range, mw_type) is the explicit form: the caller chooses the type (type 2 on
+///     rxe is for trusted peers only).
+/// Isolation: a type-1 key works from every QP of the grant's PD while bound; a type-2 key only
+/// from the QP it was bound through. For per-peer isolation under the type-1 default, give each
+/// peer its own PD (its QPs on it) and create that peer's grants on it: the region may belong to
+/// another PD of the same device (the exact region is registered on the grant's PD).
+/// Any denied access (out of bounds, revoked key, wrong QP) moves the owner's QP to ERR as well
+/// as the peer's: reconnect it (the grant stays valid).
+/// Cost: one ibv_reg_mr + ibv_dereg_mr per StrictGrant (create/revoke) plus a pinned-page
+/// reference; a grant cycle on an existing StrictGrant (bind, unbind/invalidate, bind again)
+/// costs one window bind and one unbind: reuse one StrictGrant per buffer slot.
 class StrictGrant {
 public:
   /// An empty grant (no region, no window).
   StrictGrant() noexcept = default;
 
-  /// Register [r.offset, r.offset + r.length) of `mr` again, alone (ibv_reg_mr with MW_BIND and
-  /// the region's LOCAL_WRITE), and allocate a window of `type` on the same PD.
-  /// Errors: errc::null_handle, errc::unusable, errc::zero_length, errc::out_of_range,
-  /// errc::pd_mismatch, errno of ibv_reg_mr, and MemoryWindow::alloc's errors.
+  /// The library's grant (the default): register [r.offset, r.offset + r.length) of `mr` again,
+  /// alone, on `pd` (ibv_reg_mr with MW_BIND and the region's LOCAL_WRITE; `pd` may be another PD
+  /// of the same device, e.g. one per peer), and allocate a window of the type the grant
+  /// mechanism of the device calls for (detail::grant_for: one ibv_query_device_ex; see
+  /// grant_mechanism). Errors: errc::null_handle, errc::unusable, errc::zero_length,
+  /// errc::out_of_range, errc::context_mismatch (pd of another device), errc::unsupported (no
+  /// memory windows here), errc::unsafe_grant (only type-2 windows on a device where a peer
+  /// could panic the kernel with them: opt in with grant_options::trusted_peers), errno of ibv_query_device_ex and
+  /// ibv_reg_mr, and MemoryWindow::alloc's errors.
+  [[nodiscard]] static result<StrictGrant> create(const ProtectionDomain &pd, const MemoryRegion &mr,
+                                                  window_range r, grant_options o = {}) noexcept {
+    if (!pd) return make_error_code(errc::null_handle);
+    if (auto ec = mr.usable()) return ec;
+    if (mr.native_handle()->context != pd.context()) return make_error_code(errc::context_mismatch);
+    RDMAXX_TRY(g, detail::grant_for(pd.context(), o));
+    if (g.mechanism == grant_mechanism::none)
+      return make_error_code(g.unsafe ? errc::unsafe_grant : errc::unsupported);
+    return make(pd, mr, r, g.mechanism == grant_mechanism::type1_exact_region ? mw_type::type1
+                                                                              : mw_type::type2);
+  }
+
+  /// The explicit form: as above with a window of `type` chosen by the caller, on the MR's PD.
+  /// A type-2 window on a device with Capabilities::remote_inv_unbound_mw_panics (rxe) is for
+  /// trusted peers only. Errors: errc::null_handle, errc::unusable, errc::zero_length,
+  /// errc::out_of_range, errc::pd_mismatch, errno of ibv_reg_mr, and MemoryWindow::alloc's errors.
   [[nodiscard]] static result<StrictGrant> create(const ProtectionDomain &pd, const MemoryRegion &mr,
                                                   window_range r, mw_type type) noexcept {
     if (!pd) return make_error_code(errc::null_handle);
     if (auto ec = mr.usable()) return ec;
     if (mr.pd() != pd.native_handle()) return make_error_code(errc::pd_mismatch);
-    if (r.length == 0) return make_error_code(errc::zero_length);
-    if (r.offset > mr.length() || r.length > mr.length() - r.offset)
-      return make_error_code(errc::out_of_range);
-    StrictGrant g;
-    RDMAXX_TRY(region, MemoryRegion::reg(pd, mr.data() + r.offset, std::size_t(r.length),
-                                         (mr.access() & access::local_write) | access::mw_bind));
-    RDMAXX_TRY(window, MemoryWindow::alloc(pd, type));
-    g.region_ = std::move(region);
-    g.window_ = std::move(window);
-    return g;
+    return make(pd, mr, r, type);
   }
 
   /// Bind the window over the whole exact region (see MemoryWindow::bind).
@@ -547,74 +574,57 @@ public:
                                                wr w = {}) noexcept {
     return window_.bind(batch, qp, region_, {0, region_.length()}, rights, w);
   }
-  /// The window (for invalidate(), complete(), state() and descriptor()).
+  /// End the current grant and keep the slot for the next bind: type 1, MemoryWindow::unbind
+  /// (ibv_bind_mw, length 0); type 2 (trusted peers), MemoryWindow::invalidate (a local
+  /// invalidate). The old key is dead once the operation executes (its completion, handed to
+  /// window().complete()). Errors: those of MemoryWindow::unbind / invalidate.
+  result<void> unbind(QueuePair &qp, wr w = {window_wr_id, send_flag::signaled}) noexcept {
+    if (window_.type() == mw_type::type1) return window_.unbind(qp, w);
+    return window_.invalidate(qp, w);
+  }
+  /// The window (for complete(), state(), descriptor(), rkey(), and type-2 invalidate()).
   [[nodiscard]] MemoryWindow &window() noexcept { return window_; }
+  /// The window, read-only (state(), rkey(), descriptor()).
+  [[nodiscard]] const MemoryWindow &window() const noexcept { return window_; }
   /// The region registered for exactly the granted bytes.
   [[nodiscard]] const MemoryRegion &region() const noexcept { return region_; }
-  /// True while the grant holds a window (false when empty, moved from or released).
+  /// The grant mechanism in use (type1_exact_region or type2_window; none when empty).
+  [[nodiscard]] grant_mechanism mechanism() const noexcept {
+    if (!window_) return grant_mechanism::none;
+    return window_.type() == mw_type::type1 ? grant_mechanism::type1_exact_region
+                                            : grant_mechanism::type2_window;
+  }
+  /// True while the grant holds a window (false when empty, moved from or revoked).
   [[nodiscard]] explicit operator bool() const noexcept { return bool(window_); }
 
-  /// Revoke for good: deallocate the window, then deregister the exact region.
-  /// Errors: those of MemoryWindow::dealloc and MemoryRegion::dereg.
-  result<void> release() noexcept {
+  /// Revoke for good and destroy: deallocate the window (ibv_dealloc_mw: the key is dead when it
+  /// returns, whatever the window's recorded state), then deregister the exact region
+  /// (ibv_dereg_mr). Errors: those of MemoryWindow::dealloc and MemoryRegion::dereg (the grant
+  /// then keeps what was not destroyed).
+  result<void> revoke() noexcept {
     RDMAXX_TRYV(window_.dealloc());
     return region_.dereg();
   }
+  /// The former name of revoke() (kept until its last callers move; prefer revoke()).
+  result<void> release() noexcept { return revoke(); }
 
 private:
+  [[nodiscard]] static result<StrictGrant> make(const ProtectionDomain &pd, const MemoryRegion &mr,
+                                                window_range r, mw_type type) noexcept {
+    if (r.length == 0) return make_error_code(errc::zero_length);
+    if (r.offset > mr.length() || r.length > mr.length() - r.offset)
+      return make_error_code(errc::out_of_range);
+    StrictGrant g;
+    RDMAXX_TRY(region, MemoryRegion::reg(pd, mr.data() + r.offset, std::size_t(r.length),
+                                         (mr.access() & access::local_write) | access::mw_bind));
+    RDMAXX_TRY(window, MemoryWindow::alloc(pd, type));
+    g.region_ = std::move(region);
+    g.window_ = std::move(window);
+    return g;
+  }
+
   MemoryRegion region_; // declared first: destroyed after the window
   MemoryWindow window_;
 };
-
-/// Probe on the live device whether window bounds are enforced: bind a window over 256 bytes in
-/// the middle of an 8 KiB region, read inside it through a loopback QP pair, then read the 64
-/// bytes just past its end (inside the region). Sets caps.mw_bounds_enforced (yes: refused with a
-/// remote access error; no: the read succeeded, as on rxe; unknown: the probe could not tell) and
-/// returns it. Creates and destroys a PD, CQs, QPs (gid index `gid_index`), MRs and a window.
-/// Errors: errc::null_handle, errc::unsupported (no window type), errors of the scratch objects.
-[[nodiscard]] inline result<tristate> probe_window_bounds(const Context &ctx, Capabilities &caps,
-                                                          int gid_index = 1) noexcept {
-  if (!ctx) return make_error_code(errc::null_handle);
-  if (!caps.mw_type2b && !caps.mw_type1) return make_error_code(errc::unsupported);
-  caps.mw_bounds_enforced = tristate::unknown;
-  RDMAXX_TRY(pd, ProtectionDomain::alloc(ctx));
-  RDMAXX_TRY(cq, CompletionQueue::create(ctx, 8));
-  RDMAXX_TRY(a, QueuePair::create(pd, cq, cq));
-  RDMAXX_TRY(b, QueuePair::create(pd, cq, cq));
-  connect_options o;
-  o.gid_index = gid_index;
-  RDMAXX_TRYV(connect_loopback(a, b, o));
-  RDMAXX_TRY(target, MemoryRegion::allocate(pd, 8192, access::local_write | access::mw_bind));
-  RDMAXX_TRY(local, MemoryRegion::allocate(pd, 4096, access::local_write));
-  RDMAXX_TRY(mw, MemoryWindow::alloc(pd, caps.mw_type2b ? mw_type::type2 : mw_type::type1));
-  auto wait = [&](ibv_wc &wc) -> bool {
-    const std::int64_t deadline = detail::monotonic_ms() + 5000;
-    while (detail::monotonic_ms() < deadline) {
-      auto n = cq.poll(std::span<ibv_wc>(&wc, 1));
-      if (!n) return false;
-      if (n.value() == 1) return true;
-    }
-    return false;
-  };
-  ibv_wc wc{};
-  // The window is bound through the target's QP (a type-2B window serves the QP it is bound through).
-  RDMAXX_TRY(d, mw.bind(b, target, {4096, 256}, access::remote_read, {1, send_flag::signaled}));
-  if (!wait(wc) || wc.status != IBV_WC_SUCCESS) return caps.mw_bounds_enforced;
-  (void)mw.complete(wc);
-  auto read = [&](std::uint64_t off, std::uint64_t id) -> int {
-    auto batch = a.start_send();
-    batch.read({id, send_flag::signaled}, d.at(off), local.sge(0, 64));
-    if (!batch.submit()) return -1;
-    if (!wait(wc)) return -1;
-    return wc.status;
-  };
-  if (read(0, 2) != IBV_WC_SUCCESS) return caps.mw_bounds_enforced;
-  const int outside = read(256, 3);
-  if (outside == IBV_WC_SUCCESS) caps.mw_bounds_enforced = tristate::no;
-  else if (outside == IBV_WC_REM_ACCESS_ERR) caps.mw_bounds_enforced = tristate::yes;
-  // The window goes before the QP it is bound through (see the lifetime rules above).
-  RDMAXX_TRYV(mw.dealloc());
-  return caps.mw_bounds_enforced;
-}
 
 } // namespace rdmaxx

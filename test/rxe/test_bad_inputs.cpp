@@ -953,7 +953,7 @@ void bad_inputs(const std::string &only) {
   t.add("MemoryWindow::bind (batch)", "type 1, zero-based", is(errc::wrong_type), [&] {
     return bind_batched(w1, lb.b, mt, {0, 64}, access::remote_read | access::zero_based);
   });
-  t.add("MemoryWindow::bind (batch)", "a 5th unconfirmed operation", is(errc::busy), [&] {
+  t.add("MemoryWindow::bind (batch)", "a 5th unconfirmed operation", is(errc::too_many_pending), [&] {
     auto b = lb.b.start_send();
     std::error_code ec;
     for (std::size_t i = 0; i <= MemoryWindow::max_pending && !ec; ++i)

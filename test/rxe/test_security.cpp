@@ -5,6 +5,7 @@
 #include "fixture.hpp"
 
 #include <rdmaxx/memory_window.hpp>
+#include <rdmaxx/probe.hpp>
 
 #include <cstdio>
 #include <cstring>

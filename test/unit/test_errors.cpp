@@ -79,6 +79,8 @@ TEST_CASE("rdmaxx::errc: every code has a message and a portable condition", "[u
       {errc::buffer_too_small, std::errc::no_buffer_space, "too small"},
       {errc::not_umr_qp, std::errc::invalid_argument, "mlx5 UMR send operations"},
       {errc::provider_limit, std::errc::value_too_large, "provider can carry"},
+      {errc::too_many_pending, std::errc::resource_unavailable_try_again, "unconfirmed"},
+      {errc::unsafe_grant, std::errc::operation_not_permitted, "crash"},
   };
   for (const auto &r : rows) {
     const std::error_code ec = r.e;

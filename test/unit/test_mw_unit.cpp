@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <string_view>
 #include <type_traits>
 
 using namespace rdmaxx;
@@ -126,4 +127,49 @@ TEST_CASE("the descriptor of a window is the grant as the peer must use it", "[u
   CHECK(d.length == 0);
   CHECK(d.rights.empty());
   CHECK_FALSE(d.zero_based);
+}
+
+TEST_CASE("grant mechanism: no key a peer could turn into a panic unless the caller opts in",
+          "[unit][mw][grant]") {
+  using detail::choose_grant;
+  const grant_options untrusted{}, trusted{.trusted_peers = true};
+  // rxe: both types, the panic is known: type 1 over an exact region, unless trusted.
+  CHECK(choose_grant(true, true, tristate::yes, untrusted, nullptr).mechanism ==
+        grant_mechanism::type1_exact_region);
+  CHECK(std::string_view(choose_grant(true, true, tristate::yes, untrusted, nullptr).reason)
+            .find("panics") != std::string_view::npos);
+  CHECK(choose_grant(true, true, tristate::yes, trusted, nullptr).mechanism ==
+        grant_mechanism::type2_window);
+  // mlx5: no defect: type 2B is the fast default.
+  CHECK(choose_grant(true, true, tristate::no, untrusted, nullptr).mechanism ==
+        grant_mechanism::type2_window);
+  // Unknown device: the safe one where it exists.
+  CHECK(choose_grant(true, true, tristate::unknown, untrusted, nullptr).mechanism ==
+        grant_mechanism::type1_exact_region);
+  CHECK(choose_grant(false, true, tristate::unknown, untrusted, nullptr).mechanism ==
+        grant_mechanism::type2_window);
+  // Only type 2 and the panic known: no grants for untrusted peers.
+  CHECK(choose_grant(false, true, tristate::yes, untrusted, nullptr).mechanism == grant_mechanism::none);
+  CHECK(choose_grant(false, true, tristate::yes, untrusted, nullptr).unsafe);
+  CHECK_FALSE(choose_grant(false, false, tristate::yes, untrusted, nullptr).unsafe);
+  CHECK(choose_grant(false, false, tristate::no, trusted, nullptr).mechanism == grant_mechanism::none);
+  // RDMAXX_GRANT forces a mechanism the device has (the panic canaries use type2).
+  CHECK(choose_grant(true, true, tristate::yes, untrusted, "type2").mechanism ==
+        grant_mechanism::type2_window);
+  CHECK(choose_grant(true, false, tristate::no, untrusted, "type2").mechanism ==
+        grant_mechanism::type1_exact_region);
+  CHECK(choose_grant(true, true, tristate::no, untrusted, "type1").mechanism ==
+        grant_mechanism::type1_exact_region);
+  // What is known per device.
+  tristate p = tristate::unknown;
+  const char *on = "";
+  detail::known_invalidate_defect(rxe_vendor_id, false, p, on);
+  CHECK(p == tristate::yes);
+  CHECK(std::string_view(on).find("6.1.0-57") != std::string_view::npos);
+  p = tristate::unknown;
+  detail::known_invalidate_defect(0x02c9, true, p, on);
+  CHECK(p == tristate::no);
+  p = tristate::unknown;
+  detail::known_invalidate_defect(0x1234, false, p, on);
+  CHECK(p == tristate::unknown);
 }
