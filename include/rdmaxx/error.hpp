@@ -99,6 +99,8 @@ enum class errc : int {
   wrong_type,                ///< not valid for this object's type (e.g. a type-1 window)
   provider_defect,           ///< the device's provider would get this request wrong (see README)
   context_mismatch,          ///< objects that must belong to one device context do not
+  private_data_too_long,     ///< rdma_cm private data above the transport's limit (56/196/148)
+  bad_address,               ///< an IP address or port that does not parse (connection.hpp)
 };
 
 namespace detail {
@@ -137,6 +139,9 @@ public:
     case errc::wrong_type: return "not valid for this object's type";
     case errc::provider_defect: return "not supported: this device's provider mishandles the request";
     case errc::context_mismatch: return "the objects belong to different device contexts";
+    case errc::private_data_too_long:
+      return "private data too long: at most 56 bytes on connect, 196 on accept, 148 on reject";
+    case errc::bad_address: return "bad address: expected A.B.C.D:PORT, [IPV6]:PORT or PORT";
     }
     return "unknown rdmaxx error";
   }
@@ -157,6 +162,7 @@ public:
     case errc::wrong_version: return std::errc::bad_message;
     case errc::verb_failed_without_errno: return std::errc::io_error;
     case errc::provider_defect: return std::errc::operation_not_supported;
+    case errc::private_data_too_long: return std::errc::message_size;
     default: return std::errc::invalid_argument;
     }
   }
