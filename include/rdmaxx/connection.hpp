@@ -81,6 +81,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <optional>
 #include <span>
 #include <string>
@@ -501,6 +502,17 @@ class Listener;
 class Connection {
 public:
   Connection() noexcept = default;
+  Connection(Connection &&) noexcept = default;
+  /// Destroys what this connection holds (in the order above), then takes `o`'s. Not the
+  /// member-wise default: that would destroy the old channel before the old id (rdma_destroy_id
+  /// then fails with EBADF) and the old Context before its PD.
+  Connection &operator=(Connection &&o) noexcept {
+    if (this != &o) {
+      this->~Connection();
+      ::new (static_cast<void *>(this)) Connection(std::move(o));
+    }
+    return *this;
+  }
 
   /// Active side, non-blocking: rdma_create_id and rdma_resolve_addr towards `to`; then watch
   /// fd() and call advance() until it returns conn_state::established. Errors:
@@ -535,8 +547,9 @@ public:
     return std::move(c);
   }
 
-  /// Process every pending event on this connection's channel without blocking and return the
-  /// state reached. Also enforces the current step's deadline. Errors (the state is then
+  /// Process the pending events on this connection's channel without blocking and return the
+  /// state reached (it stops right after reaching established, so that a connection that was
+  /// established and then disconnected is seen as both, in two calls). Also enforces the current step's deadline. Errors (the state is then
   /// failed, or disconnected for DISCONNECTED): cm_category() codes (REJECTED with the reject
   /// reason, its private data copied to conn_options::reject_data; UNREACHABLE; ADDR_ERROR;
   /// ROUTE_ERROR; CONNECT_ERROR; DISCONNECTED before establishment; DEVICE_REMOVAL; a timeout
@@ -551,10 +564,14 @@ public:
       if (state_ == conn_state::failed) return make_error_code(errc::wrong_state);
       RDMAXX_TRY(ev, detail::next_cm_event(channel_.native_handle()));
       if (!ev) break;
+      const conn_state was = state_;
       if (auto ec = on_event(*ev)) {
         if (state_ != conn_state::disconnected) state_ = conn_state::failed;
         return ec;
       }
+      // Reaching established is reported on its own: later events (a DISCONNECTED that is
+      // already queued) are left for the next call.
+      if (state_ == conn_state::established && was != conn_state::established) return state_;
     }
     if ((state_ != conn_state::established && state_ != conn_state::disconnected) &&
         detail::monotonic_ms() >= deadline_) {
@@ -755,8 +772,7 @@ private:
       if (state_ == conn_state::established) return {};
       if (state_ != conn_state::accepting) return make_error_code(errc::wrong_state);
       if (ev.status) return fail();
-      if (auto r = move_qp(IBV_QPS_RTS); !r) return r.error();
-      state_ = conn_state::established;
+      state_ = conn_state::established; // the QP reached RTS before rdma_accept
       return {};
     case RDMA_CM_EVENT_DISCONNECTED:
       if (qp_) (void)qp_.to_error();
@@ -842,6 +858,9 @@ public:
     RDMAXX_TRYV(c.make_qp(c.id_.get()->verbs));
     RDMAXX_TRYV(c.move_qp(IBV_QPS_INIT));
     RDMAXX_TRYV(c.move_qp(IBV_QPS_RTR));
+    // RTS now, as librdmacm does for its own QPs: once the client's DREQ may have arrived
+    // (a client that writes and disconnects at once), rdma_init_qp_attr refuses RTS (EINVAL).
+    RDMAXX_TRYV(c.move_qp(IBV_QPS_RTS));
     rdma_conn_param p = c.conn_param();
     p.responder_resources = o.responder_resources < resp_res_ ? o.responder_resources : resp_res_;
     p.initiator_depth = o.initiator_depth < init_depth_ ? o.initiator_depth : init_depth_;
@@ -884,6 +903,15 @@ private:
 class Listener {
 public:
   Listener() noexcept = default;
+  Listener(Listener &&) noexcept = default;
+  /// Destroys the old id before its channel (see Connection's move assignment).
+  Listener &operator=(Listener &&o) noexcept {
+    if (this != &o) {
+      this->~Listener();
+      ::new (static_cast<void *>(this)) Listener(std::move(o));
+    }
+    return *this;
+  }
 
   /// rdma_create_id (RDMA_PS_TCP), rdma_bind_addr to `at` (port 0: the kernel chooses, read it
   /// with port()), rdma_listen with `backlog`. Errors: errc::invalid_argument (backlog <= 0),
