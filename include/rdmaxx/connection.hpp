@@ -488,6 +488,7 @@ enum class conn_state : std::uint8_t {
   resolving_addr,  ///< rdma_resolve_addr posted
   resolving_route, ///< rdma_resolve_route posted
   connecting,      ///< rdma_connect posted, waiting for the response
+  prepared,        ///< accepting side: QP in RTS, rdma_accept not called yet (accept())
   accepting,       ///< rdma_accept posted, waiting for ESTABLISHED
   established,     ///< connected: the QP is in RTS
   disconnected,    ///< DISCONNECTED seen or disconnect() called: the QP is in ERR
@@ -573,8 +574,8 @@ public:
       // already queued) are left for the next call.
       if (state_ == conn_state::established && was != conn_state::established) return state_;
     }
-    if ((state_ != conn_state::established && state_ != conn_state::disconnected) &&
-        detail::monotonic_ms() >= deadline_) {
+    if (state_ != conn_state::established && state_ != conn_state::disconnected &&
+        state_ != conn_state::prepared && detail::monotonic_ms() >= deadline_) {
       const cm_step s = step();
       state_ = conn_state::failed;
       return cm_timeout(s);
@@ -596,6 +597,39 @@ public:
       RDMAXX_TRY(readable, detail::wait_readable(fd(), deadline));
       if (!readable) return false;
     }
+  }
+
+  /// Second half of an accept (after ConnectRequest::prepare()): rdma_accept with
+  /// `private_data` (at most 196 bytes); the state becomes accepting: advance() or
+  /// wait_established(). Errors: errc::null_handle, errc::wrong_state (not prepared),
+  /// errc::private_data_too_long (nothing is sent: accept again with less), errno of
+  /// rdma_accept.
+  result<void> accept(std::span<const std::byte> private_data = {}) noexcept {
+    if (!id_) return make_error_code(errc::null_handle);
+    if (state_ != conn_state::prepared) return make_error_code(errc::wrong_state);
+    if (private_data.size() > cm_accept_private_data_max)
+      return make_error_code(errc::private_data_too_long);
+    connect_data_len_ = std::uint8_t(private_data.size());
+    if (!private_data.empty()) std::memcpy(connect_data_.data(), private_data.data(), private_data.size());
+    rdma_conn_param p = conn_param();
+    p.responder_resources = opts_.responder_resources < resp_res_ ? opts_.responder_resources : resp_res_;
+    p.initiator_depth = opts_.initiator_depth < init_depth_ ? opts_.initiator_depth : init_depth_;
+    state_ = conn_state::accepting;
+    deadline_ = detail::monotonic_ms() + opts_.timeout_ms;
+    if (::rdma_accept(id_.get(), &p)) {
+      state_ = conn_state::failed;
+      return last_errno();
+    }
+    return success();
+  }
+
+  /// Blocking: advance() until established, within the current step's bound (conn_options::
+  /// timeout_ms). Errors: errc::null_handle, errc::wrong_state (prepared: accept() first), as
+  /// advance(); DISCONNECTED when the peer went away first.
+  result<void> wait_established() noexcept {
+    if (!id_) return make_error_code(errc::null_handle);
+    if (state_ == conn_state::prepared) return make_error_code(errc::wrong_state);
+    return run_until_established();
   }
 
   /// rdma_disconnect: move the QP to ERR (outstanding work completes as flushed) and send a
@@ -810,6 +844,8 @@ private:
   std::array<std::byte, cm_accept_private_data_max> connect_data_{}; // what we send
   std::uint8_t connect_data_len_ = 0;
   cm_private_data peer_data_{};
+  std::uint8_t resp_res_ = 0;   // the client's offer (CONNECT_REQUEST), passive side
+  std::uint8_t init_depth_ = 0;
 };
 
 /// A connection request received by a Listener (RDMA_CM_EVENT_CONNECT_REQUEST): accept() it or
@@ -833,41 +869,50 @@ public:
   /// True unless null (moved from, accepted or rejected).
   [[nodiscard]] explicit operator bool() const noexcept { return bool(id_); }
 
-  /// Non-blocking accept: create the QP (conn_options as for connect), move the id to a new
-  /// event channel (rdma_migrate_id), bring the QP to RTR and RTS (rdma_init_qp_attr) and
-  /// rdma_accept with o.private_data; the returned Connection is in conn_state::accepting:
-  /// advance() it until established (the client's RTU). The request becomes null, whatever the
-  /// outcome. Errors: errc::null_handle, errc::private_data_too_long (over 196 bytes; nothing is
-  /// sent and the request stays usable: reject it or accept again), errc::context_mismatch
-  /// (a PD of another device), errno of rdma_migrate_id / rdma_accept, qp_transition codes,
-  /// the errors of the resources created.
-  [[nodiscard]] result<Connection> start_accept(const conn_options &o = {}) noexcept {
+  /// First half of an accept: create the QP (conn_options as for connect), move the id to a
+  /// new event channel (rdma_migrate_id) and bring the QP to INIT, RTR and RTS
+  /// (rdma_init_qp_attr), without answering the client yet. The returned Connection is in
+  /// conn_state::prepared: post local work now (e.g. bind the memory window whose descriptor
+  /// goes into the accept's private data), then call Connection::accept(). Nothing may be sent
+  /// to the peer before it is established. The request becomes null, whatever the outcome.
+  /// Errors: errc::null_handle, errc::invalid_argument / errc::unknown_access_flag (options),
+  /// errc::context_mismatch (a PD of another device), errno of rdma_migrate_id /
+  /// rdma_init_qp_attr, qp_transition codes, the errors of the resources created.
+  [[nodiscard]] result<Connection> prepare(const conn_options &o = {}) noexcept {
     if (!id_) return make_error_code(errc::null_handle);
-    if (o.private_data.size() > cm_accept_private_data_max)
-      return make_error_code(errc::private_data_too_long);
     RDMAXX_TRYV(Connection::check_options(o));
     Connection c;
     c.opts_ = o;
     c.peer_data_ = data_;
+    c.resp_res_ = resp_res_;
+    c.init_depth_ = init_depth_;
     RDMAXX_TRY(ch, EventChannel::create());
     c.channel_ = std::move(ch);
     c.id_ = std::move(id_);
     if (::rdma_migrate_id(c.id_.get(), c.channel_.native_handle())) return last_errno();
-    c.connect_data_len_ = std::uint8_t(o.private_data.size());
-    if (!o.private_data.empty()) std::memcpy(c.connect_data_.data(), o.private_data.data(), o.private_data.size());
     RDMAXX_TRYV(c.make_qp(c.id_.get()->verbs));
     RDMAXX_TRYV(c.move_qp(IBV_QPS_INIT));
     RDMAXX_TRYV(c.move_qp(IBV_QPS_RTR));
     // RTS now, as librdmacm does for its own QPs: once the client's DREQ may have arrived
     // (a client that writes and disconnects at once), rdma_init_qp_attr refuses RTS (EINVAL).
     RDMAXX_TRYV(c.move_qp(IBV_QPS_RTS));
-    rdma_conn_param p = c.conn_param();
-    p.responder_resources = o.responder_resources < resp_res_ ? o.responder_resources : resp_res_;
-    p.initiator_depth = o.initiator_depth < init_depth_ ? o.initiator_depth : init_depth_;
-    c.state_ = conn_state::accepting;
+    c.state_ = conn_state::prepared;
     c.deadline_ = detail::monotonic_ms() + o.timeout_ms;
-    if (::rdma_accept(c.id_.get(), &p)) return last_errno();
     return c;
+  }
+
+  /// Non-blocking accept: prepare(o), then Connection::accept(o.private_data); the returned
+  /// Connection is in conn_state::accepting: advance() it until established (the client's
+  /// RTU). Errors: errc::private_data_too_long (over 196 bytes; checked first: nothing is
+  /// sent and the request stays usable: reject it or accept again), as prepare() and
+  /// Connection::accept().
+  [[nodiscard]] result<Connection> start_accept(const conn_options &o = {}) noexcept {
+    if (!id_) return make_error_code(errc::null_handle);
+    if (o.private_data.size() > cm_accept_private_data_max)
+      return make_error_code(errc::private_data_too_long);
+    RDMAXX_TRY(c, prepare(o));
+    RDMAXX_TRYV(c.accept(o.private_data));
+    return std::move(c);
   }
   /// Blocking accept: start_accept(), then advance() until established within o.timeout_ms.
   /// Errors: as start_accept() and Connection::advance() (a cm timeout naming the accept step).
