@@ -114,8 +114,8 @@ public:
       return ec;
     }
     CompletionQueue q;
-    q.channel_link_ = detail::child_link(channel ? channel->h_.node() : nullptr);
     q.h_ = detail::handle<traits>(cq, ctx.h_.node(), node);
+    q.h_.set_parent<detail::parent_slot::second>(channel ? channel->h_.node() : nullptr);
     return q;
   }
 
@@ -222,9 +222,7 @@ public:
 
   /// Destroy now (ibv_destroy_cq). Errors: errc::busy while QPs use it, errno of ibv_destroy_cq.
   result<void> destroy() noexcept {
-    RDMAXX_TRYV(h_.destroy());
-    channel_link_.drop();
-    return success();
+    return h_.destroy();
   }
 
 private:
@@ -232,11 +230,11 @@ private:
     using native = ibv_cq;
     static constexpr const char *object = "CompletionQueue";
     static constexpr const char *verb = "ibv_destroy_cq";
+    static constexpr std::size_t parents = 2; // Context, completion channel
     static int destroy(native *c) noexcept { return ::ibv_destroy_cq(c); }
   };
   friend class QueuePair;
-  detail::child_link channel_link_; // released after the CQ is destroyed
-  detail::handle<traits> h_;
+  detail::handle<traits> h_; // parents: Context, completion channel
 };
 
 } // namespace rdmaxx

@@ -60,6 +60,7 @@
 /// the accessors do not allocate except inside rdma_get_cm_event (malloc of one event).
 #pragma once
 
+#include "access.hpp"
 #include "completion_queue.hpp"
 #include "detail/clock.hpp"
 #include "detail/handle.hpp"
@@ -466,9 +467,10 @@ struct conn_options {
   /// Queue sizes and send operations of the QP (QueuePair::create).
   qp_caps caps{};
   send_ops ops = all_send_ops;
-  /// Remote operations the QP accepts (IBV_ACCESS_LOCAL_WRITE, REMOTE_WRITE/READ/ATOMIC).
-  unsigned qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                             IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+  /// Remote operations the QP accepts (as connect_options::qp_access: local write, remote
+  /// write/read/atomic; any other bit: errc::unknown_access_flag).
+  access_flags qp_access = access::local_write | access::remote_write | access::remote_read |
+                           access::remote_atomic;
   /// Outstanding RDMA reads/atomics this side accepts (responder_resources) and initiates
   /// (initiator_depth); clipped to the device's limits by rdma_cm.
   std::uint8_t responder_resources = 1;
@@ -687,8 +689,8 @@ private:
     if (o.pd && (!*o.pd || !o.send_cq || !o.recv_cq || !*o.send_cq || !*o.recv_cq))
       return make_error_code(errc::null_handle);
     if (!o.pd && (o.send_cq || o.recv_cq)) return make_error_code(errc::invalid_argument);
-    if (o.qp_access_flags & ~unsigned(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                                      IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC))
+    if (!o.qp_access.subset_of(access::local_write | access::remote_write | access::remote_read |
+                               access::remote_atomic))
       return make_error_code(errc::unknown_access_flag);
     return success();
   }
@@ -750,7 +752,7 @@ private:
     if (::rdma_init_qp_attr(id_.get(), &a, &mask)) return last_errno();
     // Only attributes userspace verbs knows (librdmacm masks the same legacy kernel bits).
     mask &= (IBV_QP_DEST_QPN << 1) - 1;
-    if (to == IBV_QPS_INIT) a.qp_access_flags = opts_.qp_access_flags;
+    if (to == IBV_QPS_INIT) a.qp_access_flags = opts_.qp_access.native();
     const ibv_qp_state from = to == IBV_QPS_INIT ? IBV_QPS_RESET
                               : to == IBV_QPS_RTR ? IBV_QPS_INIT
                                                   : IBV_QPS_RTR;

@@ -70,37 +70,51 @@ using outcome::success;
     return RDMAXX_CAT_(rdmaxx_try_, __LINE__).error();                                         \
   auto &&var = std::move(RDMAXX_CAT_(rdmaxx_try_, __LINE__)).assume_value()
 
-/// What rdmaxx detects on its own, before or after calling verbs.
+/// What rdmaxx detects on its own, before or after calling verbs. One code per meaning; after
+/// each, what the caller should do about it. Unless a function says otherwise, a call that
+/// answers one of these changed nothing.
 enum class errc : int {
-  invalid_argument = 1,      ///< an argument is malformed (see the more specific codes)
-  null_address,              ///< a null address where memory is required
-  zero_length,               ///< an empty range where a non-empty one is required
-  remote_write_needs_local_write,   ///< IBV_ACCESS_REMOTE_WRITE without IBV_ACCESS_LOCAL_WRITE
-  remote_atomic_needs_local_write,  ///< IBV_ACCESS_REMOTE_ATOMIC without IBV_ACCESS_LOCAL_WRITE
-  unknown_access_flag,       ///< an access bit this library does not know
-  out_of_range,              ///< a range or index lies outside its object or limit
-  wrong_state,               ///< the object is not in a state that allows the operation
-  null_handle,               ///< the handle is empty (moved from or never created)
-  unusable,                  ///< the object was left unusable; it can only be destroyed
-  busy,                      ///< the object still has dependants (children, bound windows)
-  unsupported,               ///< the device or build does not support the operation
-  pd_mismatch,               ///< objects that must share a protection domain do not
-  no_device,                 ///< no RDMA device (of that name) is present
-  timeout,                   ///< a bounded wait ran out
-  nothing_to_change,         ///< a modification call that asks for no change
-  missing_access,            ///< a region lacks an access right the operation needs
-  too_many_entries,          ///< more entries than the object or device allows
-  verb_failed_without_errno, ///< a verb reported failure but left errno at 0
-  malformed_input,           ///< bytes received from a peer do not decode
-  wrong_version,             ///< bytes received from a peer carry an unknown version
-  iova_page_offset_mismatch, ///< an IOVA whose offset within the page differs from the address's
-  not_bound,                 ///< the window or key is not bound (an invalidate would be unsafe)
-  already_bound,             ///< the window or key is bound; invalidate it first
-  wrong_type,                ///< not valid for this object's type (e.g. a type-1 window)
-  provider_defect,           ///< the device's provider would get this request wrong (see README)
-  context_mismatch,          ///< objects that must belong to one device context do not
-  private_data_too_long,     ///< rdma_cm private data above the transport's limit (56/196/148)
-  bad_address,               ///< an IP address or port that does not parse (connection.hpp)
+  invalid_argument = 1,      ///< an argument is malformed (no more specific code fits): fix the call
+  null_address,              ///< a null address where memory is required: pass real memory
+  zero_length,               ///< an empty range where a non-empty one is required: pass a length
+  remote_write_needs_local_write,   ///< IBV_ACCESS_REMOTE_WRITE without LOCAL_WRITE: add local_write
+  remote_atomic_needs_local_write,  ///< IBV_ACCESS_REMOTE_ATOMIC without LOCAL_WRITE: add local_write
+  unknown_access_flag,       ///< an access bit this library does not know: use access:: values only
+  out_of_range,              ///< a range or index lies outside its object or a limit: shrink or move it
+  wrong_state,               ///< the object's state does not allow the call (e.g. a QP before RTS,
+                             ///< a submitted batch): reach the state first, or open a new batch
+  null_handle,               ///< the handle is empty (moved from or never created): use a live one
+  unusable,                  ///< a failed operation left the object unusable: destroy it
+  busy,                      ///< the object still has children (windows, QPs, MRs...): destroy or
+                             ///< invalidate them first; the object is unchanged
+  unsupported,               ///< the device or build lacks the feature: take the portable path
+  pd_mismatch,               ///< objects that must share a PD do not: create them on one PD
+  no_device,                 ///< no RDMA device (of that name): check the name, load the driver
+  timeout,                   ///< a bounded wait ran out: retry, or treat the peer as gone
+  nothing_to_change,         ///< a modification that asks for no change: drop the call
+  missing_access,            ///< a region lacks an access right the operation needs: register with it
+  too_many_entries,          ///< more entries than the object or device allows: split the work
+  verb_failed_without_errno, ///< a verb failed but left errno at 0 (a provider bug): report it
+  malformed_input,           ///< bytes from a peer do not decode: drop them, distrust the peer
+  wrong_version,             ///< bytes from a peer carry an unknown version: upgrade one side
+  iova_page_offset_mismatch, ///< IOVA and address differ in their offset within a page: align them
+  not_bound,                 ///< the window or key is not bound: nothing to invalidate; bind it first
+  already_bound,             ///< the window or key is bound: invalidate it first
+  wrong_type,                ///< not valid for this object's type (e.g. a type-1 window): use the
+                             ///< call for its type
+  provider_defect,           ///< the device's provider would get this request wrong (README lists
+                             ///< them): use the documented alternative
+  context_mismatch,          ///< objects that must belong to one device context do not: open them
+                             ///< on one Context
+  qp_mismatch,               ///< a batch, window or key belongs to another QueuePair than the one
+                             ///< given: use the QP it was opened or bound on
+  buffer_too_small,          ///< the caller's output buffer is too small: give it at least the
+                             ///< size the function documents (e.g. encoded_size, max_send_sge)
+  private_data_too_long,     ///< rdma_cm private data above the transport's limit (56 bytes on
+                             ///< connect, 196 on accept, 148 on reject): send less, or send the
+                             ///< rest over the connection once it is established
+  bad_address,               ///< an IP address or port that does not parse (connection.hpp): pass
+                             ///< A.B.C.D:PORT, [IPV6]:PORT or PORT
 };
 
 namespace detail {
@@ -139,6 +153,8 @@ public:
     case errc::wrong_type: return "not valid for this object's type";
     case errc::provider_defect: return "not supported: this device's provider mishandles the request";
     case errc::context_mismatch: return "the objects belong to different device contexts";
+    case errc::qp_mismatch: return "the batch, window or key belongs to another queue pair";
+    case errc::buffer_too_small: return "the output buffer is too small";
     case errc::private_data_too_long:
       return "private data too long: at most 56 bytes on connect, 196 on accept, 148 on reject";
     case errc::bad_address: return "bad address: expected A.B.C.D:PORT, [IPV6]:PORT or PORT";
@@ -158,6 +174,7 @@ public:
     case errc::timeout: return std::errc::timed_out;
     case errc::missing_access: return std::errc::permission_denied;
     case errc::too_many_entries: return std::errc::argument_list_too_long;
+    case errc::buffer_too_small: return std::errc::no_buffer_space;
     case errc::malformed_input:
     case errc::wrong_version: return std::errc::bad_message;
     case errc::verb_failed_without_errno: return std::errc::io_error;
@@ -295,7 +312,10 @@ enum class condition : int {
 };
 
 namespace detail {
-[[nodiscard]] inline bool is_unsupported_errno(int e) noexcept {
+// The one set of errnos that mean "this device or kernel does not have it": used by
+// is_unsupported() and by the classification of a failed ibv_rereg_mr (a -4 with one of these
+// left the MR unchanged), so that both always agree.
+[[nodiscard]] constexpr bool is_unsupported_errno(int e) noexcept {
   // EOPNOTSUPP (== ENOTSUP on Linux) is what providers answer; ENOSYS and EPROTONOSUPPORT
   // come from missing kernel or provider entry points; EAFNOSUPPORT from missing transports.
   return e == EOPNOTSUPP || e == ENOTSUP || e == ENOSYS || e == EPROTONOSUPPORT || e == EAFNOSUPPORT;

@@ -1,6 +1,7 @@
 /// \file
-/// rdmaxx/indirect_key.hpp: IndirectKey (user-mode memory registration), its remote descriptor,
-/// and the initiator's write/read through a descriptor.
+/// rdmaxx/indirect_key.hpp: IndirectKey (user-mode memory registration). What a peer receives is
+/// an ikey_descriptor (ikey_descriptor.hpp); the peer writes and reads through it with
+/// write_indirect / read_indirect (indirect_access.hpp).
 ///
 /// An IndirectKey presents several registered regions (and other keys) as one zero-based address
 /// space, described by a layout (layout.hpp). Two backends, one API:
@@ -36,9 +37,9 @@
 
 #include "access.hpp"
 #include "detail/handle.hpp"
-#include "detail/wire.hpp"
 #include "device.hpp"
 #include "error.hpp"
+#include "ikey_descriptor.hpp"
 #include "layout.hpp"
 #include "memory_region.hpp"
 #include "protection_domain.hpp"
@@ -58,201 +59,6 @@
 struct mlx5dv_mkey;
 
 namespace rdmaxx {
-
-// ---------------------------------------------------------------------------------------------
-// the remote descriptor: what a peer needs to write or read through a key
-
-/// One segment of a key as a peer addresses it.
-struct remote_segment {
-  /// Remote address of the segment's first byte (0 for an mlx5 key, which is zero-based).
-  std::uint64_t addr = 0;
-  /// Bytes in the segment (> 0).
-  std::uint32_t length = 0;
-  /// The key that grants access to the segment (a window's rkey, or the mlx5 mkey's rkey).
-  std::uint32_t rkey = 0;
-  /// Field-wise equality.
-  friend constexpr bool operator==(const remote_segment &, const remote_segment &) noexcept = default;
-};
-
-/// The segments (in address-space order) and rights of an indirect key, for a peer. A value of
-/// bounded size (max_segments). Encoding, version 1, big-endian:
-///   u32 magic 'RXIK', u8 version, u8 rights (1 read, 2 write, 4 atomic), u16 count,
-///   u64 total length, then count x (u32 rkey, u64 addr, u32 length).
-class ikey_descriptor {
-public:
-  /// Segments a descriptor holds at most.
-  static constexpr std::size_t max_segments = 256;
-  /// The first 4 bytes of an encoding: "RXIK".
-  static constexpr std::uint32_t magic = 0x5258494b; // "RXIK"
-  /// The encoding version written and accepted.
-  static constexpr std::uint8_t version = 1;
-  /// Encoded bytes before the segments.
-  static constexpr std::size_t header_size = 16;
-  /// Encoded bytes per segment.
-  static constexpr std::size_t segment_size = 16;
-  /// Encoded bytes of a descriptor of `n` segments.
-  [[nodiscard]] static constexpr std::size_t encoded_size(std::size_t n) noexcept {
-    return header_size + n * segment_size;
-  }
-  /// Encoded bytes of a descriptor of max_segments segments (a buffer that always fits).
-  static constexpr std::size_t max_encoded_size = header_size + max_segments * segment_size;
-  /// The rights a descriptor can carry.
-  static constexpr access_flags remote_rights =
-      access::remote_read | access::remote_write | access::remote_atomic;
-
-  /// An empty descriptor (no segments: encode() refuses it).
-  ikey_descriptor() noexcept = default;
-
-  /// Build from segments and remote rights. Errors: errc::zero_length (no segment, or an empty
-  /// one), errc::too_many_entries (> max_segments), errc::unknown_access_flag (rights other than
-  /// remote read/write/atomic), errc::out_of_range (total length overflows).
-  [[nodiscard]] static result<ikey_descriptor> make(std::span<const remote_segment> segs,
-                                                    access_flags rights) noexcept {
-    if (segs.empty()) return make_error_code(errc::zero_length);
-    if (segs.size() > max_segments) return make_error_code(errc::too_many_entries);
-    if (!rights.subset_of(remote_rights)) return make_error_code(errc::unknown_access_flag);
-    ikey_descriptor d;
-    for (const auto &s : segs) {
-      if (s.length == 0) return make_error_code(errc::zero_length);
-      if (__builtin_add_overflow(d.length_, std::uint64_t(s.length), &d.length_))
-        return make_error_code(errc::out_of_range);
-      d.s_[d.n_++] = s;
-    }
-    d.rights_ = rights;
-    return d;
-  }
-
-  /// Total bytes of the segments (the key's address space).
-  [[nodiscard]] std::uint64_t length() const noexcept { return length_; }
-  /// The remote rights granted.
-  [[nodiscard]] access_flags rights() const noexcept { return rights_; }
-  /// The segments, in address-space order.
-  [[nodiscard]] std::span<const remote_segment> segments() const noexcept { return {s_.data(), n_}; }
-
-  /// Encode into `out`; returns the bytes written. Errors: errc::out_of_range (out too small),
-  /// errc::zero_length (an empty descriptor).
-  [[nodiscard]] result<std::size_t> encode(std::span<std::byte> out) const noexcept {
-    if (n_ == 0) return make_error_code(errc::zero_length);
-    if (out.size() < encoded_size(n_)) return make_error_code(errc::out_of_range);
-    detail::wire_writer w(out);
-    w.u32(magic);
-    w.u8(version);
-    w.u8(std::uint8_t((rights_.any(access::remote_read) ? 1 : 0) |
-                      (rights_.any(access::remote_write) ? 2 : 0) |
-                      (rights_.any(access::remote_atomic) ? 4 : 0)));
-    w.u16(std::uint16_t(n_));
-    w.u64(length_);
-    for (const auto &s : segments()) {
-      w.u32(s.rkey);
-      w.u64(s.addr);
-      w.u32(s.length);
-    }
-    return w.size();
-  }
-
-  /// Decode bytes from a peer. Errors: errc::malformed_input (short, wrong magic, trailing bytes,
-  /// unknown rights bits, no or empty segments, lengths that do not add up to the total),
-  /// errc::wrong_version, errc::too_many_entries (more than max_segments). Never reads past
-  /// `in`; allocates nothing.
-  [[nodiscard]] static result<ikey_descriptor> decode(std::span<const std::byte> in) noexcept {
-    detail::wire_reader r(in);
-    const std::uint32_t m = r.u32();
-    const std::uint8_t v = r.u8();
-    const std::uint8_t bits = r.u8();
-    const std::uint16_t n = r.u16();
-    const std::uint64_t total = r.u64();
-    if (r.failed() || m != magic) return make_error_code(errc::malformed_input);
-    if (v != version) return make_error_code(errc::wrong_version);
-    if (bits & ~7u) return make_error_code(errc::malformed_input);
-    if (n == 0) return make_error_code(errc::malformed_input);
-    if (n > max_segments) return make_error_code(errc::too_many_entries);
-    if (in.size() != encoded_size(n)) return make_error_code(errc::malformed_input);
-    ikey_descriptor d;
-    for (std::uint16_t i = 0; i < n; ++i) {
-      remote_segment s;
-      s.rkey = r.u32();
-      s.addr = r.u64();
-      s.length = r.u32();
-      if (s.length == 0) return make_error_code(errc::malformed_input);
-      if (__builtin_add_overflow(d.length_, std::uint64_t(s.length), &d.length_))
-        return make_error_code(errc::malformed_input);
-      d.s_[d.n_++] = s;
-    }
-    if (r.failed() || d.length_ != total) return make_error_code(errc::malformed_input);
-    access_flags rights;
-    if (bits & 1) rights |= access::remote_read;
-    if (bits & 2) rights |= access::remote_write;
-    if (bits & 4) rights |= access::remote_atomic;
-    d.rights_ = rights;
-    return d;
-  }
-
-  /// Same segments, total length and rights.
-  friend bool operator==(const ikey_descriptor &a, const ikey_descriptor &b) noexcept {
-    if (a.n_ != b.n_ || a.length_ != b.length_ || a.rights_ != b.rights_) return false;
-    for (std::size_t i = 0; i < a.n_; ++i)
-      if (!(a.s_[i] == b.s_[i])) return false;
-    return true;
-  }
-
-private:
-  std::array<remote_segment, max_segments> s_{};
-  std::size_t n_ = 0;
-  std::uint64_t length_ = 0;
-  access_flags rights_{};
-};
-
-// ---------------------------------------------------------------------------------------------
-// the initiator: write or read a window of a peer's key, one work request per touched segment
-
-namespace detail {
-template <bool Write>
-[[nodiscard]] inline result<std::uint32_t> post_indirect(SendBatch &b, wr w, const ikey_descriptor &d,
-                                                         std::uint64_t offset,
-                                                         const ibv_sge &local) noexcept {
-  if (!b.native_handle()) return make_error_code(errc::wrong_state);
-  if (local.length == 0) return make_error_code(errc::zero_length);
-  if (!d.rights().any(Write ? access::remote_write : access::remote_read))
-    return make_error_code(errc::missing_access);
-  const auto segs = d.segments();
-  if (offset > d.length() || local.length > d.length() - offset)
-    return make_error_code(errc::out_of_range);
-  std::uint32_t pieces = 0;
-  (void)for_each_piece(segs.size(), [&](std::size_t i) { return std::uint64_t(segs[i].length); },
-                       offset, local.length, [&](const window_piece &) { ++pieces; });
-  std::uint32_t k = 0;
-  const send_flags quiet = w.flags & ~send_flags(send_flag::signaled);
-  (void)for_each_piece(segs.size(), [&](std::size_t i) { return std::uint64_t(segs[i].length); },
-                       offset, local.length, [&](const window_piece &p) {
-                         const remote_segment &s = segs[p.segment];
-                         const ibv_sge part{local.addr + p.done, p.length, local.lkey};
-                         const wr one{w.id, ++k == pieces ? w.flags : quiet};
-                         const remote_addr ra{s.addr + p.segment_offset, s.rkey};
-                         if constexpr (Write) b.write(one, ra, part);
-                         else b.read(one, ra, part);
-                       });
-  return pieces;
-}
-} // namespace detail
-
-/// Write `local` to bytes [offset, offset + local.length) of the peer's key `d`: one RDMA write
-/// (ibv_wr_rdma_write) per touched segment, added to batch `b`; only the last carries w.flags'
-/// signaled bit (one completion), all carry w.id. Returns the number of work requests added.
-/// Errors (nothing added): errc::wrong_state (batch already submitted), errc::zero_length,
-/// errc::missing_access (the key grants no remote write), errc::out_of_range (beyond the layout).
-/// Inline, allocation-free.
-[[nodiscard]] inline result<std::uint32_t> write_indirect(SendBatch &b, wr w, const ikey_descriptor &d,
-                                                          std::uint64_t offset,
-                                                          const ibv_sge &local) noexcept {
-  return detail::post_indirect<true>(b, w, d, offset, local);
-}
-/// Read bytes [offset, offset + local.length) of the peer's key `d` into `local`: one RDMA read
-/// (ibv_wr_rdma_read) per touched segment, signalled once. Errors: as write_indirect (remote read).
-[[nodiscard]] inline result<std::uint32_t> read_indirect(SendBatch &b, wr w, const ikey_descriptor &d,
-                                                         std::uint64_t offset,
-                                                         const ibv_sge &local) noexcept {
-  return detail::post_indirect<false>(b, w, d, offset, local);
-}
 
 // ---------------------------------------------------------------------------------------------
 // IndirectKey
@@ -452,7 +258,7 @@ public:
   /// remote_read, remote_write, remote_atomic, each granted by every underlying region (software
   /// remote rights also need IBV_ACCESS_MW_BIND on the MRs).
   /// Errors (nothing added to the batch): errc::null_handle, errc::already_bound (configured:
-  /// invalidate first), errc::invalid_argument (batch not of `qp`), errc::wrong_state (batch
+  /// invalidate first), errc::qp_mismatch (batch not of `qp`), errc::wrong_state (batch
   /// submitted), errc::pd_mismatch, the layout_category() codes of layout::validate (naming the
   /// entry) and expand, errno of ibv_alloc_mw.
   [[nodiscard]] result<void> configure(QueuePair &qp, SendBatch &batch, const layout &l,
@@ -499,7 +305,7 @@ public:
         batch.bind_mw({w.id, i + 1 == n ? w.flags : quiet}, s.windows[i], rkey, info);
         g.rkey = rkey;
       }
-      qp_link_ = detail::child_link(qp.h_.node());
+      h_.set_parent<detail::parent_slot::second>(qp.h_.node());
     }
     s.nsegs = std::uint32_t(n);
     s.length = l.total_length();
@@ -541,7 +347,7 @@ public:
     s.configured = false;
     s.nsegs = 0;
     s.length = 0;
-    qp_link_.drop();
+    h_.set_parent<detail::parent_slot::second>(nullptr);
     if (rc != 0) return errno_code(rc);
     return success();
   }
@@ -550,7 +356,7 @@ public:
   /// QP's max_send_sge entries). mlx5: one SGE {offset, length, lkey} (zero-based). Software: one
   /// SGE per touched segment. Returns the number written.
   /// Errors: errc::null_handle, errc::wrong_state (not configured), errc::zero_length,
-  /// errc::out_of_range (beyond the layout), errc::too_many_entries (more SGEs than `out` holds).
+  /// errc::out_of_range (beyond the layout), errc::buffer_too_small (more SGEs than `out` holds).
   /// Inline, allocation-free.
   [[nodiscard]] result<std::size_t> sges(std::uint64_t offset, std::uint64_t length,
                                          std::span<ibv_sge> out) const noexcept {
@@ -561,14 +367,14 @@ public:
     if (offset > s.length || length > s.length - offset) return make_error_code(errc::out_of_range);
     if (s.mkey) {
       if (length > UINT32_MAX) return make_error_code(errc::out_of_range);
-      if (out.empty()) return make_error_code(errc::too_many_entries);
+      if (out.empty()) return make_error_code(errc::buffer_too_small);
       out[0] = {offset, std::uint32_t(length), mkey_lkey()};
       return std::size_t(1);
     }
     auto len_of = [&](std::size_t i) { return std::uint64_t(s.segs[i].length); };
     std::size_t n = 0;
     (void)for_each_piece(s.nsegs, len_of, offset, length, [&](const window_piece &) { ++n; });
-    if (n > out.size()) return make_error_code(errc::too_many_entries);
+    if (n > out.size()) return make_error_code(errc::buffer_too_small);
     std::size_t k = 0;
     (void)for_each_piece(s.nsegs, len_of, offset, length, [&](const window_piece &p) {
       const key_segment &g = s.segs[p.segment];
@@ -599,11 +405,7 @@ public:
 
   /// Destroy now: software windows deallocated, mlx5 mkey destroyed (mlx5dv_destroy_mkey).
   /// Errors: errno of the verbs; on failure the key stays valid.
-  result<void> destroy() noexcept {
-    RDMAXX_TRYV(h_.destroy());
-    qp_link_.drop();
-    return success();
-  }
+  result<void> destroy() noexcept { return h_.destroy(); }
 
 #if RDMAXX_HAVE_MLX5
   /// An RC QP that can configure mlx5 keys: mlx5dv_create_qp with the UMR send operations and
@@ -643,6 +445,7 @@ private:
     using native = detail::ikey_state;
     static constexpr const char *object = "IndirectKey";
     static constexpr const char *verb = "ibv_dealloc_mw / mlx5dv_destroy_mkey";
+    static constexpr std::size_t parents = 2; // PD, software: the QP the windows were bound through
     static int destroy(native *s) noexcept {
       if (const int rc = s->release_windows()) return rc;
 #if RDMAXX_HAVE_MLX5
@@ -666,7 +469,6 @@ private:
   [[nodiscard]] std::uint32_t mkey_rkey() const noexcept { return 0; }
 #endif
 
-  detail::child_link qp_link_; // declared first: released after the key is destroyed
   detail::handle<traits> h_;
 };
 

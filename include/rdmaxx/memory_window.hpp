@@ -222,7 +222,7 @@ public:
   /// does not. Checks first (see check_window_bind), and refuses to rebind a bound type-2 window.
   /// Returns the descriptor for the peer; it is valid once the bind executes, so send it on the
   /// same QP or after the bind's completion. If the batch is then dropped or its submit() fails,
-  /// call cancel_pending(). Errors: errc::null_handle, errc::invalid_argument (batch of another
+  /// call cancel_pending(). Errors: errc::null_handle, errc::qp_mismatch (batch of another
   /// QP), errc::unusable, the check_window_bind codes, errc::already_bound (type 2),
   /// errc::wrong_state (unconfirmed operations on another QP, or the batch is not open),
   /// errc::busy (max_pending unconfirmed operations). Inline, allocation-free.
@@ -291,7 +291,7 @@ public:
     return success();
   }
   /// Type 1: add an unbind to an open batch of `qp` (ibv_wr_bind_mw, bound MR, length 0).
-  /// Errors: as unbind(QueuePair&), plus errc::invalid_argument (batch of another QP),
+  /// Errors: as unbind(QueuePair&), plus errc::qp_mismatch (batch of another QP),
   /// errc::wrong_state (the batch is not open).
   result<void> unbind(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept {
     if (auto ec = check_unbind(qp)) return ec;
@@ -310,7 +310,7 @@ public:
   /// unbound type-2 window panics rxe. A bind and its invalidate can share one batch and one
   /// completion (signal only the invalidate). Errors: errc::null_handle, errc::wrong_type
   /// (type 1), errc::not_bound (never bound, already invalidated locally or by the peer),
-  /// errc::invalid_argument (another QP than the one bound through, or a batch of another QP),
+  /// errc::qp_mismatch (another QP than the one bound through, or a batch of another QP),
   /// errc::wrong_state (the batch is not open),
   /// errc::busy (see bind).
   result<void> invalidate(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept {
@@ -440,7 +440,7 @@ private:
     if (!h_ || !qp) return make_error_code(errc::null_handle);
     if (type_ != mw_type::type2) return make_error_code(errc::wrong_type);
     if (cur_.state != mw_state::bound) return make_error_code(errc::not_bound);
-    if (qp.qp_num() != cur_.qp_num) return make_error_code(errc::invalid_argument);
+    if (qp.qp_num() != cur_.qp_num) return make_error_code(errc::qp_mismatch);
     return check_pending(qp);
   }
 

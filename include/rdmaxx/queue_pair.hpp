@@ -11,28 +11,19 @@
 /// not allocate.
 #pragma once
 
+#include "access.hpp"
 #include "completion_queue.hpp"
 #include "detail/flags.hpp"
 #include "detail/handle.hpp"
 #include "error.hpp"
 #include "protection_domain.hpp"
+#include "work_request.hpp"
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
 
 namespace rdmaxx {
-
-/// Work-request flags (enum ibv_send_flags).
-enum class send_flag : unsigned {
-  fence = IBV_SEND_FENCE,
-  signaled = IBV_SEND_SIGNALED,
-  solicited = IBV_SEND_SOLICITED,
-  inline_data = IBV_SEND_INLINE,
-};
-RDMAXX_FLAGS_OPERATORS(send_flag)
-/// A set of work-request flags; native() is the IBV_SEND_* mask.
-using send_flags = flags<send_flag>;
 
 /// Send operations a QP is created with (IBV_QP_EX_WITH_*).
 enum class send_op : std::uint64_t {
@@ -103,27 +94,12 @@ struct connect_options {
   std::uint8_t max_rd_atomic = 1;
   /// Outstanding RDMA reads and atomics this QP accepts as target.
   std::uint8_t max_dest_rd_atomic = 1;
-  /// Remote operations this QP accepts as a target: IBV_ACCESS_REMOTE_WRITE, _READ, _ATOMIC (and
-  /// IBV_ACCESS_LOCAL_WRITE); to_init() refuses any other bit.
-  unsigned qp_access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-                       IBV_ACCESS_REMOTE_ATOMIC;
+  /// Remote operations this QP accepts as a target: access::remote_write, remote_read,
+  /// remote_atomic (and local_write); to_init() refuses any other right.
+  access_flags qp_access = access::local_write | access::remote_write | access::remote_read |
+                           access::remote_atomic;
 };
 
-/// An address in a peer's registered memory: where to read or write and the key that allows it.
-struct remote_addr {
-  /// Remote address (an offset for zero-based keys).
-  std::uint64_t addr = 0;
-  /// Remote key of the region, window or indirect key covering addr.
-  std::uint32_t rkey = 0;
-};
-
-/// Identity and flags of one work request.
-struct wr {
-  /// wr_id, returned in the completion.
-  std::uint64_t id = 0;
-  /// IBV_SEND_* flags (signaled, fence, solicited, inline).
-  send_flags flags{};
-};
 
 namespace detail {
 // rxe fails a post before RTS (EINVAL) but keeps the work requests and runs them once the QP is
@@ -395,9 +371,9 @@ public:
       return ec;
     }
     QueuePair r;
-    r.send_cq_link_ = detail::child_link(send_cq.h_.node());
-    r.recv_cq_link_ = detail::child_link(recv_cq.h_.node());
     r.h_ = detail::handle<traits>(qp, pd.node(), node);
+    r.h_.set_parent<detail::parent_slot::second>(send_cq.h_.node());
+    r.h_.set_parent<detail::parent_slot::third>(recv_cq.h_.node());
     r.qpx_.reset(::ibv_qp_to_qp_ex(qp));
     r.caps_ = {a.cap.max_send_wr, a.cap.max_recv_wr, a.cap.max_send_sge, a.cap.max_recv_sge,
                a.cap.max_inline_data};
@@ -468,14 +444,14 @@ public:
   /// qp_transition codes naming the attribute blamed.
   result<void> to_init(const connect_options &o = {}) noexcept {
     if (!h_) return make_error_code(errc::null_handle);
-    if (o.qp_access & ~unsigned(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                                IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC))
+    if (!o.qp_access.subset_of(access::local_write | access::remote_write | access::remote_read |
+                               access::remote_atomic))
       return make_error_code(errc::unknown_access_flag);
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_INIT;
     a.pkey_index = 0;
     a.port_num = o.port;
-    a.qp_access_flags = o.qp_access;
+    a.qp_access_flags = o.qp_access.native();
     return modify(a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
                   IBV_QPS_RESET, o);
   }
@@ -532,11 +508,12 @@ public:
   result<void> reset_and_reconnect() noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     if (!connected_once_) return make_error_code(errc::wrong_state);
-    RDMAXX_TRYV(reset());
+    RDMAXX_TRYV(to_reset());
     return connect(remote_, opts_);
   }
-  /// ibv_modify_qp to RESET. Errors: qp_transition codes.
-  result<void> reset() noexcept {
+  /// ibv_modify_qp to RESET (a state change, like to_init(): the QP is not destroyed).
+  /// Errors: errc::null_handle, qp_transition codes.
+  result<void> to_reset() noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_RESET;
@@ -568,8 +545,6 @@ public:
   /// are alive, errno of ibv_destroy_qp. On failure the QP stays valid.
   result<void> destroy() noexcept {
     RDMAXX_TRYV(h_.destroy());
-    send_cq_link_.drop();
-    recv_cq_link_.drop();
     qpx_.release();
     return success();
   }
@@ -581,6 +556,7 @@ private:
     using native = ibv_qp;
     static constexpr const char *object = "QueuePair";
     static constexpr const char *verb = "ibv_destroy_qp";
+    static constexpr std::size_t parents = 3; // PD, send CQ, receive CQ
     static int destroy(native *q) noexcept { return ::ibv_destroy_qp(q); }
   };
 
@@ -648,9 +624,7 @@ private:
 
   friend class MemoryWindow;
   friend class IndirectKey;
-  detail::child_link send_cq_link_;
-  detail::child_link recv_cq_link_;
-  detail::handle<traits> h_;
+  detail::handle<traits> h_; // parents: PD, send CQ, receive CQ
   detail::moved_ptr<ibv_qp_ex> qpx_;
   qp_caps caps_{};
   endpoint remote_{};
@@ -661,10 +635,10 @@ private:
 
 namespace detail {
 // For calls that add to a caller's batch: it must be open (errc::wrong_state: submitted, moved
-// from) and belong to `qp` (errc::invalid_argument).
+// from) and belong to `qp` (errc::qp_mismatch).
 [[nodiscard]] inline std::error_code check_batch_of(const SendBatch &b, const QueuePair &qp) noexcept {
   if (!b.native_handle()) return make_error_code(errc::wrong_state);
-  if (b.native_handle() != qp.native_handle_ex()) return make_error_code(errc::invalid_argument);
+  if (b.native_handle() != qp.native_handle_ex()) return make_error_code(errc::qp_mismatch);
   return {};
 }
 } // namespace detail

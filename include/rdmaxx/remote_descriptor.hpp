@@ -2,13 +2,13 @@
 /// rdmaxx/remote_descriptor.hpp: what a peer needs to access memory granted to it (address, length,
 /// rkey, rights), as a small value type with a stable, versioned, big-endian encoding.
 ///
-/// Every encoded descriptor starts with the same 8-byte header, so that other kinds (e.g. a
-/// multi-segment descriptor for indirect keys) can be added without touching this one:
+/// Every encoded descriptor starts with the same 8-byte header; the kinds are this one (a window),
+/// the indirect-key descriptor (ikey_descriptor.hpp) and any added later, each with its own body:
 /// ```
 ///   offset size field
 ///        0    4 magic         0x52445844 ("RDXD")
 ///        4    1 version       1 (descriptor_version); any other value is refused (wrong_version)
-///        5    1 kind          descriptor_kind (1 = one window / one key)
+///        5    1 kind          descriptor_kind (1 window, 2 indirect key)
 ///        6    2 body_length   bytes that follow the header
 /// ```
 /// Body of kind `window` (24 bytes, so 32 bytes in all):
@@ -17,11 +17,12 @@
 ///                             for zero-based windows)
 ///       16    8 length        bytes granted, > 0
 ///       24    4 rkey
-///       28    1 rights        bit 0 remote read, bit 1 remote write, bit 2 remote atomic; not 0
+///       28    1 rights        wire rights (below); not 0
 ///       29    1 flags         bit 0 zero-based
 ///       30    2 reserved      0
 /// ```
-/// All integers are big-endian. Decoders check everything and never read past their input: a
+/// Rights, the same byte in every kind (detail::rights_to_wire): bit 0 remote read, bit 1 remote
+/// write, bit 2 remote atomic, other bits 0. All integers are big-endian. Decoders check everything and never read past their input: a
 /// truncated, padded, malformed or unknown-version input is refused, never half-decoded.
 ///
 /// Allocation: none (an encoding is a std::array value or goes into the caller's buffer).
@@ -30,7 +31,7 @@
 #include "access.hpp"
 #include "detail/wire.hpp"
 #include "error.hpp"
-#include "queue_pair.hpp" // remote_addr
+#include "work_request.hpp" // remote_addr
 
 #include <array>
 #include <cstddef>
@@ -41,14 +42,33 @@ namespace rdmaxx {
 
 /// What a descriptor describes. Values are part of the wire format: never renumber.
 enum class descriptor_kind : std::uint8_t {
-  window = 1, ///< one contiguous range behind one rkey (a memory window or an MR)
-  // 2 and up: reserved for other kinds (multi-segment descriptors).
+  window = 1,       ///< one contiguous range behind one rkey (a memory window or an MR)
+  indirect_key = 2, ///< the segments of an indirect key (ikey_descriptor.hpp)
+  // 3 and up: reserved for other kinds.
 };
 
 /// The first 4 bytes of every encoded descriptor: "RDXD".
 inline constexpr std::uint32_t descriptor_magic = 0x52445844u; // "RDXD"
 /// The encoding version this library writes and accepts.
 inline constexpr std::uint8_t descriptor_version = 1;
+
+namespace detail {
+/// The remote rights of every descriptor kind as one wire byte (our own bits, independent of the
+/// IBV_ACCESS_* values): bit 0 remote read, bit 1 remote write, bit 2 remote atomic.
+inline constexpr std::uint8_t wire_rights_mask = 0x7;
+[[nodiscard]] constexpr std::uint8_t rights_to_wire(access_flags a) noexcept {
+  return std::uint8_t((a.any(access::remote_read) ? 1 : 0) | (a.any(access::remote_write) ? 2 : 0) |
+                      (a.any(access::remote_atomic) ? 4 : 0));
+}
+/// The rights of a wire byte; bits outside wire_rights_mask are ignored (decoders refuse them).
+[[nodiscard]] constexpr access_flags rights_from_wire(std::uint8_t b) noexcept {
+  access_flags a;
+  if (b & 1) a |= access::remote_read;
+  if (b & 2) a |= access::remote_write;
+  if (b & 4) a |= access::remote_atomic;
+  return a;
+}
+} // namespace detail
 
 /// The common header of every encoded descriptor.
 struct descriptor_header {
@@ -122,15 +142,15 @@ struct remote_descriptor {
     w.u64(addr);
     w.u64(length);
     w.u32(rkey);
-    w.u8(rights_bits(rights));
+    w.u8(detail::rights_to_wire(rights));
     w.u8(zero_based ? 1 : 0);
     w.u16(0);
     return out;
   }
-  /// Encode into the front of `out`; returns the bytes written. Errors: errc::out_of_range when
+  /// Encode into the front of `out`; returns the bytes written. Errors: errc::buffer_too_small when
   /// `out` is shorter than encoded_size (nothing is written).
   [[nodiscard]] result<std::size_t> encode_to(std::span<std::byte> out) const noexcept {
-    if (out.size() < encoded_size) return make_error_code(errc::out_of_range);
+    if (out.size() < encoded_size) return make_error_code(errc::buffer_too_small);
     const auto a = encode();
     for (std::size_t i = 0; i < encoded_size; ++i) out[i] = a[i];
     return encoded_size;
@@ -155,30 +175,16 @@ struct remote_descriptor {
     const std::uint8_t fl = r.u8();
     const std::uint16_t reserved = r.u16();
     if (r.failed() || r.remaining() != 0) return make_error_code(errc::malformed_input);
-    if ((rights & ~0x7u) != 0 || rights == 0 || (fl & ~0x1u) != 0 || reserved != 0)
+    if ((rights & ~detail::wire_rights_mask) != 0 || rights == 0 || (fl & ~0x1u) != 0 || reserved != 0)
       return make_error_code(errc::malformed_input);
     if (d.length == 0 || d.addr + d.length < d.addr) return make_error_code(errc::malformed_input);
-    d.rights = from_rights_bits(rights);
+    d.rights = detail::rights_from_wire(rights);
     d.zero_based = (fl & 1) != 0;
     return d;
   }
 
   /// Field-wise equality.
   friend constexpr bool operator==(const remote_descriptor &, const remote_descriptor &) noexcept = default;
-
-private:
-  // Wire bits are our own, independent of the IBV_ACCESS_* values.
-  static constexpr std::uint8_t rights_bits(access_flags a) noexcept {
-    return std::uint8_t((a.any(access::remote_read) ? 1 : 0) | (a.any(access::remote_write) ? 2 : 0) |
-                        (a.any(access::remote_atomic) ? 4 : 0));
-  }
-  static constexpr access_flags from_rights_bits(std::uint8_t b) noexcept {
-    access_flags a;
-    if (b & 1) a |= access::remote_read;
-    if (b & 2) a |= access::remote_write;
-    if (b & 4) a |= access::remote_atomic;
-    return a;
-  }
 };
 
 } // namespace rdmaxx

@@ -7,8 +7,10 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -36,6 +38,18 @@ inline Context open_device() {
                       << (c ? "ok" : c.error().message()) << " -- run the rxe suite through tools/rxe-vm");
   REQUIRE(c.has_value());
   return std::move(c).value();
+}
+
+/// The counts the kernel holds per device (`rdma resource show`, e.g. "0: rxe0: pd 1 cq 2 qp 2
+/// cm_id 0 mr 3 ctx 1 srq 0"): identical before and after a test means nothing leaked.
+inline std::string kernel_resources() {
+  std::string out;
+  if (FILE *p = ::popen("rdma resource show 2>/dev/null", "r")) {
+    char line[512];
+    while (std::fgets(line, sizeof line, p)) out += line;
+    ::pclose(p);
+  }
+  return out;
 }
 
 /// Poll `cq` until `n` completions arrived or `timeout` passed (emulated VMs are slow).

@@ -249,7 +249,7 @@ TEST_CASE("a failed transition names the transition and the attribute", "[core]"
   CHECK(qp_transition_attribute(r.error()) == __builtin_ctz(IBV_QP_AV));
   // The QP stopped in INIT: it can still be connected properly after a reset.
   CHECK(need(qp.state(), "state") == IBV_QPS_INIT);
-  need(qp.reset(), "reset");
+  need(qp.to_reset(), "to_reset");
   need(qp.connect(ep), "connect");
   CHECK(need(qp.state(), "state") == IBV_QPS_RTS);
 }

@@ -253,10 +253,10 @@ TEST_CASE("sequences that panic rxe are refused with clear errors, and the run g
   CHECK(w1.unbind(lb.b).error() == errc::not_bound);
   bind_wait(mw, lb.b, lb.cq_b, mr, {0, 64}, rw_rights, 9);
   CHECK(mw.bind(lb.b, mr, {0, 64}, rw_rights).error() == errc::already_bound);
-  CHECK(mw.invalidate(lb.a).error() == errc::invalid_argument); // not the QP it was bound through
+  CHECK(mw.invalidate(lb.a).error() == errc::qp_mismatch); // not the QP it was bound through
   {
     auto batch = lb.a.start_send();
-    CHECK(mw.invalidate(batch, lb.b).error() == errc::invalid_argument); // batch of another QP
+    CHECK(mw.invalidate(batch, lb.b).error() == errc::qp_mismatch); // batch of another QP
   }
   expect_no_completion(lb.cq_a, 100ms);
   expect_no_completion(lb.cq_b, 100ms);

@@ -12,16 +12,6 @@
 using namespace rxe;
 
 namespace {
-// "0: rxe0: pd 1 cq 2 qp 2 cm_id 0 mr 3 ctx 1 srq 0": the counts the kernel holds for rxe0.
-std::string kernel_resources() {
-  std::string out;
-  if (FILE *p = ::popen("rdma resource show 2>/dev/null", "r")) {
-    char line[512];
-    while (std::fgets(line, sizeof line, p)) out += line;
-    ::pclose(p);
-  }
-  return out;
-}
 using clock_type = std::chrono::steady_clock;
 bool in_budget(clock_type::time_point start, std::chrono::seconds budget) {
   return clock_type::now() - start < budget;

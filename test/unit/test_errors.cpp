@@ -1,5 +1,6 @@
 // Error model: mapping tables for every category rdmaxx defines.
 #include <rdmaxx/error.hpp>
+#include <rdmaxx/detail/rereg.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -24,8 +25,15 @@ TEST_CASE("errno from verbs becomes a generic-category code", "[unit][errors]") 
 }
 
 TEST_CASE("not-supported answers are recognised by one check", "[unit][errors]") {
-  for (int e : {EOPNOTSUPP, ENOTSUP, ENOSYS, EPROTONOSUPPORT, EAFNOSUPPORT})
+  for (int e : {EOPNOTSUPP, ENOTSUP, ENOSYS, EPROTONOSUPPORT, EAFNOSUPPORT}) {
     CHECK(is_unsupported(errno_code(e)));
+    // A -4 answer with the same errno is "unsupported, MR unchanged", never "unusable".
+    const auto o = detail::classify_rereg(IBV_REREG_MR_ERR_CMD, e);
+    CHECK(o.state == rereg_state::old_valid);
+    CHECK(o.unsupported);
+  }
+  for (int e : {EINVAL, ENOMEM, EFAULT})
+    CHECK(detail::classify_rereg(IBV_REREG_MR_ERR_CMD, e).state == rereg_state::unusable);
   for (int e : {EINVAL, ENOMEM, EBUSY, EPERM, EACCES})
     CHECK_FALSE(is_unsupported(errno_code(e)));
   CHECK(is_unsupported(make_error_code(errc::unsupported)));
@@ -67,6 +75,10 @@ TEST_CASE("rdmaxx::errc: every code has a message and a portable condition", "[u
       {errc::wrong_type, std::errc::invalid_argument, "type"},
       {errc::provider_defect, std::errc::operation_not_supported, "provider mishandles"},
       {errc::context_mismatch, std::errc::invalid_argument, "different device contexts"},
+      {errc::qp_mismatch, std::errc::invalid_argument, "another queue pair"},
+      {errc::buffer_too_small, std::errc::no_buffer_space, "too small"},
+      {errc::private_data_too_long, std::errc::message_size, "private data too long"},
+      {errc::bad_address, std::errc::invalid_argument, "bad address"},
   };
   for (const auto &r : rows) {
     const std::error_code ec = r.e;

@@ -24,10 +24,12 @@ TEST_CASE("ikey descriptor: exact encoding, round trip", "[unit][ikey][descripto
   REQUIRE(d.has_value());
   CHECK(d.value().length() == 0x111);
   std::array<std::byte, ikey_descriptor::encoded_size(2)> buf{};
-  REQUIRE(d.value().encode(buf).value() == 48);
-  const auto expect = bytes({'R', 'X', 'I', 'K', 1, 3, 0, 2, 0, 0, 0, 0, 0, 0, 0x01, 0x11,
-                             0xAA, 0xBB, 0xCC, 0xDD, 1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0x11,
-                             0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 1, 0});
+  REQUIRE(d.value().encode(buf).value() == 56);
+  // the common descriptor header (kind 2, body 48 bytes), then rights, count, total, segments
+  const auto expect = bytes({'R', 'D', 'X', 'D', 1, 2, 0, 48,
+                             3, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x01, 0x11,
+                             1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0x11, 0xAA, 0xBB, 0xCC, 0xDD,
+                             0, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 1, 0, 0, 0, 0, 7});
   REQUIRE(expect.size() == buf.size());
   for (std::size_t i = 0; i < buf.size(); ++i) {
     INFO("byte " << i);
@@ -39,8 +41,8 @@ TEST_CASE("ikey descriptor: exact encoding, round trip", "[unit][ikey][descripto
   CHECK(back.value().rights() == (access::remote_write | access::remote_read));
   CHECK(back.value().segments()[0].rkey == 0xAABBCCDD);
   // too small an output buffer
-  std::array<std::byte, 47> small{};
-  CHECK(d.value().encode(small).error() == errc::out_of_range);
+  std::array<std::byte, 55> small{};
+  CHECK(d.value().encode(small).error() == errc::buffer_too_small);
 }
 
 TEST_CASE("ikey descriptor: make() refuses bad input", "[unit][ikey][descriptor]") {
@@ -51,6 +53,7 @@ TEST_CASE("ikey descriptor: make() refuses bad input", "[unit][ikey][descriptor]
   CHECK(ikey_descriptor::make(std::span(&empty, 1), access::remote_read).error() == errc::zero_length);
   CHECK(ikey_descriptor::make(many, access::remote_read).error() == errc::too_many_entries);
   CHECK(ikey_descriptor::make(std::span(&ok, 1), access::local_write).error() == errc::unknown_access_flag);
+  CHECK(ikey_descriptor::make(std::span(&ok, 1), access_flags{}).error() == errc::missing_access);
   auto big = ikey_descriptor::make(full, access::remote_read);
   REQUIRE(big.has_value());
   CHECK(big.value().length() == std::uint64_t(UINT32_MAX) * ikey_descriptor::max_segments);
@@ -86,13 +89,19 @@ TEST_CASE("ikey descriptor: the decoder refuses malformed input", "[unit][ikey][
       {"magic", 0, 'X', errc::malformed_input},
       {"version 2", 4, 2, errc::wrong_version},
       {"version 0", 4, 0, errc::wrong_version},
-      {"unknown rights bit", 5, 0x0a, errc::malformed_input},
-      {"count 0", 7, 0, errc::malformed_input},
-      {"count says 4", 7, 4, errc::malformed_input},
-      {"count says 2", 7, 2, errc::malformed_input},
-      {"total too big", 15, 61, errc::malformed_input},
-      {"total too small", 15, 59, errc::malformed_input},
-      {"empty segment", 31, 0, errc::malformed_input},
+      {"kind window", 5, 1, errc::wrong_type},
+      {"body length short", 7, 63, errc::malformed_input},
+      {"body length long", 7, 65, errc::malformed_input},
+      {"unknown rights bit", 8, 0x0a, errc::malformed_input},
+      {"no rights", 8, 0, errc::malformed_input},
+      {"reserved byte", 9, 1, errc::malformed_input},
+      {"count 0", 11, 0, errc::malformed_input},
+      {"count says 4", 11, 4, errc::malformed_input},
+      {"count says 2", 11, 2, errc::malformed_input},
+      {"reserved word", 15, 1, errc::malformed_input},
+      {"total too big", 23, 61, errc::malformed_input},
+      {"total too small", 23, 59, errc::malformed_input},
+      {"empty segment", 35, 0, errc::malformed_input},
   };
   for (const row &r : rows) {
     INFO(r.what);
@@ -104,8 +113,8 @@ TEST_CASE("ikey descriptor: the decoder refuses malformed input", "[unit][ikey][
   }
   // more segments than the bound: refused before reading them
   auto v = base;
-  v[6] = std::byte(0x01);
-  v[7] = std::byte(0x01); // 257
+  v[10] = std::byte(0x01);
+  v[11] = std::byte(0x01); // 257
   CHECK(decode(v).error() == errc::too_many_entries);
   // trailing bytes
   v = base;
@@ -162,4 +171,23 @@ TEST_CASE("ikey: RDMAXX_UMR=software is recognised", "[unit][ikey]") {
   CHECK_FALSE(detail::umr_forced_software());
   ::unsetenv("RDMAXX_UMR");
   CHECK_FALSE(detail::umr_forced_software());
+}
+
+TEST_CASE("ikey descriptor: one header and one rights byte with window descriptors", "[unit][ikey][descriptor]") {
+  const remote_segment segs[] = {{0x1000, 10, 5}};
+  const auto d = ikey_descriptor::make(segs, access::remote_read | access::remote_atomic).value();
+  std::array<std::byte, ikey_descriptor::encoded_size(1)> ik{};
+  REQUIRE(d.encode(ik).has_value());
+  auto h = descriptor_header::peek(ik);
+  REQUIRE(h.has_value());
+  CHECK(h.value().kind == std::uint8_t(descriptor_kind::indirect_key));
+  CHECK(h.value().total_size() == ik.size());
+  // each decoder refuses the other kind as such, not as garbage
+  CHECK(remote_descriptor::decode(ik).error() == errc::wrong_type);
+  const remote_descriptor w{0x2000, 64, 9, access::remote_read | access::remote_atomic, false};
+  const auto wb = w.encode();
+  CHECK(ikey_descriptor::decode(wb).error() == errc::wrong_type);
+  // the same rights byte in both kinds
+  CHECK(wb[28] == ik[8]);
+  CHECK(std::to_integer<unsigned>(ik[8]) == detail::rights_to_wire(d.rights()));
 }

@@ -15,6 +15,7 @@
 #include "../error.hpp"
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <new>
 #include <utility>
@@ -42,8 +43,13 @@ private:
   T *p_ = nullptr;
 };
 
+/// The most parents one handle has (a QueuePair: its PD and its two CQs; a MemoryWindow: its PD,
+/// the MR it is bound to and, type 2, the QP it was bound through).
+inline constexpr std::size_t max_parents = 3;
+
 /// Live-children counter of a parent object, and what to do with the parent if it is destroyed
-/// while children still use it (orphaned: destroyed by its last child).
+/// while children still use it (orphaned: destroyed by its last child). An orphan carries every
+/// parent it had, so each of them stays counted until the orphan is really destroyed.
 struct parent_node {
   std::atomic<std::uint32_t> children{0};
   std::atomic<bool> orphaned{false};
@@ -52,18 +58,23 @@ struct parent_node {
   int (*destroy)(void *) noexcept = nullptr;
   const char *object = nullptr;
   const char *verb = nullptr;
-  parent_node *parent = nullptr;       // the orphan's own registration with its parent
+  parent_node *parents[max_parents] = {}; // the orphan's own registrations with its parents
 };
 
 void release_child(parent_node *p) noexcept;
 
-/// Destroy an orphaned parent now that its last child is gone, then release its own parent.
+/// Destroy an orphaned parent now that its last child is gone, then release its own parents. If
+/// the verb fails the object is still alive in its parents: they stay counted (and so are
+/// reported, not destroyed under it, when they go).
 [[gnu::cold]] inline void finish_orphan(parent_node *n) noexcept {
-  if (const int rc = n->destroy(n->native))
-    report_destroy_failure({n->object, n->verb, errno_code(rc), 0});
-  parent_node *up = n->parent;
+  const int rc = n->destroy(n->native);
+  parent_node *up[max_parents];
+  for (std::size_t i = 0; i < max_parents; ++i) up[i] = n->parents[i];
+  if (rc != 0) report_destroy_failure({n->object, n->verb, errno_code(rc), 0});
   delete n;
-  if (up) release_child(up);
+  if (rc != 0) return;
+  for (parent_node *p : up)
+    if (p) release_child(p);
 }
 
 /// One child of `p` is gone.
@@ -74,7 +85,9 @@ inline void release_child(parent_node *p) noexcept {
     finish_orphan(p);
 }
 
-/// A child's registration with its parent; released (decremented) when the child is destroyed.
+/// A child's registration with one parent; released (decremented) when dropped. Handles keep
+/// their links in their `handle` (below); the only other holder is a memory window's log of
+/// unconfirmed operations, which keeps the binding before each operation counted.
 class child_link {
 public:
   constexpr child_link() noexcept = default;
@@ -91,6 +104,7 @@ public:
   }
   ~child_link() { drop(); }
   [[nodiscard]] parent_node *parent() const noexcept { return p_.get(); }
+  [[nodiscard]] explicit operator bool() const noexcept { return p_.get() != nullptr; }
   void drop() noexcept {
     if (auto *p = p_.release()) release_child(p);
   }
@@ -103,21 +117,38 @@ private:
   moved_ptr<parent_node> p_;
 };
 
+/// Which parents a handle has, by slot. Slot 0 is the creating parent (Context, PD); the others
+/// are the further objects the C object uses while it lives.
+enum class parent_slot : std::size_t { primary = 0, second = 1, third = 2 };
+
 /// One owned C object of type Traits::native, destroyed through Traits::destroy (a compile-time
 /// deleter: no storage, inlined). Move-only, null after move. Parents also own the node that
-/// counts their children; children hold a link to their parent's node.
+/// counts their children; children hold one link per parent (up to Traits::parents, default 1),
+/// all of them kept while the C object exists: released after a successful destroy, kept when
+/// the verb fails, carried into the node when the destruction is deferred.
 ///
 /// Traits: using native = ...; static constexpr const char *object, *verb;
-/// static int destroy(native *) noexcept (returns 0 or an errno value).
+/// static int destroy(native *) noexcept (returns 0 or an errno value);
+/// optional static constexpr std::size_t parents (1 to max_parents).
 template <class Traits>
 class handle {
+  static constexpr std::size_t parents_of() noexcept {
+    if constexpr (requires { Traits::parents; }) return Traits::parents;
+    else return 1;
+  }
+
 public:
   using native = typename Traits::native;
+  static constexpr std::size_t parents = parents_of();
+  static_assert(parents >= 1 && parents <= max_parents);
 
   constexpr handle() noexcept = default;
   constexpr handle(std::nullptr_t) noexcept {}
-  handle(native *p, parent_node *parent, parent_node *own_node) noexcept
-      : link_(parent), p_(p), node_(own_node) {}
+  /// Owns `p`, a child of `parent` (slot 0; may be null), counting its own children in `own_node`
+  /// (null for objects that cannot have children).
+  handle(native *p, parent_node *parent, parent_node *own_node) noexcept : p_(p), node_(own_node) {
+    links_[0] = child_link(parent);
+  }
   handle(handle &&) noexcept = default;
   handle &operator=(handle &&o) noexcept {
     handle tmp(std::move(o));
@@ -129,18 +160,35 @@ public:
   [[nodiscard]] native *get() const noexcept { return p_.get(); }
   [[nodiscard]] explicit operator bool() const noexcept { return p_.get() != nullptr; }
   [[nodiscard]] parent_node *node() const noexcept { return node_.get(); }
-  [[nodiscard]] parent_node *parent() const noexcept { return link_.parent(); }
+  template <parent_slot S = parent_slot::primary>
+  [[nodiscard]] parent_node *parent() const noexcept {
+    return links_[index<S>()].parent();
+  }
   [[nodiscard]] std::uint32_t live_children() const noexcept {
     return node_.get() ? node_.get()->children.load(std::memory_order_acquire) : 0;
   }
 
-  /// Re-parent (e.g. a MemoryRegion moved to another PD by rereg).
-  void set_parent(parent_node *p) noexcept { link_ = child_link(p); }
+  /// Register with parent `p` in slot S (null: no parent there), releasing the one it replaces
+  /// (e.g. a MemoryRegion moved to another PD by rereg).
+  template <parent_slot S = parent_slot::primary>
+  void set_parent(parent_node *p) noexcept {
+    links_[index<S>()] = child_link(p);
+  }
+  /// Move a registration in or out of slot S without counting anew (a window's binding moving to
+  /// and from its log of unconfirmed operations).
+  template <parent_slot S>
+  void set_link(child_link &&l) noexcept {
+    links_[index<S>()] = std::move(l);
+  }
+  template <parent_slot S>
+  [[nodiscard]] child_link take_link() noexcept {
+    return std::move(links_[index<S>()]);
+  }
   /// Replace the owned object without destroying the old one (the caller destroyed it).
   void replace(native *p) noexcept { p_.reset(p); }
 
   /// Destroy now and report the outcome (the destructor does the same and reports through the
-  /// destroy-failure hook). On failure the handle keeps the object.
+  /// destroy-failure hook). On failure the handle keeps the object and its parents.
   result<void> destroy() noexcept {
     native *p = p_.get();
     if (!p) return success();
@@ -148,7 +196,7 @@ public:
     if (const int rc = Traits::destroy(p); rc != 0) return errno_code(rc);
     p_.release();
     delete node_.release();
-    link_.drop();
+    drop_links();
     return success();
   }
 
@@ -163,7 +211,7 @@ public:
       node->destroy = &destroy_erased;
       node->object = Traits::object;
       node->verb = Traits::verb;
-      node->parent = link_.transfer();
+      for (std::size_t i = 0; i < parents; ++i) node->parents[i] = links_[i].transfer();
       node->orphaned.store(true, std::memory_order_release);
       // The last child may have gone in the meantime: then nobody else will finish it.
       if (node->children.load(std::memory_order_acquire) == 0 &&
@@ -173,23 +221,31 @@ public:
     }
     if (const int rc = Traits::destroy(p); rc != 0) {
       report_destroy_failure({Traits::object, Traits::verb, errno_code(rc), 0});
-      link_.keep(); // the object is still alive in its parent
+      for (auto &l : links_) l.keep(); // the object is still alive in its parents
     } else {
-      link_.drop();
+      drop_links();
     }
     delete node_.release();
   }
 
   void swap(handle &o) noexcept {
-    std::swap(link_, o.link_);
+    for (std::size_t i = 0; i < parents; ++i) std::swap(links_[i], o.links_[i]);
     std::swap(p_, o.p_);
     std::swap(node_, o.node_);
   }
 
 private:
   static int destroy_erased(void *p) noexcept { return Traits::destroy(static_cast<native *>(p)); }
+  template <parent_slot S>
+  static constexpr std::size_t index() noexcept {
+    static_assert(static_cast<std::size_t>(S) < parents, "this handle has no parent in that slot");
+    return static_cast<std::size_t>(S);
+  }
+  void drop_links() noexcept {
+    for (auto &l : links_) l.drop();
+  }
 
-  child_link link_;  // declared first: released after the object is destroyed
+  child_link links_[parents]; // declared first: released after the object is destroyed
   moved_ptr<native> p_;
   moved_ptr<parent_node> node_;
 };

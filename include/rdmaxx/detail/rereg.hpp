@@ -57,8 +57,9 @@ struct native_rereg_outcome {
   case IBV_REREG_MR_ERR_DO_FORK_OLD:  // the new registration is in place; fork of old range failed
     return {rereg_state::new_valid, false};
   case IBV_REREG_MR_ERR_CMD:
-    // rdma-core's providers without rereg answer -4/EOPNOTSUPP before touching anything.
-    if (err == EOPNOTSUPP || err == ENOTSUP || err == ENOSYS) return {rereg_state::old_valid, true};
+    // rdma-core's providers without rereg answer -4/EOPNOTSUPP before touching anything; the
+    // other "not there" errnos (is_unsupported_errno) are refusals of the same kind.
+    if (is_unsupported_errno(err)) return {rereg_state::old_valid, true};
     return {rereg_state::unusable, false};
   case IBV_REREG_MR_ERR_CMD_AND_DO_FORK_NEW:
   default: // an undocumented code: assume the worst, as the seed's "undefined state"
