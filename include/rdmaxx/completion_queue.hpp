@@ -185,12 +185,12 @@ public:
   /// - Without a channel: a bounded busy poll (ibv_poll_cq in a loop, the clock read every 64
   ///   empty polls). Cost: one CPU core at 100% until a completion arrives or the time is up;
   ///   latency is the best there is (no interrupt, no system call). Use a channel for long waits.
+  /// A timeout of 0 or less polls once (twice with a channel) and does not wait.
   /// Errors: errc::null_handle, errc::zero_length (`out` is empty: no completion could be
-  /// returned), errc::invalid_argument (negative timeout), errc::timeout, errno of the verbs.
+  /// returned), errc::timeout, errno of the verbs.
   [[nodiscard]] result<std::size_t> wait(std::span<ibv_wc> out, int timeout_ms) noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     if (out.empty()) return make_error_code(errc::zero_length);
-    if (timeout_ms < 0) return make_error_code(errc::invalid_argument);
     ibv_comp_channel *ch = h_.get()->channel;
     const std::int64_t deadline = detail::monotonic_ms() + timeout_ms;
     if (!ch) {
