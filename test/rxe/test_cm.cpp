@@ -162,8 +162,9 @@ TEST_CASE("private data one byte over the limit is refused before verbs", "[cm]"
   std::thread client_thread;
   std::error_code client_ec;
   cm_private_data rej;
+  const address to = target(l); // Catch2 macros (in target()) only on the test's own thread
   client_thread = std::thread([&] {
-    auto c = Connection::connect(target(l), {.timeout_ms = 10000, .private_data = small,
+    auto c = Connection::connect(to, {.timeout_ms = 10000, .private_data = small,
                                              .reject_data = &rej});
     client_ec = c ? std::error_code{} : c.error();
   });
@@ -433,10 +434,11 @@ TEST_CASE("8 concurrent clients, each with its own QP, each doing verified write
     std::array<std::error_code, clients> errs{};
     std::array<int, clients> statuses{};
     std::vector<std::thread> ts;
+    const address to = target(l); // Catch2 is not thread-safe: no macro runs in the threads
     for (int i = 0; i < clients; ++i)
       ts.emplace_back([&, i] {
         const std::byte idx{std::uint8_t(i)};
-        auto c = Connection::connect(target(l), {.timeout_ms = 20000,
+        auto c = Connection::connect(to, {.timeout_ms = 20000,
                                                  .private_data = std::span<const std::byte>(&idx, 1)});
         if (!c) { errs[i] = c.error(); return; }
         auto d = remote_descriptor::decode(c.value().peer_private_data().first(remote_descriptor::encoded_size));
