@@ -1,38 +1,35 @@
 // examples/03_grant_revoke: grant a peer write access to part of your memory through a memory
-// window, then revoke it; two processes.
+// window, then revoke it; two processes connected by address over rdma_cm (no socket code, no
+// GID index, no endpoint exchange).
 //
-// The owner registers a buffer (no remote rights on the region itself), grants 256 bytes of it with
-// remote write through the library's default grant (StrictGrant: on rxe a type-1 window over a
-// region of exactly those bytes, which no peer can remotely invalidate or reach past), and sends
-// the peer a descriptor (address, length, rkey). The peer RDMA-writes through it. The owner
-// revokes the grant (deallocates the window and deregisters the exact region: synchronous)
-// and tells the peer, whose next write with the same descriptor fails with a remote access error;
-// the owner shows its memory untouched. QP information and the descriptor go over plain TCP.
+// The owner listens; for the peer's connection request it prepares the connection (QP in RTS),
+// registers a buffer (no remote rights on the region itself), grants 256 bytes of it with remote
+// write through the library's default grant (StrictGrant: on rxe a type-1 window over a region of
+// exactly those bytes, which no peer can remotely invalidate or reach past), and accepts with the
+// grant's 32-byte descriptor as the accept's private data. The peer RDMA-writes through it and
+// tells the owner with a send. The owner checks the bytes, revokes the grant (deallocates the
+// window and deregisters the exact region: synchronous) and tells the peer, whose next write with
+// the same descriptor fails with a remote access error (both QPs go to ERR: the owner sees its
+// pending receive flushed); the owner shows its memory untouched.
 //
-//   tools/rxe-vm build/examples/03_grant_revoke          # both roles: forks the peer, 127.0.0.1
-//   03_grant_revoke owner PORT                           # one role each, across two hosts:
-//   03_grant_revoke peer HOST PORT
+//   tools/rxe-vm build/examples/03_grant_revoke          # both roles: forks the peer, this host
+//   03_grant_revoke owner [ADDR:]PORT                    # one role each, across two hosts:
+//   03_grant_revoke peer ADDR:PORT
 //   tools/rxe-vm --pair 'build/examples/03_grant_revoke owner 7471'
-//                       'build/examples/03_grant_revoke peer $RXE_VM_PEER 7471'   (one line)
+//                       'build/examples/03_grant_revoke peer $RXE_VM_PEER:7471'   (one line)
 //
 // Exit status 0 only if every expected outcome happened: the peer's write landed exactly in the
 // granted range, its write after the revocation failed with a remote access error, and the owner's
 // memory was untouched by it.
+#include <rdmaxx/connection.hpp>
 #include <rdmaxx/memory_window.hpp>
-#include <rdmaxx/remote_descriptor.hpp>
 #include <rdmaxx/rdmaxx.hpp>
+#include <rdmaxx/remote_descriptor.hpp>
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
-#include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -41,217 +38,76 @@
 namespace {
 
 using namespace rdmaxx;
-using namespace std::chrono_literals;
 
 constexpr std::size_t buffer_size = 4096;
 constexpr window_range granted{1024, 256};
 constexpr unsigned char fill_owner = '.';
 constexpr unsigned char fill_grant = 0xAB;   // what the peer writes while granted
 constexpr unsigned char fill_revoked = 0xCD; // what it tries to write after the revocation
-
-// ---- a TCP stream of fixed-size messages ----
-
-class Socket {
-public:
-  explicit Socket(int fd = -1) noexcept : fd_(fd) {}
-  Socket(Socket &&o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Socket &operator=(Socket &&o) noexcept {
-    std::swap(fd_, o.fd_);
-    return *this;
-  }
-  ~Socket() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  [[nodiscard]] int fd() const noexcept { return fd_; }
-
-  result<void> send_all(std::span<const std::byte> b) noexcept {
-    while (!b.empty()) {
-      const ssize_t n = ::send(fd_, b.data(), b.size(), MSG_NOSIGNAL);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return last_errno();
-      b = b.subspan(std::size_t(n));
-    }
-    return success();
-  }
-  result<void> recv_all(std::span<std::byte> b) noexcept {
-    while (!b.empty()) {
-      const ssize_t n = ::recv(fd_, b.data(), b.size(), 0);
-      if (n < 0 && errno == EINTR) continue;
-      if (n == 0) return make_error_code(errc::malformed_input); // peer closed early
-      if (n < 0) return last_errno();
-      b = b.subspan(std::size_t(n));
-    }
-    return success();
-  }
-  result<void> send_byte(char c) noexcept {
-    const std::byte b{static_cast<unsigned char>(c)};
-    return send_all({&b, 1});
-  }
-  result<char> recv_byte() noexcept {
-    std::byte b{};
-    RDMAXX_TRYV(recv_all({&b, 1}));
-    return static_cast<char>(b);
-  }
-
-private:
-  int fd_;
-};
-
-void set_timeout(int fd) noexcept {
-  timeval tv{60, 0}; // an emulated VM is slow, but nothing waits forever
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-}
-
-result<Socket> listen_on(const char *host, std::uint16_t port) noexcept {
-  Socket s(::socket(AF_INET, SOCK_STREAM, 0));
-  if (s.fd() < 0) return last_errno();
-  const int one = 1;
-  ::setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  if (::inet_pton(AF_INET, host, &a.sin_addr) != 1) return make_error_code(errc::invalid_argument);
-  if (::bind(s.fd(), reinterpret_cast<sockaddr *>(&a), sizeof a) != 0) return last_errno();
-  if (::listen(s.fd(), 1) != 0) return last_errno();
-  return s;
-}
-
-result<std::uint16_t> port_of(const Socket &s) noexcept {
-  sockaddr_in a{};
-  socklen_t len = sizeof a;
-  if (::getsockname(s.fd(), reinterpret_cast<sockaddr *>(&a), &len) != 0) return last_errno();
-  return ntohs(a.sin_port);
-}
-
-result<Socket> accept_one(const Socket &l) noexcept {
-  Socket s(::accept(l.fd(), nullptr, nullptr));
-  if (s.fd() < 0) return last_errno();
-  set_timeout(s.fd());
-  return s;
-}
-
-// The owner may not be listening yet (two hosts start together): retry for a while.
-result<Socket> connect_to(const char *host, const char *port) noexcept {
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  std::error_code last = make_error_code(errc::timeout);
-  for (int attempt = 0; attempt < 300; ++attempt) {
-    addrinfo *ai = nullptr;
-    if (::getaddrinfo(host, port, &hints, &ai) == 0) {
-      Socket s(::socket(AF_INET, SOCK_STREAM, 0));
-      const int rc = s.fd() >= 0 ? ::connect(s.fd(), ai->ai_addr, ai->ai_addrlen) : -1;
-      const int err = errno;
-      ::freeaddrinfo(ai);
-      if (rc == 0) {
-        set_timeout(s.fd());
-        return s;
-      }
-      last = errno_code(err);
-    }
-    std::this_thread::sleep_for(100ms);
-  }
-  return last;
-}
-
-// ---- what the two sides exchange ----
-
-constexpr std::size_t endpoint_size = 4 + 4 + 16 + 2 + 1;
-
-result<void> send_endpoint(Socket &s, const endpoint &e) noexcept {
-  std::array<std::byte, endpoint_size> b{};
-  detail::wire_writer w(b);
-  w.u32(e.qpn);
-  w.u32(e.psn);
-  for (auto g : e.gid.raw) w.u8(g);
-  w.u16(e.lid);
-  w.u8(std::uint8_t(e.mtu));
-  return s.send_all(b);
-}
-
-result<endpoint> recv_endpoint(Socket &s) noexcept {
-  std::array<std::byte, endpoint_size> b{};
-  RDMAXX_TRYV(s.recv_all(b));
-  detail::wire_reader r(b);
-  endpoint e;
-  e.qpn = r.u32();
-  e.psn = r.u32();
-  for (auto &g : e.gid.raw) g = r.u8();
-  e.lid = r.u16();
-  const std::uint8_t mtu = r.u8();
-  if (r.failed() || mtu < IBV_MTU_256 || mtu > IBV_MTU_4096 || e.qpn == 0 || e.qpn > 0xffffff)
-    return make_error_code(errc::malformed_input);
-  e.mtu = ibv_mtu(mtu);
-  return e;
-}
-
-/// One completion within 10 s.
-result<ibv_wc> wait_wc(CompletionQueue &cq) noexcept {
-  ibv_wc wc{};
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (std::chrono::steady_clock::now() < deadline) {
-    RDMAXX_TRY(n, cq.poll(std::span<ibv_wc>(&wc, 1)));
-    if (n == 1) return wc;
-  }
-  return make_error_code(errc::timeout);
-}
-
-/// The RDMA side of either role: device, PD, CQ, QP, connected over `sock`.
-struct rdma {
-  Context ctx;
-  ProtectionDomain pd;
-  CompletionQueue cq;
-  QueuePair qp;
-
-  static result<rdma> connect(Socket &sock) noexcept {
-    rdma r;
-    RDMAXX_TRY(ctx, Context::open_first());
-    r.ctx = std::move(ctx);
-    RDMAXX_TRY(pd, ProtectionDomain::alloc(r.ctx));
-    r.pd = std::move(pd);
-    RDMAXX_TRY(cq, CompletionQueue::create(r.ctx, 16));
-    r.cq = std::move(cq);
-    RDMAXX_TRY(qp, QueuePair::create(r.pd, r.cq, r.cq));
-    r.qp = std::move(qp);
-    connect_options o;
-    o.psn = std::uint32_t(::getpid()) & 0xffffff;
-    RDMAXX_TRY(mine, r.qp.local_endpoint(o));
-    RDMAXX_TRYV(send_endpoint(sock, mine));
-    RDMAXX_TRY(theirs, recv_endpoint(sock));
-    RDMAXX_TRYV(r.qp.connect(theirs, o));
-    return r;
-  }
-  // Members destroyed in reverse order: QP, CQ, PD, context.
-};
+constexpr int step_ms = 20000;               // every rdma_cm step and completion wait is bounded
 
 bool expect(bool ok, const char *role, const char *what) {
   std::printf("%s: %s %s\n", role, ok ? "ok  " : "FAIL", what);
   return ok;
 }
 
+// A one-byte message over the connection (an inline send) and its receive buffers.
+struct messages {
+  unsigned char in[2] = {};
+  MemoryRegion mr;
+  static result<messages *> make(messages &m, const ProtectionDomain &pd) noexcept {
+    RDMAXX_TRY(mr, MemoryRegion::reg(pd, m.in, sizeof m.in, access::local_write));
+    m.mr = std::move(mr);
+    return &m;
+  }
+  result<void> post(QueuePair &qp, int slot) noexcept {
+    ibv_sge s = mr.sge();
+    s.addr += std::uint64_t(slot);
+    s.length = 1;
+    return qp.post_recv(std::uint64_t(100 + slot), s);
+  }
+};
+result<void> send_byte(QueuePair &qp, char c) noexcept {
+  const std::byte b{static_cast<unsigned char>(c)};
+  auto batch = qp.start_send();
+  batch.send_inline({.id = 9}, std::span(&b, 1)); // unsignalled: completes silently
+  return batch.submit();
+}
+
 // ---- the owner ----
 
-result<bool> owner(Socket &listener) noexcept {
-  RDMAXX_TRY(sock, accept_one(listener));
-  RDMAXX_TRY(r, rdma::connect(sock));
+result<bool> owner(Listener &l) noexcept {
+  RDMAXX_TRY(req, l.get_request(60000));
+  // The connection brings its own Context, PD and CQ on the device the request arrived on.
+  RDMAXX_TRY(conn, req.prepare({.timeout_ms = step_ms}));
   std::vector<unsigned char> mem(buffer_size, fill_owner);
   // The region grants nothing remotely by itself: only the window will.
-  RDMAXX_TRY(mr, MemoryRegion::reg(r.pd, mem.data(), mem.size(), access::local_write));
+  RDMAXX_TRY(mr, MemoryRegion::reg(conn.pd(), mem.data(), mem.size(), access::local_write));
   // The grant mechanism the library chose for this device (Capabilities::grant).
-  RDMAXX_TRY(g, StrictGrant::create(r.pd, mr, granted));
+  RDMAXX_TRY(g, StrictGrant::create(conn.pd(), mr, granted));
+  messages msg;
+  RDMAXX_TRYV(messages::make(msg, conn.pd()));
+  RDMAXX_TRYV(msg.post(conn.qp(), 0)); // the peer's "written"
+  RDMAXX_TRYV(msg.post(conn.qp(), 1)); // flushed when the peer's late write is denied
 
-  // Grant: bind through the QP connected to the peer.
-  RDMAXX_TRY(desc, g.bind(r.qp, access::remote_write, {1, send_flag::signaled}));
-  RDMAXX_TRY(bound, wait_wc(r.cq));
-  (void)g.window().complete(bound);
-  if (auto ec = wc_error(bound)) return ec;
-  std::printf("owner: granted %llu bytes at offset %llu, rkey 0x%x; sending the descriptor\n",
+  // Grant: bind through the connection's QP, then accept with the descriptor as private data.
+  RDMAXX_TRY(desc, g.bind(conn.qp(), access::remote_write, {1, send_flag::signaled}));
+  ibv_wc wc{};
+  RDMAXX_TRY(n, conn.cq().wait(std::span(&wc, 1), step_ms));
+  (void)n;
+  (void)g.window().complete(wc);
+  if (auto ec = wc_error(wc)) return ec;
+  std::printf("owner: granted %llu bytes at offset %llu, rkey 0x%x; accepting with the descriptor\n",
               static_cast<unsigned long long>(granted.length),
               static_cast<unsigned long long>(granted.offset), desc.rkey);
-  RDMAXX_TRYV(sock.send_all(desc.encode()));
+  const auto wire = desc.encode();
+  RDMAXX_TRYV(conn.accept(wire));
+  RDMAXX_TRYV(conn.wait_established());
 
-  RDMAXX_TRY(wrote, sock.recv_byte());
-  bool ok = expect(wrote == 'W', "owner", "peer reports its write through the window completed");
+  RDMAXX_TRY(n1, conn.cq().wait(std::span(&wc, 1), step_ms));
+  (void)n1;
+  bool ok = expect(wc.status == IBV_WC_SUCCESS && wc.wr_id == 100 && msg.in[0] == 'W', "owner",
+                   "peer reports its write through the window completed");
   bool landed = true;
   for (std::size_t i = 0; i < mem.size(); ++i) {
     const bool inside = i >= granted.offset && i < granted.offset + granted.length;
@@ -263,52 +119,85 @@ result<bool> owner(Socket &listener) noexcept {
   RDMAXX_TRYV(g.revoke());
   const std::vector<unsigned char> snapshot = mem;
   std::printf("owner: revoked (window deallocated, exact region deregistered); telling the peer\n");
-  RDMAXX_TRYV(sock.send_byte('R'));
+  RDMAXX_TRYV(send_byte(conn.qp(), 'R'));
 
-  RDMAXX_TRY(verdict, sock.recv_byte());
-  ok &= expect(verdict == 'D', "owner",
-               "peer reports its write after the revocation failed with a remote access error");
+  // The peer's write with the dead key is refused: the QP goes to ERR and flushes our receive.
+  RDMAXX_TRY(n2, conn.cq().wait(std::span(&wc, 1), step_ms));
+  (void)n2;
+  ok &= expect(wc.wr_id == 101 && wc.status == IBV_WC_WR_FLUSH_ERR, "owner",
+               "the peer's write after the revocation was refused (our QP went to ERR)");
   ok &= expect(mem == snapshot, "owner", "owner memory untouched after the revocation");
-  RDMAXX_TRYV(sock.send_byte('.')); // done: the peer may tear down
   return ok;
 }
 
 // ---- the peer ----
 
-result<bool> peer(const char *host, const char *port) noexcept {
-  RDMAXX_TRY(sock, connect_to(host, port));
-  RDMAXX_TRY(r, rdma::connect(sock));
-  std::vector<unsigned char> src(granted.length, fill_grant);
-  RDMAXX_TRY(ms, MemoryRegion::reg(r.pd, src.data(), src.size(), access::local_write));
+result<Connection> connect_retrying(const address &to) noexcept {
+  // Across two hosts the owner may not listen yet: retry "nobody listens" for a while.
+  for (int attempt = 0;; ++attempt) {
+    auto c = Connection::connect(to, {.timeout_ms = step_ms});
+    if (c || cm_reject_reason(c.error()) != 8 || attempt == 300) return c;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
 
-  std::array<std::byte, remote_descriptor::encoded_size> bytes{};
-  RDMAXX_TRYV(sock.recv_all(bytes));
-  RDMAXX_TRY(desc, remote_descriptor::decode(bytes));
-  std::printf("peer: got a descriptor: %llu bytes, rkey 0x%x, %s\n",
-              static_cast<unsigned long long>(desc.length), desc.rkey,
+result<bool> peer(const address &to) noexcept {
+  RDMAXX_TRY(conn, connect_retrying(to));
+  // The accept's private data: the descriptor (the transport pads it with zeros).
+  const auto pd_bytes = conn.peer_private_data();
+  RDMAXX_TRY(h, descriptor_header::peek(pd_bytes));
+  if (h.total_size() > pd_bytes.size()) return make_error_code(errc::malformed_input);
+  RDMAXX_TRY(desc, remote_descriptor::decode(pd_bytes.first(h.total_size())));
+  std::printf("peer: connected to %s; descriptor: %llu bytes, rkey 0x%x, %s\n",
+              to.to_string().c_str(), static_cast<unsigned long long>(desc.length), desc.rkey,
               desc.rights.any(access::remote_write) ? "writable" : "not writable");
+  std::vector<unsigned char> src(granted.length, fill_grant);
+  RDMAXX_TRY(ms, MemoryRegion::reg(conn.pd(), src.data(), src.size(), access::local_write));
+  messages msg;
+  RDMAXX_TRYV(messages::make(msg, conn.pd()));
+  RDMAXX_TRYV(msg.post(conn.qp(), 0)); // the owner's "revoked"
   RDMAXX_TRY(where, desc.slice(0, src.size()));
 
+  ibv_wc wc{};
   auto write = [&](std::uint64_t id) -> result<ibv_wc> {
-    auto batch = r.qp.start_send();
+    auto batch = conn.qp().start_send();
     batch.write({id, send_flag::signaled}, where, ms.sge());
     RDMAXX_TRYV(batch.submit());
-    return wait_wc(r.cq);
+    RDMAXX_TRY(n, conn.cq().wait(std::span(&wc, 1), step_ms));
+    (void)n;
+    return wc;
   };
   RDMAXX_TRY(first, write(1));
   bool ok = expect(first.status == IBV_WC_SUCCESS, "peer", "write through the granted window");
-  RDMAXX_TRYV(sock.send_byte(first.status == IBV_WC_SUCCESS ? 'W' : 'E'));
+  RDMAXX_TRYV(send_byte(conn.qp(), 'W'));
 
-  RDMAXX_TRY(revoked, sock.recv_byte());
-  ok &= expect(revoked == 'R', "peer", "owner says the grant is revoked");
+  RDMAXX_TRY(n1, conn.cq().wait(std::span(&wc, 1), step_ms));
+  (void)n1;
+  ok &= expect(wc.status == IBV_WC_SUCCESS && msg.in[0] == 'R', "peer", "owner says the grant is revoked");
   std::memset(src.data(), fill_revoked, src.size());
   RDMAXX_TRY(second, write(2));
   std::printf("peer: write after revocation: %s\n", ibv_wc_status_str(second.status));
-  const bool denied = second.status == IBV_WC_REM_ACCESS_ERR;
-  ok &= expect(denied, "peer", "write after the revocation fails with a remote access error");
-  RDMAXX_TRYV(sock.send_byte(denied ? 'D' : second.status == IBV_WC_SUCCESS ? 'S' : 'X'));
-  (void)sock.recv_byte(); // wait for the owner to finish checking
+  ok &= expect(second.status == IBV_WC_REM_ACCESS_ERR, "peer",
+               "write after the revocation fails with a remote access error");
   return ok;
+}
+
+// "Loopback" for RDMA is the IPv4 address of the local device: rxe sits on a real (or dummy)
+// interface, not on lo. Read it from the first device's GID table (the IPv4-mapped RoCE GID).
+result<std::string> device_ipv4() noexcept {
+  RDMAXX_TRY(ctx, Context::open_first());
+  RDMAXX_TRY(port, ctx.query_port(1));
+  for (int i = 0; i < port.gid_tbl_len; ++i) {
+    auto g = ctx.query_gid(1, i);
+    if (!g) continue;
+    const auto &r = g.value().raw;
+    bool mapped = r[10] == 0xff && r[11] == 0xff;
+    for (int k = 0; k < 10; ++k) mapped = mapped && r[k] == 0;
+    if (mapped)
+      return std::to_string(r[12]) + "." + std::to_string(r[13]) + "." + std::to_string(r[14]) +
+             "." + std::to_string(r[15]);
+  }
+  return make_error_code(errc::no_device);
 }
 
 int report(const char *role, const result<bool> &r) {
@@ -320,9 +209,9 @@ int report(const char *role, const result<bool> &r) {
 }
 
 int usage() {
-  std::fprintf(stderr, "usage: 03_grant_revoke                 (both roles, 127.0.0.1)\n"
-                       "       03_grant_revoke owner PORT\n"
-                       "       03_grant_revoke peer HOST PORT\n");
+  std::fprintf(stderr, "usage: 03_grant_revoke                      (both roles, this host)\n"
+                       "       03_grant_revoke owner [ADDR:]PORT\n"
+                       "       03_grant_revoke peer ADDR:PORT\n");
   return 2;
 }
 
@@ -330,30 +219,46 @@ int usage() {
 
 int main(int argc, char **argv) {
   if (argc == 3 && std::strcmp(argv[1], "owner") == 0) {
-    auto l = listen_on("0.0.0.0", std::uint16_t(std::atoi(argv[2])));
+    auto at = address::parse(argv[2]);
+    if (!at) return report("owner", at.error());
+    auto l = Listener::listen(at.value());
     if (!l) return report("owner", l.error());
+    std::printf("owner: listening on port %u\n", unsigned(l.value().port()));
+    std::fflush(stdout);
     return report("owner", owner(l.value()));
   }
-  if (argc == 4 && std::strcmp(argv[1], "peer") == 0) return report("peer", peer(argv[2], argv[3]));
+  if (argc == 3 && std::strcmp(argv[1], "peer") == 0) {
+    auto to = address::parse(argv[2]);
+    if (!to) return report("peer", to.error());
+    return report("peer", peer(to.value()));
+  }
   if (argc != 1) return usage();
 
-  // Both roles: listen on an ephemeral port, fork the peer before any verbs call (verbs state
-  // must not cross a fork), run the owner here.
-  auto l = listen_on("127.0.0.1", 0);
-  if (!l) return report("owner", l.error());
-  auto port = port_of(l.value());
-  if (!port) return report("owner", port.error());
+  // Both roles on this host: fork the peer before any rdma_cm or verbs call (that state must not
+  // cross a fork); the owner listens on every address with a port the kernel chooses and hands
+  // the port to the peer through a pipe; the peer connects to the device's own IPv4 address.
+  int fds[2];
+  if (::pipe(fds) != 0) return report("owner", last_errno());
   std::fflush(stdout);
   const pid_t child = ::fork();
   if (child < 0) return report("owner", last_errno());
   if (child == 0) {
-    Socket none = std::move(l).value(); // the peer does not listen
-    const std::string p = std::to_string(port.value());
-    const int rc = report("peer", peer("127.0.0.1", p.c_str()));
+    ::close(fds[1]);
+    std::uint16_t port = 0;
+    const bool got = ::read(fds[0], &port, sizeof port) == sizeof port && port != 0;
+    int rc = 1;
+    auto ip = device_ipv4();
+    if (!ip) rc = report("peer", ip.error());
+    else if (got) rc = report("peer", peer(address::parse(ip.value() + ":" + std::to_string(port)).value()));
     std::fflush(stdout);
     ::_exit(rc);
   }
-  const int owner_rc = report("owner", owner(l.value()));
+  ::close(fds[0]);
+  auto l = Listener::listen(address::parse("0").value());
+  const std::uint16_t port = l ? l.value().port() : 0;
+  (void)!::write(fds[1], &port, sizeof port);
+  ::close(fds[1]);
+  const int owner_rc = l ? report("owner", owner(l.value())) : report("owner", l.error());
   int status = 0;
   while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {}
   const int peer_rc = WIFEXITED(status) ? WEXITSTATUS(status) : 1;

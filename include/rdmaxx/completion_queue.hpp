@@ -42,6 +42,31 @@ public:
   [[nodiscard]] explicit operator bool() const noexcept { return bool(h_); }
   /// The channel's file descriptor (for poll(2) or epoll), or -1 when null.
   [[nodiscard]] int fd() const noexcept { return h_ ? h_.get()->fd : -1; }
+
+  /// Wait up to `timeout_ms` (0: do not wait) for one completion event (poll(2) on fd(), then
+  /// ibv_get_cq_event(3)) and return the CQ it is for: one channel may serve several CQs
+  /// (compare with CompletionQueue::native_handle()). The event must be acknowledged with that
+  /// CQ's ack_events() (batching is allowed: ack n at once) before the CQ is destroyed:
+  /// ibv_destroy_cq waits for every event to be acknowledged. The CQ is disarmed by the event:
+  /// follow the drain rule of CompletionQueue::poll_and_arm(). Errors: errc::null_handle,
+  /// errc::invalid_argument (negative timeout), errc::timeout, errno of poll / ibv_get_cq_event.
+  [[nodiscard]] result<ibv_cq *> get_event(int timeout_ms) noexcept {
+    if (!h_) return make_error_code(errc::null_handle);
+    if (timeout_ms < 0) return make_error_code(errc::invalid_argument);
+    const std::int64_t deadline = detail::monotonic_ms() + timeout_ms;
+    for (;;) {
+      const std::int64_t left = deadline - detail::monotonic_ms();
+      pollfd p{h_.get()->fd, POLLIN, 0};
+      const int pr = ::poll(&p, 1, left > 0 ? int(left) : 0);
+      if (pr < 0 && errno != EINTR) return last_errno();
+      if (pr > 0) break;
+      if (left <= 0) return make_error_code(errc::timeout);
+    }
+    ibv_cq *cq = nullptr;
+    void *ctx = nullptr;
+    if (::ibv_get_cq_event(h_.get(), &cq, &ctx)) return last_errno();
+    return cq;
+  }
   /// Destroy now (ibv_destroy_comp_channel). Errors: errc::busy while CQs use it, errno of
   /// ibv_destroy_comp_channel. A null channel succeeds (nothing to destroy).
   result<void> destroy() noexcept { return h_.destroy(); }
@@ -102,18 +127,70 @@ public:
     return std::size_t(n);
   }
 
-  /// Wait up to `timeout_ms` milliseconds for completions and poll them into `out` (needs a
-  /// channel): poll; if empty, arm (ibv_req_notify_cq), poll again to close the race, then wait
-  /// on the channel fd (poll(2)), ibv_get_cq_event + ibv_ack_cq_events, and poll. Returns the
-  /// number written (>= 1). Errors: errc::null_handle, errc::zero_length (`out` is empty: no
-  /// completion could be returned), errc::wrong_state (no channel), errc::timeout, errno of the
-  /// verbs.
+  /// ibv_req_notify_cq: arm the CQ so that the next completion (with `solicited_only`, the next
+  /// completion of a work request with send_flag::solicited, or any error completion) raises one
+  /// event on its channel. One arm gives at most one event. Errors: errc::null_handle,
+  /// errc::wrong_state (no channel), errno of ibv_req_notify_cq.
+  result<void> arm(bool solicited_only = false) noexcept {
+    if (!h_) return make_error_code(errc::null_handle);
+    if (!h_.get()->channel) return make_error_code(errc::wrong_state);
+    if (const int rc = ::ibv_req_notify_cq(h_.get(), solicited_only ? 1 : 0)) return errno_code(rc);
+    return success();
+  }
+
+  /// The drain-after-event rule in one call: poll into `out`; if the CQ is then empty (fewer
+  /// than out.size() written), arm it (as arm()) and poll once more, because a completion that
+  /// arrived between the empty poll and the arm raises no event. Returns the number written.
+  /// While it returns out.size() the CQ may hold more: call it again. When it returns less, the
+  /// CQ is empty and armed: it is safe to wait for the next event. Skipping this (waiting with
+  /// completions left in the CQ, or arming without the second poll) loses notifications: the
+  /// next event may never come. Errors: errc::null_handle, errc::zero_length (empty `out`),
+  /// errc::wrong_state (no channel), errno of ibv_poll_cq / ibv_req_notify_cq.
+  [[nodiscard]] result<std::size_t> poll_and_arm(std::span<ibv_wc> out, bool solicited_only = false) noexcept {
+    if (!h_) return make_error_code(errc::null_handle);
+    if (out.empty()) return make_error_code(errc::zero_length);
+    RDMAXX_TRY(n, poll(out));
+    if (n == out.size()) return n;
+    RDMAXX_TRYV(arm(solicited_only));
+    RDMAXX_TRY(m, poll(out.subspan(n)));
+    return n + m;
+  }
+
+  /// ibv_ack_cq_events: acknowledge `n` events CompletionChannel::get_event() returned for this
+  /// CQ (acknowledging in batches saves a mutex per event; every event must be acknowledged
+  /// before the CQ is destroyed). Errors: errc::null_handle.
+  result<void> ack_events(unsigned n) noexcept {
+    if (!h_) return make_error_code(errc::null_handle);
+    if (n) ::ibv_ack_cq_events(h_.get(), n);
+    return success();
+  }
+
+  /// Wait up to `timeout_ms` milliseconds for completions and poll them into `out`. Returns the
+  /// number written (>= 1).
+  /// - With a channel: poll; if empty, arm (ibv_req_notify_cq), poll again to close the race,
+  ///   then wait on the channel fd (poll(2)), ibv_get_cq_event + ibv_ack_cq_events, and poll.
+  ///   Do not use it on a channel shared by several CQs: it may take another CQ's event (it
+  ///   acknowledges it, so nothing hangs, but that CQ's owner never sees the event). Use
+  ///   CompletionChannel::get_event() there.
+  /// - Without a channel: a bounded busy poll (ibv_poll_cq in a loop, the clock read every 64
+  ///   empty polls). Cost: one CPU core at 100% until a completion arrives or the time is up;
+  ///   latency is the best there is (no interrupt, no system call). Use a channel for long waits.
+  /// A timeout of 0 or less polls once (twice with a channel) and does not wait.
+  /// Errors: errc::null_handle, errc::zero_length (`out` is empty: no completion could be
+  /// returned), errc::timeout, errno of the verbs.
   [[nodiscard]] result<std::size_t> wait(std::span<ibv_wc> out, int timeout_ms) noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     if (out.empty()) return make_error_code(errc::zero_length);
     ibv_comp_channel *ch = h_.get()->channel;
-    if (!ch) return make_error_code(errc::wrong_state);
     const std::int64_t deadline = detail::monotonic_ms() + timeout_ms;
+    if (!ch) {
+      for (unsigned spins = 0;; ++spins) {
+        RDMAXX_TRY(n, poll(out));
+        if (n) return n;
+        if ((spins & 63) == 63 && detail::monotonic_ms() >= deadline)
+          return make_error_code(errc::timeout);
+      }
+    }
     for (;;) {
       RDMAXX_TRY(n, poll(out));
       if (n) return n;

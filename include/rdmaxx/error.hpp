@@ -127,6 +127,11 @@ enum class errc : int {
   /// mechanism the library chose (StrictGrant::create without a type), or opt in for trusted
   /// peers (grant_options::trusted_peers).
   unsafe_grant,
+  private_data_too_long,     ///< rdma_cm private data above the transport's limit (56 bytes on
+                             ///< connect, 196 on accept, 148 on reject): send less, or send the
+                             ///< rest over the connection once it is established
+  bad_address,               ///< an IP address or port that does not parse (connection.hpp): pass
+                             ///< A.B.C.D:PORT, [IPV6]:PORT or PORT
 };
 
 namespace detail {
@@ -174,6 +179,9 @@ public:
       return "too many unconfirmed operations: hand their completions to complete() first";
     case errc::unsafe_grant:
       return "unsafe grant: a peer could crash this device's kernel with this key (trusted peers only)";
+    case errc::private_data_too_long:
+      return "private data too long: at most 56 bytes on connect, 196 on accept, 148 on reject";
+    case errc::bad_address: return "bad address: expected A.B.C.D:PORT, [IPV6]:PORT or PORT";
     }
     return "unknown rdmaxx error";
   }
@@ -198,6 +206,7 @@ public:
     case errc::verb_failed_without_errno: return std::errc::io_error;
     case errc::provider_defect: return std::errc::operation_not_supported;
     case errc::provider_limit: return std::errc::value_too_large;
+    case errc::private_data_too_long: return std::errc::message_size;
     default: return std::errc::invalid_argument;
     }
   }

@@ -17,8 +17,10 @@
 #include "detail/handle.hpp"
 #include "error.hpp"
 #include "protection_domain.hpp"
+#include "remote_descriptor.hpp" // descriptor_header (endpoint encoding)
 #include "work_request.hpp"
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -66,8 +68,24 @@ struct qp_caps {
   std::uint32_t max_inline_data = 64;
 };
 
-/// What a peer needs to connect to a QP: exchange it out of band.
+/// What a peer needs to connect to a QP: exchange it out of band, as encode()'s bytes.
+///
+/// Encoding: kind 3 (descriptor_kind::endpoint) under the common 8-byte descriptor header of
+/// remote_descriptor.hpp, then a 28-byte body (36 bytes in all), big-endian:
+/// ```
+///        8    4 qpn           1 .. 0xffffff
+///       12    4 psn           0 .. 0xffffff
+///       16   16 gid           the port's GID (RoCE: the address the peer sends to)
+///       32    2 lid           InfiniBand LID (0 on RoCE)
+///       34    1 mtu           ibv_mtu, 1 (256) .. 5 (4096)
+///       35    1 reserved      0
+/// ```
 struct endpoint {
+  /// Encoded bytes of an endpoint body.
+  static constexpr std::size_t body_size = 28;
+  /// Encoded bytes of a whole endpoint (header and body: 36).
+  static constexpr std::size_t encoded_size = descriptor_header::size + body_size;
+
   /// QP number.
   std::uint32_t qpn = 0;
   /// Initial send PSN (24 bits): the receive PSN the peer expects.
@@ -78,13 +96,101 @@ struct endpoint {
   std::uint16_t lid = 0;
   /// Path MTU this side can use.
   ibv_mtu mtu = IBV_MTU_1024;
+
+  /// The 36-byte encoding (layout above). Never fails.
+  [[nodiscard]] std::array<std::byte, encoded_size> encode() const noexcept {
+    std::array<std::byte, encoded_size> out{};
+    detail::wire_writer w(out);
+    descriptor_header{descriptor_version, std::uint8_t(descriptor_kind::endpoint), body_size}.write(w);
+    w.u32(qpn);
+    w.u32(psn);
+    for (auto b : gid.raw) w.u8(b);
+    w.u16(lid);
+    w.u8(std::uint8_t(mtu));
+    w.u8(0);
+    return out;
+  }
+  /// Decode exactly one endpoint; `in` must be exactly encoded_size bytes. Errors:
+  /// errc::malformed_input (truncated, trailing bytes, wrong magic or body length, qpn 0 or above
+  /// 24 bits, psn above 24 bits, an mtu outside 256..4096, reserved byte set),
+  /// errc::wrong_version, errc::wrong_type (a valid header of another kind).
+  [[nodiscard]] static result<endpoint> decode(std::span<const std::byte> in) noexcept {
+    RDMAXX_TRY(h, descriptor_header::peek(in));
+    if (h.kind != std::uint8_t(descriptor_kind::endpoint)) return make_error_code(errc::wrong_type);
+    if (h.body_length != body_size || in.size() != encoded_size)
+      return make_error_code(errc::malformed_input);
+    detail::wire_reader r(in.subspan(descriptor_header::size));
+    endpoint e;
+    e.qpn = r.u32();
+    e.psn = r.u32();
+    for (auto &b : e.gid.raw) b = r.u8();
+    e.lid = r.u16();
+    const std::uint8_t mtu = r.u8();
+    const std::uint8_t reserved = r.u8();
+    if (r.failed() || r.remaining() != 0 || reserved != 0) return make_error_code(errc::malformed_input);
+    if (e.qpn == 0 || e.qpn > 0xffffff || e.psn > 0xffffff || mtu < IBV_MTU_256 || mtu > IBV_MTU_4096)
+      return make_error_code(errc::malformed_input);
+    e.mtu = ibv_mtu(mtu);
+    return e;
+  }
+  /// Field-wise equality.
+  friend bool operator==(const endpoint &a, const endpoint &b) noexcept {
+    for (std::size_t i = 0; i < sizeof a.gid.raw; ++i)
+      if (a.gid.raw[i] != b.gid.raw[i]) return false;
+    return a.qpn == b.qpn && a.psn == b.psn && a.lid == b.lid && a.mtu == b.mtu;
+  }
 };
+
+/// connect_options::gid_index value that selects the GID by type (the default).
+inline constexpr int gid_auto = -1;
+
+namespace detail {
+[[nodiscard]] inline bool gid_is_v4_mapped(const ibv_gid &g) noexcept {
+  for (int i = 0; i < 10; ++i)
+    if (g.raw[i] != 0) return false;
+  return g.raw[10] == 0xff && g.raw[11] == 0xff;
+}
+[[nodiscard]] inline bool gid_is_zero(const ibv_gid &g) noexcept {
+  for (auto b : g.raw)
+    if (b != 0) return false;
+  return true;
+}
+/// The GID index connect_options::gid_index == gid_auto means on `port`: on RoCE, the RoCE v2
+/// GID of an IPv4 address of the port's netdev (IPv4-mapped), else a RoCE v2 GID of a global
+/// IPv6 address, else any RoCE v2 GID, else the first non-zero GID; on InfiniBand index 0
+/// (addressing uses the LID). Found through ibv_query_gid_ex (rdma-core 44), entry by entry.
+/// Errors: errno of ibv_query_port, errc::no_device (no usable GID on the port).
+[[nodiscard]] inline result<int> select_gid_index(ibv_context *ctx, std::uint8_t port) noexcept {
+  ibv_port_attr pa{};
+  if (const int rc = ::ibv_query_port(ctx, port, &pa)) return errno_code(rc);
+  if (pa.link_layer == IBV_LINK_LAYER_INFINIBAND) return 0;
+  int v4 = -1, v6 = -1, v2 = -1, any = -1;
+  for (int i = 0; i < pa.gid_tbl_len; ++i) {
+    ibv_gid_entry e{};
+    if (::ibv_query_gid_ex(ctx, port, std::uint32_t(i), &e, 0) != 0) continue;
+    if (gid_is_zero(e.gid)) continue;
+    if (any < 0) any = i;
+    if (e.gid_type != IBV_GID_TYPE_ROCE_V2) continue;
+    if (v2 < 0) v2 = i;
+    if (gid_is_v4_mapped(e.gid)) {
+      if (v4 < 0) v4 = i;
+    } else if (!(e.gid.raw[0] == 0xfe && (e.gid.raw[1] & 0xc0) == 0x80) && v6 < 0) {
+      v6 = i; // not link-local
+    }
+  }
+  const int pick = v4 >= 0 ? v4 : v6 >= 0 ? v6 : v2 >= 0 ? v2 : any;
+  if (pick < 0) return make_error_code(errc::no_device);
+  return pick;
+}
+} // namespace detail
 
 /// The local side's choices for a connection.
 struct connect_options {
   /// Port number (1-based).
   std::uint8_t port = 1;
-  int gid_index = 1;            ///< on rxe, 1 is the RoCEv2 IPv4-mapped GID
+  /// Source GID index; gid_auto (the default): chosen by type (detail::select_gid_index: the
+  /// RoCE v2 GID of the port's IPv4 address, then IPv6; InfiniBand: LID addressing).
+  int gid_index = gid_auto;
   ibv_mtu mtu = IBV_MTU_1024;   ///< the smaller of this and the peer's mtu is used
   std::uint32_t psn = 0;        ///< our send PSN
   std::uint8_t timeout = 14;    ///< 4.096 us * 2^timeout
@@ -419,15 +525,18 @@ public:
 
   // ---- connection ----
 
-  /// Our side of the connection, to send to the peer (ibv_query_port, ibv_query_gid).
-  /// Errors: errc::null_handle, errno of the queries.
+  /// Our side of the connection, to send to the peer (encode() it): ibv_query_port and the GID
+  /// of o.gid_index (gid_auto: chosen by type, see detail::select_gid_index; ibv_query_gid_ex).
+  /// Errors: errc::null_handle, errc::no_device (gid_auto found no usable GID), errno of the
+  /// queries.
   [[nodiscard]] result<endpoint> local_endpoint(const connect_options &o = {}) const noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     ibv_context *ctx = h_.get()->context;
     ibv_port_attr pa{};
     if (const int rc = ::ibv_query_port(ctx, o.port, &pa)) return errno_code(rc);
     endpoint e;
-    if (::ibv_query_gid(ctx, o.port, o.gid_index, &e.gid)) return last_errno();
+    RDMAXX_TRY(gid_index, gid_index_for(o));
+    if (::ibv_query_gid(ctx, o.port, gid_index, &e.gid)) return last_errno();
     e.qpn = qp_num();
     e.psn = o.psn & 0xffffff;
     e.lid = pa.lid;
@@ -451,9 +560,15 @@ public:
     return modify(a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
                   IBV_QPS_RESET, o);
   }
-  /// ibv_modify_qp INIT->RTR towards `remote`. Errors: qp_transition codes.
+  /// ibv_modify_qp INIT->RTR towards `remote`, from the GID o.gid_index names (gid_auto: by
+  /// type). On an InfiniBand port with a peer LID the path uses the LID (no GRH).
+  /// Errors: errc::no_device (gid_auto found no usable GID), qp_transition codes.
   result<void> to_rtr(const endpoint &remote, const connect_options &o = {}) noexcept {
     if (!h_) return make_error_code(errc::null_handle);
+    RDMAXX_TRY(gid_index, gid_index_for(o));
+    ibv_port_attr pa{};
+    const bool ib = ::ibv_query_port(h_.get()->context, o.port, &pa) == 0 &&
+                    pa.link_layer == IBV_LINK_LAYER_INFINIBAND && remote.lid != 0;
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_RTR;
     a.path_mtu = o.mtu < remote.mtu ? o.mtu : remote.mtu;
@@ -463,9 +578,9 @@ public:
     a.min_rnr_timer = o.min_rnr_timer;
     a.ah_attr.port_num = o.port;
     a.ah_attr.dlid = remote.lid;
-    a.ah_attr.is_global = 1;
+    a.ah_attr.is_global = ib ? 0 : 1;
     a.ah_attr.grh.dgid = remote.gid;
-    a.ah_attr.grh.sgid_index = std::uint8_t(o.gid_index);
+    a.ah_attr.grh.sgid_index = std::uint8_t(gid_index);
     a.ah_attr.grh.hop_limit = 64;
     return modify(a,
                   IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
@@ -587,6 +702,11 @@ private:
     static constexpr std::size_t parents = 3; // PD, send CQ, receive CQ
     static int destroy(native *q) noexcept { return ::ibv_destroy_qp(q); }
   };
+
+  [[nodiscard]] result<int> gid_index_for(const connect_options &o) const noexcept {
+    if (o.gid_index != gid_auto) return o.gid_index;
+    return detail::select_gid_index(h_.get()->context, o.port);
+  }
 
   [[nodiscard]] ibv_qp_state current_state() const noexcept {
     auto s = state();

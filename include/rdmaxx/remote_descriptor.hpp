@@ -8,7 +8,7 @@
 ///   offset size field
 ///        0    4 magic         0x52445844 ("RDXD")
 ///        4    1 version       1 (descriptor_version); any other value is refused (wrong_version)
-///        5    1 kind          descriptor_kind (1 window, 2 indirect key)
+///        5    1 kind          descriptor_kind (1 window, 2 indirect key, 3 endpoint)
 ///        6    2 body_length   bytes that follow the header
 /// ```
 /// Body of kind `window` (24 bytes, so 32 bytes in all):
@@ -44,7 +44,8 @@ namespace rdmaxx {
 enum class descriptor_kind : std::uint8_t {
   window = 1,       ///< one contiguous range behind one rkey (a memory window or an MR)
   indirect_key = 2, ///< the segments of an indirect key (ikey_descriptor.hpp)
-  // 3 and up: reserved for other kinds.
+  endpoint = 3,     ///< a QP's connection endpoint (queue_pair.hpp: endpoint::encode)
+  // 4 and up: reserved for other kinds.
 };
 
 /// The first 4 bytes of every encoded descriptor: "RDXD".

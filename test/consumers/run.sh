@@ -79,6 +79,7 @@ meson-subproject | pkg-config | cmake) ;;
 esac
 cp -r "$here/$kind" "$project"
 cp "$here/consumer.cpp" "$project/main.cpp"
+cp "$here/consumer_cm.cpp" "$project/cm.cpp"
 say "consumer $kind of $src (build root $build_root), CXX=$CXX, in $tmp"
 
 case $kind in
@@ -138,3 +139,14 @@ esac
 
 say "run $exe"
 "$exe"
+# rdma_cm is optional: the plain consumer must not link librdmacm, the cm one must.
+exe_cm=$(dirname "$exe")/consumer-cm
+needed() { readelf -d "$1" | grep -o 'Shared library: \[[^]]*\]'; }
+if needed "$exe" | grep -q librdmacm; then
+  echo "FAILED: $exe links librdmacm without including rdmaxx/connection.hpp" >&2
+  exit 1
+fi
+needed "$exe_cm" | grep -q librdmacm ||
+  { echo "FAILED: $exe_cm does not link librdmacm" >&2; exit 1; }
+say "run $exe_cm"
+"$exe_cm"

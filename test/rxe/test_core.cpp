@@ -311,8 +311,8 @@ TEST_CASE("blocking wait on a completion channel, with a timeout", "[core]") {
   CHECK(wc[0].wr_id == 42);
   CHECK(wc[0].status == IBV_WC_SUCCESS);
   CHECK(all_equal(dst.data(), dst.size(), 7));
-  // A CQ without a channel cannot be waited on.
-  CHECK(cq_b.wait(wc, 10).error() == errc::wrong_state);
+  // A CQ without a channel is waited on by a bounded busy poll: nothing there, so it times out.
+  CHECK(cq_b.wait(wc, 10).error() == errc::timeout);
 }
 
 namespace {

@@ -81,6 +81,8 @@ TEST_CASE("rdmaxx::errc: every code has a message and a portable condition", "[u
       {errc::provider_limit, std::errc::value_too_large, "provider can carry"},
       {errc::too_many_pending, std::errc::resource_unavailable_try_again, "unconfirmed"},
       {errc::unsafe_grant, std::errc::operation_not_permitted, "crash"},
+      {errc::private_data_too_long, std::errc::message_size, "private data too long"},
+      {errc::bad_address, std::errc::invalid_argument, "bad address"},
   };
   for (const auto &r : rows) {
     const std::error_code ec = r.e;

@@ -1,0 +1,1029 @@
+/// \file
+/// rdmaxx/connection.hpp: connections by IP address over rdma_cm (librdmacm, rdma_cm(7)):
+/// EventChannel (rdma_create_event_channel(3)), Listener (rdma_create_id(3), rdma_bind_addr(3),
+/// rdma_listen(3)), ConnectRequest (RDMA_CM_EVENT_CONNECT_REQUEST, rdma_accept(3),
+/// rdma_reject(3)) and Connection (rdma_resolve_addr(3), rdma_resolve_route(3), rdma_connect(3),
+/// rdma_establish(3), rdma_disconnect(3)), which owns its rdma_cm_id and an rdmaxx QueuePair.
+///
+/// This header is the only one that needs librdmacm: link the `rdmaxx-cm` dependency (Meson:
+/// dependency('rdmaxx-cm'); pkg-config: rdmaxx-cm; CMake: rdmaxx::cm). Programs that do not
+/// include it do not link librdmacm.
+///
+/// Design decision: the QP is an ordinary rdmaxx QueuePair (ibv_create_qp_ex with rdmaxx's send
+/// operations, on a PD of an rdmaxx Context), NOT rdma_create_qp_ex. rdmaxx moves it through
+/// INIT, RTR and RTS itself with the attributes rdma_init_qp_attr(3) computes, passes its QP
+/// number in rdma_conn_param, and completes the active side with rdma_establish(3). Why:
+///   - rdma_create_qp_ex wants a PD of librdmacm's own device context (id->verbs); the user's
+///     ProtectionDomain, MemoryRegions, windows and indirect keys live on an rdmaxx Context, and
+///     a QP must share their PD. With our own QP any PD of the resolved DEVICE works.
+///   - librdmacm changes the state of a QP attached to the id behind the handle's back (in
+///     rdma_accept, rdma_get_cm_event, rdma_disconnect); rdmaxx's rules (never post before RTS,
+///     SendBatch, windows as QP children, the rxe defect workarounds) need the QP to be a
+///     QueuePair whose transitions rdmaxx makes. One QP type, one set of rules.
+///   - Destruction stays in rdmaxx's hands: rdma_destroy_id never destroys our QP, and the
+///     QueuePair's parent/child accounting (bound type-2 windows) is unchanged.
+/// The cost: the active side sees RDMA_CM_EVENT_CONNECT_RESPONSE (not ESTABLISHED) and must call
+/// rdma_establish; a Connection does that for you.
+///
+/// Resources: rdma_cm resolves an address to a device. A Connection either uses the user's
+/// ProtectionDomain and CompletionQueue(s) (conn_options::pd, ::send_cq, ::recv_cq; refused with
+/// errc::context_mismatch when they belong to another device than the one resolved), or opens its
+/// own Context on the resolved device, a PD and one CQ (optionally with a CompletionChannel),
+/// reachable through context(), pd(), cq().
+///
+/// Events and file descriptors: every Listener and every Connection owns its own event channel
+/// (an accepted connection's id is moved to a new channel by rdma_migrate_id(3) before
+/// rdma_accept), whose fd is non-blocking and can be watched with poll(2)/epoll(7). Each event is
+/// copied (type, status, private data) and acknowledged at once (rdma_ack_cm_event), so that
+/// rdma_destroy_id never blocks on an unacknowledged event.
+///
+/// Bounds: every step is bounded: address and route resolution by the timeout given to the
+/// kernel; connect, accept and disconnect by the Connection's deadline (conn_options::timeout_ms
+/// per step), enforced both by the blocking forms and by advance() (the non-blocking form):
+/// a step past its deadline fails with a cm_category() "timeout" code naming the step.
+///
+/// Private data: at most 56 bytes on connect, 196 on accept, 148 on reject (RC over the TCP port
+/// space on InfiniBand/RoCE), refused before any verb with errc::private_data_too_long. The
+/// receiver sees the transport's whole private-data area: the bytes sent followed by zeros up to
+/// the limit (rdma_cm does not transmit a length): carry your own length or a self-describing
+/// format (remote_descriptor: descriptor_header::peek() gives the total size).
+///
+/// Lifetime: a Connection's QP borrows the user's PD and CQs when given (destroy the Connection
+/// first). Destroying a Connection in any state is safe: the QP is destroyed, then the id
+/// (rdma_destroy_id: the kernel sends a disconnect request or a reject to the peer), then the
+/// channel, then the resources it owns. A peer that disconnects or dies gives DISCONNECTED: the
+/// Connection then moves its QP to ERR so that outstanding work completes as flushed.
+///
+/// Threads: a handle is used by one thread at a time; different handles are independent.
+///
+/// Allocation: creation allocates (librdmacm, verbs, the children counters); advance(), fd() and
+/// the accessors do not allocate except inside rdma_get_cm_event (malloc of one event).
+#pragma once
+
+#include "access.hpp"
+#include "completion_queue.hpp"
+#include "detail/clock.hpp"
+#include "detail/handle.hpp"
+#include "device.hpp"
+#include "error.hpp"
+#include "protection_domain.hpp"
+#include "queue_pair.hpp"
+
+#include <rdma/rdma_cma.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace rdmaxx {
+
+// ---------------------------------------------------------------------------------------------
+// errors
+
+/// rdma_cm's private-data limits for RC over RDMA_PS_TCP on InfiniBand and RoCE.
+inline constexpr std::size_t cm_connect_private_data_max = 56;
+inline constexpr std::size_t cm_accept_private_data_max = 196;
+inline constexpr std::size_t cm_reject_private_data_max = 148;
+
+/// The steps a cm "timeout" code names (the event the step waited for).
+enum class cm_step : std::uint8_t {
+  resolve_addr = RDMA_CM_EVENT_ADDR_RESOLVED,
+  resolve_route = RDMA_CM_EVENT_ROUTE_RESOLVED,
+  connect = RDMA_CM_EVENT_CONNECT_RESPONSE,
+  accept = RDMA_CM_EVENT_ESTABLISHED,
+  disconnect = RDMA_CM_EVENT_DISCONNECTED,
+  request = RDMA_CM_EVENT_CONNECT_REQUEST,
+};
+
+namespace detail {
+// value layout: bits 0..7 rdma_cm_event_type + 1 (255: a step timed out), bits 8..23 the event's
+// status as a positive number (the reject reason for REJECTED, an errno otherwise) or, for a
+// timeout, the cm_step.
+inline constexpr int cm_timeout_tag = 255;
+
+[[nodiscard]] inline const char *cm_reject_reason_name(int r) noexcept {
+  switch (r) {
+  case 1: return "no QP";
+  case 3: return "no resources";
+  case 4: return "timeout";
+  case 5: return "unsupported request";
+  case 8: return "invalid service ID (nobody listens on that port)";
+  case 10: return "stale connection";
+  case 27: return "insufficient responder resources";
+  case 28: return "consumer defined (rejected by the peer application)";
+  case 35: return "vendor option not supported";
+  default: return "see the IBTA CM REJ reason table";
+  }
+}
+
+class cm_category_impl final : public std::error_category {
+public:
+  const char *name() const noexcept override { return "rdmaxx.cm"; }
+  std::string message(int v) const override {
+    const int ev = (v & 0xff);
+    const int st = (v >> 8) & 0xffff;
+    std::string m = "rdma_cm: ";
+    if (ev == cm_timeout_tag) {
+      m += "timed out waiting for ";
+      m += ::rdma_event_str(static_cast<rdma_cm_event_type>(st));
+      return m;
+    }
+    m += ::rdma_event_str(static_cast<rdma_cm_event_type>(ev - 1));
+    if (ev - 1 == RDMA_CM_EVENT_REJECTED) {
+      m += " (reject reason ";
+      m += std::to_string(st);
+      m += ": ";
+      m += cm_reject_reason_name(st);
+      m += ")";
+    } else if (st != 0) {
+      m += " (";
+      m += std::generic_category().message(st);
+      m += ")";
+    }
+    return m;
+  }
+  std::error_condition default_error_condition(int v) const noexcept override {
+    const int ev = (v & 0xff);
+    const int st = (v >> 8) & 0xffff;
+    if (ev == cm_timeout_tag) return std::errc::timed_out;
+    switch (static_cast<rdma_cm_event_type>(ev - 1)) {
+    case RDMA_CM_EVENT_REJECTED: return std::errc::connection_refused;
+    case RDMA_CM_EVENT_UNREACHABLE:
+      return st == ETIMEDOUT ? std::errc::timed_out : std::errc::host_unreachable;
+    case RDMA_CM_EVENT_ADDR_ERROR:
+    case RDMA_CM_EVENT_ROUTE_ERROR:
+      switch (st) {
+      case ETIMEDOUT: return std::errc::timed_out;
+      case ENETUNREACH: return std::errc::network_unreachable;
+      case ENODEV: return std::errc::no_such_device;
+      case EADDRNOTAVAIL: return std::errc::address_not_available;
+      default: return std::errc::host_unreachable;
+      }
+    case RDMA_CM_EVENT_CONNECT_ERROR: return std::errc::connection_aborted;
+    case RDMA_CM_EVENT_DISCONNECTED: return std::errc::connection_reset;
+    case RDMA_CM_EVENT_DEVICE_REMOVAL: return std::errc::no_such_device;
+    default: return std::errc::protocol_error;
+    }
+  }
+};
+} // namespace detail
+
+/// The category of rdma_cm event failures: the event (REJECTED, UNREACHABLE, ADDR_ERROR,
+/// ROUTE_ERROR, CONNECT_ERROR, DISCONNECTED, DEVICE_REMOVAL, or a step that timed out), its
+/// status and, for REJECTED, the reject reason. Compares equal to std::errc::connection_refused
+/// (REJECTED), host_unreachable (UNREACHABLE, resolution errors), timed_out (timeouts),
+/// connection_aborted (CONNECT_ERROR), connection_reset (DISCONNECTED), no_such_device
+/// (DEVICE_REMOVAL).
+inline const std::error_category &cm_category() noexcept {
+  static const detail::cm_category_impl c;
+  return c;
+}
+/// An rdma_cm event that ended a step, as an error_code (status: the event's status field).
+[[nodiscard]] inline std::error_code cm_error(rdma_cm_event_type ev, int status) noexcept {
+  if (status < 0) status = -status;
+  return {(int(ev) + 1) | ((status & 0xffff) << 8), cm_category()};
+}
+/// The code of a step that did not complete within its bound.
+[[nodiscard]] inline std::error_code cm_timeout(cm_step s) noexcept {
+  return {detail::cm_timeout_tag | (int(s) << 8), cm_category()};
+}
+/// The rdma_cm event a cm_category() code was made from; -1 for timeouts and other categories.
+[[nodiscard]] inline int cm_event_of(const std::error_code &ec) noexcept {
+  if (ec.category() != cm_category() || (ec.value() & 0xff) == detail::cm_timeout_tag) return -1;
+  return (ec.value() & 0xff) - 1;
+}
+/// The reject reason of a REJECTED code (28: rejected by the peer application, 8: nobody listens
+/// on that port); -1 for other codes.
+[[nodiscard]] inline int cm_reject_reason(const std::error_code &ec) noexcept {
+  if (cm_event_of(ec) != RDMA_CM_EVENT_REJECTED) return -1;
+  return (ec.value() >> 8) & 0xffff;
+}
+/// True for a cm "timeout" code.
+[[nodiscard]] inline bool is_cm_timeout(const std::error_code &ec) noexcept {
+  return ec.category() == cm_category() && (ec.value() & 0xff) == detail::cm_timeout_tag;
+}
+
+// ---------------------------------------------------------------------------------------------
+// addresses and private data
+
+/// An IPv4 or IPv6 address and port (a sockaddr_in / sockaddr_in6). No name resolution.
+class address {
+public:
+  address() noexcept = default;
+
+  /// Parse "A.B.C.D:PORT", "[IPV6]:PORT", "[IPV6%IFNAME]:PORT" or "PORT" (any IPv4 address;
+  /// `[::]:PORT` for any IPv6). Errors: errc::bad_address (no port, port above 65535, an address
+  /// inet_pton refuses, an unknown interface name).
+  [[nodiscard]] static result<address> parse(std::string_view s) noexcept {
+    address a;
+    std::string_view host, port = s;
+    if (!s.empty() && s.front() == '[') {
+      const auto close = s.find(']');
+      if (close == std::string_view::npos || close + 1 >= s.size() || s[close + 1] != ':')
+        return make_error_code(errc::bad_address);
+      host = s.substr(1, close - 1);
+      port = s.substr(close + 2);
+      a.v6_ = true;
+    } else if (const auto colon = s.rfind(':'); colon != std::string_view::npos) {
+      host = s.substr(0, colon);
+      port = s.substr(colon + 1);
+      if (host.find(':') != std::string_view::npos) return make_error_code(errc::bad_address);
+    }
+    unsigned p = 0;
+    if (port.empty() || port.size() > 5) return make_error_code(errc::bad_address);
+    for (char c : port) {
+      if (c < '0' || c > '9') return make_error_code(errc::bad_address);
+      p = p * 10 + unsigned(c - '0');
+    }
+    if (p > 65535) return make_error_code(errc::bad_address);
+    char buf[INET6_ADDRSTRLEN + IF_NAMESIZE + 2] = {};
+    std::string_view scope;
+    if (const auto pct = host.find('%'); a.v6_ && pct != std::string_view::npos) {
+      scope = host.substr(pct + 1);
+      host = host.substr(0, pct);
+    }
+    if (host.size() >= INET6_ADDRSTRLEN) return make_error_code(errc::bad_address);
+    host.copy(buf, host.size());
+    if (a.v6_) {
+      sockaddr_in6 &in = a.s_.v6;
+      in.sin6_family = AF_INET6;
+      in.sin6_port = htons(std::uint16_t(p));
+      if (::inet_pton(AF_INET6, buf, &in.sin6_addr) != 1) return make_error_code(errc::bad_address);
+      if (!scope.empty()) {
+        char ifn[IF_NAMESIZE] = {};
+        if (scope.size() >= IF_NAMESIZE) return make_error_code(errc::bad_address);
+        scope.copy(ifn, scope.size());
+        in.sin6_scope_id = ::if_nametoindex(ifn);
+        if (in.sin6_scope_id == 0) return make_error_code(errc::bad_address);
+      }
+    } else {
+      sockaddr_in &in = a.s_.v4;
+      in.sin_family = AF_INET;
+      in.sin_port = htons(std::uint16_t(p));
+      if (host.empty())
+        in.sin_addr.s_addr = htonl(INADDR_ANY);
+      else if (::inet_pton(AF_INET, buf, &in.sin_addr) != 1)
+        return make_error_code(errc::bad_address);
+    }
+    return a;
+  }
+  /// Copy a sockaddr (AF_INET or AF_INET6). Errors: errc::bad_address (null, other family).
+  [[nodiscard]] static result<address> from(const sockaddr *sa) noexcept {
+    address a;
+    if (!sa) return make_error_code(errc::bad_address);
+    if (sa->sa_family == AF_INET) {
+      std::memcpy(&a.s_.v4, sa, sizeof(sockaddr_in));
+    } else if (sa->sa_family == AF_INET6) {
+      std::memcpy(&a.s_.v6, sa, sizeof(sockaddr_in6));
+      a.v6_ = true;
+    } else {
+      return make_error_code(errc::bad_address);
+    }
+    return a;
+  }
+
+  /// The port (host byte order); 0 for "any".
+  [[nodiscard]] std::uint16_t port() const noexcept {
+    return ntohs(v6_ ? s_.v6.sin6_port : s_.v4.sin_port);
+  }
+  /// True for IPv6.
+  [[nodiscard]] bool is_v6() const noexcept { return v6_; }
+  /// The same address with another port.
+  [[nodiscard]] address with_port(std::uint16_t p) const noexcept {
+    address a = *this;
+    (v6_ ? a.s_.v6.sin6_port : a.s_.v4.sin_port) = htons(p);
+    return a;
+  }
+  /// The sockaddr, for rdma_cm calls.
+  [[nodiscard]] sockaddr *native() noexcept { return &s_.sa; }
+  [[nodiscard]] const sockaddr *native() const noexcept { return &s_.sa; }
+  /// "A.B.C.D:PORT" or "[IPV6]:PORT" (allocates).
+  [[nodiscard]] std::string to_string() const {
+    char buf[INET6_ADDRSTRLEN] = {};
+    if (v6_) {
+      ::inet_ntop(AF_INET6, &s_.v6.sin6_addr, buf, sizeof buf);
+      return "[" + std::string(buf) + "]:" + std::to_string(port());
+    }
+    ::inet_ntop(AF_INET, &s_.v4.sin_addr, buf, sizeof buf);
+    return std::string(buf) + ":" + std::to_string(port());
+  }
+
+private:
+  union storage {
+    sockaddr sa;
+    sockaddr_in v4;
+    sockaddr_in6 v6;
+  } s_{};
+  bool v6_ = false;
+};
+
+/// Private data received with an rdma_cm event: the transport's whole area (the bytes the peer
+/// sent, then zeros up to the transport's limit).
+struct cm_private_data {
+  std::array<std::byte, cm_accept_private_data_max> bytes{};
+  std::uint8_t size = 0;
+  [[nodiscard]] std::span<const std::byte> span() const noexcept { return {bytes.data(), size}; }
+};
+
+// ---------------------------------------------------------------------------------------------
+// handles
+
+namespace detail {
+struct cm_channel_traits {
+  using native = rdma_event_channel;
+  static constexpr const char *object = "EventChannel";
+  static constexpr const char *verb = "rdma_destroy_event_channel";
+  static int destroy(native *c) noexcept {
+    ::rdma_destroy_event_channel(c);
+    return 0;
+  }
+};
+struct cm_id_traits {
+  using native = rdma_cm_id;
+  static constexpr const char *object = "rdma_cm_id";
+  static constexpr const char *verb = "rdma_destroy_id";
+  static int destroy(native *id) noexcept { return ::rdma_destroy_id(id) ? (errno ? errno : EIO) : 0; }
+};
+
+// One event, copied; the original is acknowledged before this returns.
+struct cm_event_copy {
+  rdma_cm_event_type type{};
+  int status = 0;
+  rdma_cm_id *id = nullptr;     // the event's id (for CONNECT_REQUEST: the new id)
+  rdma_cm_id *listen_id = nullptr;
+  cm_private_data data;
+  std::uint8_t responder_resources = 0;
+  std::uint8_t initiator_depth = 0;
+};
+
+// rdma_get_cm_event on a non-blocking channel: nullopt when no event is pending.
+[[nodiscard]] inline result<std::optional<cm_event_copy>> next_cm_event(rdma_event_channel *ch) noexcept {
+  rdma_cm_event *ev = nullptr;
+  if (::rdma_get_cm_event(ch, &ev)) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return std::optional<cm_event_copy>{};
+    return last_errno();
+  }
+  cm_event_copy c;
+  c.type = ev->event;
+  c.status = ev->status;
+  c.id = ev->id;
+  c.listen_id = ev->listen_id;
+  if (c.type == RDMA_CM_EVENT_CONNECT_REQUEST || c.type == RDMA_CM_EVENT_CONNECT_RESPONSE ||
+      c.type == RDMA_CM_EVENT_ESTABLISHED || c.type == RDMA_CM_EVENT_REJECTED ||
+      c.type == RDMA_CM_EVENT_DISCONNECTED) {
+    const rdma_conn_param &p = ev->param.conn;
+    const std::size_t n = p.private_data && p.private_data_len
+                              ? (p.private_data_len < c.data.bytes.size() ? p.private_data_len
+                                                                          : c.data.bytes.size())
+                              : 0;
+    if (n) std::memcpy(c.data.bytes.data(), p.private_data, n);
+    c.data.size = std::uint8_t(n);
+    c.responder_resources = p.responder_resources;
+    c.initiator_depth = p.initiator_depth;
+  }
+  ::rdma_ack_cm_event(ev);
+  return std::optional<cm_event_copy>{c};
+}
+
+// Wait until `fd` is readable or the deadline passes; false on timeout.
+[[nodiscard]] inline result<bool> wait_readable(int fd, std::int64_t deadline_ms) noexcept {
+  for (;;) {
+    const std::int64_t left = deadline_ms - monotonic_ms();
+    if (left <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
+    const int r = ::poll(&p, 1, int(left > 1000000 ? 1000000 : left));
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) return last_errno();
+  }
+}
+
+[[nodiscard]] inline bool same_device(ibv_context *a, ibv_context *b) noexcept {
+  if (!a || !b) return false;
+  if (a->device == b->device) return true;
+  return ::ibv_get_device_guid(a->device) == ::ibv_get_device_guid(b->device) &&
+         std::strcmp(::ibv_get_device_name(a->device), ::ibv_get_device_name(b->device)) == 0;
+}
+} // namespace detail
+
+/// An rdma_cm event channel (rdma_create_event_channel(3)) with a non-blocking fd for
+/// poll(2)/epoll(7). Listener and Connection own one each; it is public for native use.
+class EventChannel {
+public:
+  EventChannel() noexcept = default;
+  /// rdma_create_event_channel, then O_NONBLOCK on its fd. Errors: errno (ENODEV: no rdma_cm
+  /// support in the kernel, i.e. rdma_ucm not loaded; EMFILE, ENOMEM).
+  [[nodiscard]] static result<EventChannel> create() noexcept {
+    errno = 0;
+    rdma_event_channel *ch = ::rdma_create_event_channel();
+    if (!ch) return errno ? last_errno() : std::make_error_code(std::errc::no_such_device);
+    const int fl = ::fcntl(ch->fd, F_GETFL);
+    if (fl < 0 || ::fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+      const auto ec = last_errno();
+      ::rdma_destroy_event_channel(ch);
+      return ec;
+    }
+    EventChannel c;
+    c.h_ = detail::handle<detail::cm_channel_traits>(ch, nullptr, nullptr);
+    return c;
+  }
+  /// The channel (owned), or nullptr.
+  [[nodiscard]] rdma_event_channel *native_handle() const noexcept { return h_.get(); }
+  /// True unless null.
+  [[nodiscard]] explicit operator bool() const noexcept { return bool(h_); }
+  /// The non-blocking fd (readable when an event is pending), or -1 when null.
+  [[nodiscard]] int fd() const noexcept { return h_ ? h_.get()->fd : -1; }
+
+private:
+  detail::handle<detail::cm_channel_traits> h_;
+};
+
+/// What a connection is made of and how it behaves (connect and accept).
+struct conn_options {
+  /// The PD the QP is created on; nullptr: the Connection opens a Context on the resolved
+  /// device and allocates its own PD. A PD of another device: errc::context_mismatch.
+  const ProtectionDomain *pd = nullptr;
+  /// CQs of the QP (required with `pd`: errc::null_handle without them); nullptr: the Connection
+  /// creates one CQ of cq_entries entries for both.
+  const CompletionQueue *send_cq = nullptr;
+  const CompletionQueue *recv_cq = nullptr;
+  /// Entries of the CQ the Connection creates.
+  int cq_entries = 128;
+  /// Attach the created CQ to a CompletionChannel of its own (for CompletionQueue::wait and
+  /// epoll: Connection::completion_channel()).
+  bool cq_channel = false;
+  /// Queue sizes and send operations of the QP (QueuePair::create).
+  qp_caps caps{};
+  send_ops ops = all_send_ops;
+  /// Remote operations the QP accepts (as connect_options::qp_access: local write, remote
+  /// write/read/atomic; any other bit: errc::unknown_access_flag).
+  access_flags qp_access = access::local_write | access::remote_write | access::remote_read |
+                           access::remote_atomic;
+  /// Outstanding RDMA reads/atomics this side accepts (responder_resources) and initiates
+  /// (initiator_depth); clipped to the device's limits by rdma_cm.
+  std::uint8_t responder_resources = 1;
+  std::uint8_t initiator_depth = 1;
+  /// RNR retries the peer should make (7: without limit).
+  std::uint8_t rnr_retry_count = 7;
+  /// Bound of each step (address, route, connect, accept), in milliseconds.
+  int timeout_ms = 5000;
+  /// Private data sent with rdma_connect (at most 56 bytes) or rdma_accept (at most 196).
+  std::span<const std::byte> private_data{};
+  /// When not null, receives the private data of a REJECTED event (connect).
+  cm_private_data *reject_data = nullptr;
+};
+
+/// State of a Connection.
+enum class conn_state : std::uint8_t {
+  resolving_addr,  ///< rdma_resolve_addr posted
+  resolving_route, ///< rdma_resolve_route posted
+  connecting,      ///< rdma_connect posted, waiting for the response
+  prepared,        ///< accepting side: QP in RTS, rdma_accept not called yet (accept())
+  accepting,       ///< rdma_accept posted, waiting for ESTABLISHED
+  established,     ///< connected: the QP is in RTS
+  disconnected,    ///< DISCONNECTED seen or disconnect() called: the QP is in ERR
+  failed,          ///< a step failed (advance() returned the reason)
+};
+
+class ConnectRequest;
+class Listener;
+
+/// A connection by address (rdma_cm) with its own rdmaxx QueuePair. Move-only, null after move.
+/// Destruction order of its parts: QP, CQ, PD, Context (those it owns), cm id, event channel.
+class Connection {
+public:
+  Connection() noexcept = default;
+  Connection(Connection &&) noexcept = default;
+  /// Destroys what this connection holds (in the order above), then takes `o`'s. Not the
+  /// member-wise default: that would destroy the old channel before the old id (rdma_destroy_id
+  /// then fails with EBADF) and the old Context before its PD.
+  Connection &operator=(Connection &&o) noexcept {
+    if (this != &o) {
+      this->~Connection();
+      ::new (static_cast<void *>(this)) Connection(std::move(o));
+    }
+    return *this;
+  }
+
+  /// Active side, non-blocking: rdma_create_id and rdma_resolve_addr towards `to`; then watch
+  /// fd() and call advance() until it returns conn_state::established. Errors:
+  /// errc::private_data_too_long (more than 56 bytes), errc::invalid_argument (a timeout <= 0),
+  /// errc::null_handle (a PD without CQs), errno of rdma_create_event_channel / rdma_create_id /
+  /// rdma_resolve_addr (EADDRNOTAVAIL, ENODEV: no rdma_cm, EINVAL).
+  [[nodiscard]] static result<Connection> start_connect(const address &to, const conn_options &o = {}) noexcept {
+    if (o.private_data.size() > cm_connect_private_data_max)
+      return make_error_code(errc::private_data_too_long);
+    RDMAXX_TRYV(check_options(o));
+    Connection c;
+    c.opts_ = o;
+    RDMAXX_TRY(ch, EventChannel::create());
+    c.channel_ = std::move(ch);
+    rdma_cm_id *id = nullptr;
+    if (::rdma_create_id(c.channel_.native_handle(), &id, nullptr, RDMA_PS_TCP)) return last_errno();
+    c.id_ = detail::handle<detail::cm_id_traits>(id, nullptr, nullptr);
+    c.connect_data_len_ = std::uint8_t(o.private_data.size());
+    if (!o.private_data.empty()) std::memcpy(c.connect_data_.data(), o.private_data.data(), o.private_data.size());
+    c.state_ = conn_state::resolving_addr;
+    c.deadline_ = detail::monotonic_ms() + o.timeout_ms;
+    address dst = to;
+    if (::rdma_resolve_addr(id, nullptr, dst.native(), o.timeout_ms)) return last_errno();
+    return c;
+  }
+
+  /// Active side, blocking: start_connect(), then advance() until established or failed, each
+  /// step within o.timeout_ms. Errors: as start_connect() and advance().
+  [[nodiscard]] static result<Connection> connect(const address &to, const conn_options &o = {}) noexcept {
+    RDMAXX_TRY(c, start_connect(to, o));
+    RDMAXX_TRYV(c.run_until_established());
+    return std::move(c);
+  }
+
+  /// Process the pending events on this connection's channel without blocking and return the
+  /// state reached (it stops right after reaching established, so that a connection that was
+  /// established and then disconnected is seen as both, in two calls). Also enforces the current step's deadline. Errors (the state is then
+  /// failed, or disconnected for DISCONNECTED): cm_category() codes (REJECTED with the reject
+  /// reason, its private data copied to conn_options::reject_data; UNREACHABLE; ADDR_ERROR;
+  /// ROUTE_ERROR; CONNECT_ERROR; DISCONNECTED before establishment; DEVICE_REMOVAL; a timeout
+  /// naming the step), errc::context_mismatch (the user's PD is of another device than the one
+  /// resolved), errno of the rdma_cm calls and QP transitions (qp_transition codes), and of the
+  /// resources created (Context::open, ProtectionDomain::alloc, CompletionQueue::create,
+  /// QueuePair::create). An established connection that sees DISCONNECTED returns
+  /// conn_state::disconnected (not an error): its QP is moved to ERR.
+  [[nodiscard]] result<conn_state> advance() noexcept {
+    if (!id_) return make_error_code(errc::null_handle);
+    for (;;) {
+      if (state_ == conn_state::failed) return make_error_code(errc::wrong_state);
+      RDMAXX_TRY(ev, detail::next_cm_event(channel_.native_handle()));
+      if (!ev) break;
+      const conn_state was = state_;
+      if (auto ec = on_event(*ev)) {
+        if (state_ != conn_state::disconnected) state_ = conn_state::failed;
+        return ec;
+      }
+      // Reaching established is reported on its own: later events (a DISCONNECTED that is
+      // already queued) are left for the next call.
+      if (state_ == conn_state::established && was != conn_state::established) return state_;
+    }
+    if (state_ != conn_state::established && state_ != conn_state::disconnected &&
+        state_ != conn_state::prepared && detail::monotonic_ms() >= deadline_) {
+      const cm_step s = step();
+      state_ = conn_state::failed;
+      return cm_timeout(s);
+    }
+    return state_;
+  }
+
+  /// Wait up to `timeout_ms` for the connection to end (DISCONNECTED), processing events.
+  /// Returns true when disconnected, false when still established at the deadline.
+  /// Errors: errc::null_handle, errc::wrong_state (not established or disconnected), as advance().
+  [[nodiscard]] result<bool> wait_disconnected(int timeout_ms) noexcept {
+    if (!id_) return make_error_code(errc::null_handle);
+    if (state_ != conn_state::established && state_ != conn_state::disconnected)
+      return make_error_code(errc::wrong_state);
+    const std::int64_t deadline = detail::monotonic_ms() + timeout_ms;
+    for (;;) {
+      RDMAXX_TRY(s, advance());
+      if (s == conn_state::disconnected) return true;
+      RDMAXX_TRY(readable, detail::wait_readable(fd(), deadline));
+      if (!readable) return false;
+    }
+  }
+
+  /// Second half of an accept (after ConnectRequest::prepare()): rdma_accept with
+  /// `private_data` (at most 196 bytes); the state becomes accepting: advance() or
+  /// wait_established(). Errors: errc::null_handle, errc::wrong_state (not prepared),
+  /// errc::private_data_too_long (nothing is sent: accept again with less), errno of
+  /// rdma_accept.
+  result<void> accept(std::span<const std::byte> private_data = {}) noexcept {
+    if (!id_) return make_error_code(errc::null_handle);
+    if (state_ != conn_state::prepared) return make_error_code(errc::wrong_state);
+    if (private_data.size() > cm_accept_private_data_max)
+      return make_error_code(errc::private_data_too_long);
+    connect_data_len_ = std::uint8_t(private_data.size());
+    if (!private_data.empty()) std::memcpy(connect_data_.data(), private_data.data(), private_data.size());
+    rdma_conn_param p = conn_param();
+    p.responder_resources = opts_.responder_resources < resp_res_ ? opts_.responder_resources : resp_res_;
+    p.initiator_depth = opts_.initiator_depth < init_depth_ ? opts_.initiator_depth : init_depth_;
+    state_ = conn_state::accepting;
+    deadline_ = detail::monotonic_ms() + opts_.timeout_ms;
+    if (::rdma_accept(id_.get(), &p)) {
+      state_ = conn_state::failed;
+      return last_errno();
+    }
+    return success();
+  }
+
+  /// Blocking: advance() until established, within the current step's bound (conn_options::
+  /// timeout_ms). Errors: errc::null_handle, errc::wrong_state (prepared: accept() first), as
+  /// advance(); DISCONNECTED when the peer went away first.
+  result<void> wait_established() noexcept {
+    if (!id_) return make_error_code(errc::null_handle);
+    if (state_ == conn_state::prepared) return make_error_code(errc::wrong_state);
+    return run_until_established();
+  }
+
+  /// rdma_disconnect: move the QP to ERR (outstanding work completes as flushed) and send a
+  /// disconnect request; the peer sees DISCONNECTED. Idempotent once disconnected. Errors:
+  /// errc::null_handle, errc::wrong_state (never established), errno of rdma_disconnect.
+  result<void> disconnect() noexcept {
+    if (!id_) return make_error_code(errc::null_handle);
+    if (state_ == conn_state::disconnected) return success();
+    if (state_ != conn_state::established) return make_error_code(errc::wrong_state);
+    (void)qp_.to_error();
+    state_ = conn_state::disconnected;
+    if (::rdma_disconnect(id_.get())) return last_errno();
+    return success();
+  }
+
+  /// The QueuePair (in RTS once established): SendBatch, windows and keys work on it as on any.
+  [[nodiscard]] QueuePair &qp() noexcept { return qp_; }
+  [[nodiscard]] const QueuePair &qp() const noexcept { return qp_; }
+  /// The Context the Connection opened (null when the user gave a PD).
+  [[nodiscard]] const Context &context() const noexcept { return ctx_; }
+  /// The PD of the QP: the user's or the Connection's own (null before the address resolved).
+  [[nodiscard]] const ProtectionDomain &pd() const noexcept { return user_pd_ ? *user_pd_ : pd_; }
+  /// The CQ the Connection created (null when the user gave CQs).
+  [[nodiscard]] CompletionQueue &cq() noexcept { return cq_; }
+  /// The CompletionChannel of the created CQ (with conn_options::cq_channel), else null.
+  [[nodiscard]] const CompletionChannel &completion_channel() const noexcept { return cq_ch_; }
+  /// The current state.
+  [[nodiscard]] conn_state state() const noexcept { return state_; }
+  /// The private data the peer sent: the accept's on the active side, the connect request's
+  /// on the passive side (see the top of this header: padded to the transport's limit).
+  [[nodiscard]] std::span<const std::byte> peer_private_data() const noexcept { return peer_data_.span(); }
+  /// The fd of the connection's event channel (non-blocking; readable: call advance()).
+  [[nodiscard]] int fd() const noexcept { return channel_.fd(); }
+  /// The rdma_cm_id (owned), or nullptr.
+  [[nodiscard]] rdma_cm_id *native_handle() const noexcept { return id_.get(); }
+  /// True unless null.
+  [[nodiscard]] explicit operator bool() const noexcept { return bool(id_); }
+  /// The peer's address (rdma_get_peer_addr). Errors: errc::null_handle, errc::bad_address
+  /// (not resolved yet).
+  [[nodiscard]] result<address> peer_address() const noexcept {
+    if (!id_) return make_error_code(errc::null_handle);
+    return address::from(::rdma_get_peer_addr(id_.get()));
+  }
+  /// Our address (rdma_get_local_addr). Errors: as peer_address().
+  [[nodiscard]] result<address> local_address() const noexcept {
+    if (!id_) return make_error_code(errc::null_handle);
+    return address::from(::rdma_get_local_addr(id_.get()));
+  }
+
+private:
+  friend class ConnectRequest;
+
+  [[nodiscard]] static result<void> check_options(const conn_options &o) noexcept {
+    if (o.timeout_ms <= 0 || o.cq_entries <= 0) return make_error_code(errc::invalid_argument);
+    if (o.pd && (!*o.pd || !o.send_cq || !o.recv_cq || !*o.send_cq || !*o.recv_cq))
+      return make_error_code(errc::null_handle);
+    if (!o.pd && (o.send_cq || o.recv_cq)) return make_error_code(errc::invalid_argument);
+    if (!o.qp_access.subset_of(access::local_write | access::remote_write | access::remote_read |
+                               access::remote_atomic))
+      return make_error_code(errc::unknown_access_flag);
+    return success();
+  }
+
+  [[nodiscard]] cm_step step() const noexcept {
+    switch (state_) {
+    case conn_state::resolving_addr: return cm_step::resolve_addr;
+    case conn_state::resolving_route: return cm_step::resolve_route;
+    case conn_state::connecting: return cm_step::connect;
+    default: return cm_step::accept;
+    }
+  }
+
+  result<void> run_until_established() noexcept {
+    for (;;) {
+      RDMAXX_TRY(s, advance());
+      if (s == conn_state::established) return success();
+      if (s == conn_state::disconnected) return cm_error(RDMA_CM_EVENT_DISCONNECTED, 0);
+      RDMAXX_TRY(readable, detail::wait_readable(fd(), deadline_));
+      (void)readable; // advance() reports the timeout
+    }
+  }
+
+  // The QP and its resources on the device the id resolved to.
+  result<void> make_qp(ibv_context *resolved) noexcept {
+    if (!resolved) return make_error_code(errc::no_device);
+    const ProtectionDomain *pd = opts_.pd;
+    const CompletionQueue *scq = opts_.send_cq, *rcq = opts_.recv_cq;
+    if (pd) {
+      if (!detail::same_device(pd->context(), resolved) ||
+          !detail::same_device(scq->native_handle()->context, resolved) ||
+          !detail::same_device(rcq->native_handle()->context, resolved))
+        return make_error_code(errc::context_mismatch);
+      user_pd_ = pd;
+    } else {
+      RDMAXX_TRY(ctx, Context::open(resolved->device));
+      ctx_ = std::move(ctx);
+      RDMAXX_TRY(p, ProtectionDomain::alloc(ctx_));
+      pd_ = std::move(p);
+      if (opts_.cq_channel) {
+        RDMAXX_TRY(ch, CompletionChannel::create(ctx_));
+        cq_ch_ = std::move(ch);
+      }
+      RDMAXX_TRY(cq, CompletionQueue::create(ctx_, opts_.cq_entries, cq_ch_ ? &cq_ch_ : nullptr));
+      cq_ = std::move(cq);
+      pd = &pd_;
+      scq = rcq = &cq_;
+    }
+    RDMAXX_TRY(qp, QueuePair::create(*pd, *scq, *rcq, opts_.caps, opts_.ops));
+    qp_ = std::move(qp);
+    return success();
+  }
+
+  // ibv_modify_qp to `to` with the attributes rdma_init_qp_attr computes.
+  result<void> move_qp(ibv_qp_state to) noexcept {
+    ibv_qp_attr a{};
+    int mask = 0;
+    a.qp_state = to;
+    if (::rdma_init_qp_attr(id_.get(), &a, &mask)) return last_errno();
+    // Only attributes userspace verbs knows (librdmacm masks the same legacy kernel bits).
+    mask &= (IBV_QP_DEST_QPN << 1) - 1;
+    if (to == IBV_QPS_INIT) a.qp_access_flags = opts_.qp_access.native();
+    const ibv_qp_state from = to == IBV_QPS_INIT ? IBV_QPS_RESET
+                              : to == IBV_QPS_RTR ? IBV_QPS_INIT
+                                                  : IBV_QPS_RTR;
+    if (const int rc = ::ibv_modify_qp(qp_.native_handle(), &a, mask))
+      return qp_transition_error(from, to, -1, rc);
+    return success();
+  }
+
+  rdma_conn_param conn_param() const noexcept {
+    rdma_conn_param p{};
+    p.private_data = connect_data_len_ ? connect_data_.data() : nullptr;
+    p.private_data_len = connect_data_len_;
+    p.responder_resources = opts_.responder_resources;
+    p.initiator_depth = opts_.initiator_depth;
+    p.retry_count = 7;
+    p.rnr_retry_count = opts_.rnr_retry_count;
+    p.qp_num = qp_.qp_num();
+    return p;
+  }
+
+  // One event of this connection's id.
+  std::error_code on_event(const detail::cm_event_copy &ev) noexcept {
+    const auto fail = [&] { return cm_error(ev.type, ev.status); };
+    switch (ev.type) {
+    case RDMA_CM_EVENT_ADDR_RESOLVED:
+      if (state_ != conn_state::resolving_addr) return make_error_code(errc::wrong_state);
+      if (ev.status) return fail();
+      if (auto r = make_qp(id_.get()->verbs); !r) return r.error();
+      if (::rdma_resolve_route(id_.get(), opts_.timeout_ms)) return last_errno();
+      state_ = conn_state::resolving_route;
+      deadline_ = detail::monotonic_ms() + opts_.timeout_ms;
+      return {};
+    case RDMA_CM_EVENT_ROUTE_RESOLVED: {
+      if (state_ != conn_state::resolving_route) return make_error_code(errc::wrong_state);
+      if (ev.status) return fail();
+      if (auto r = move_qp(IBV_QPS_INIT); !r) return r.error();
+      rdma_conn_param p = conn_param();
+      if (::rdma_connect(id_.get(), &p)) return last_errno();
+      state_ = conn_state::connecting;
+      deadline_ = detail::monotonic_ms() + opts_.timeout_ms;
+      return {};
+    }
+    case RDMA_CM_EVENT_CONNECT_RESPONSE:
+      if (state_ != conn_state::connecting) return make_error_code(errc::wrong_state);
+      if (ev.status) return fail();
+      peer_data_ = ev.data;
+      if (auto r = move_qp(IBV_QPS_RTR); !r) return r.error();
+      if (auto r = move_qp(IBV_QPS_RTS); !r) return r.error();
+      if (::rdma_establish(id_.get())) return last_errno();
+      state_ = conn_state::established;
+      return {};
+    case RDMA_CM_EVENT_ESTABLISHED:
+      if (state_ == conn_state::established) return {};
+      if (state_ != conn_state::accepting) return make_error_code(errc::wrong_state);
+      if (ev.status) return fail();
+      state_ = conn_state::established; // the QP reached RTS before rdma_accept
+      return {};
+    case RDMA_CM_EVENT_DISCONNECTED:
+      if (qp_) (void)qp_.to_error();
+      if (state_ == conn_state::established || state_ == conn_state::disconnected) {
+        state_ = conn_state::disconnected;
+        return {};
+      }
+      state_ = conn_state::disconnected;
+      return fail();
+    case RDMA_CM_EVENT_REJECTED:
+      if (opts_.reject_data) *opts_.reject_data = ev.data;
+      return fail();
+    case RDMA_CM_EVENT_TIMEWAIT_EXIT:
+    case RDMA_CM_EVENT_ADDR_CHANGE: return {};
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+      if (qp_) (void)qp_.to_error();
+      return fail();
+    default: // ADDR_ERROR, ROUTE_ERROR, CONNECT_ERROR, UNREACHABLE, ...
+      return fail();
+    }
+  }
+
+  // Members in construction order; destroyed in reverse: QP, CQ, channel, PD, Context, id, channel.
+  EventChannel channel_;
+  detail::handle<detail::cm_id_traits> id_;
+  Context ctx_;
+  ProtectionDomain pd_;
+  CompletionChannel cq_ch_;
+  CompletionQueue cq_;
+  QueuePair qp_;
+  const ProtectionDomain *user_pd_ = nullptr;
+  conn_options opts_{};
+  conn_state state_ = conn_state::failed;
+  std::int64_t deadline_ = 0;
+  std::array<std::byte, cm_accept_private_data_max> connect_data_{}; // what we send
+  std::uint8_t connect_data_len_ = 0;
+  cm_private_data peer_data_{};
+  std::uint8_t resp_res_ = 0;   // the client's offer (CONNECT_REQUEST), passive side
+  std::uint8_t init_depth_ = 0;
+};
+
+/// A connection request received by a Listener (RDMA_CM_EVENT_CONNECT_REQUEST): accept() it or
+/// reject() it. Move-only, null after move; dropped without either, its id is destroyed
+/// (rdma_destroy_id), which rejects the request.
+class ConnectRequest {
+public:
+  ConnectRequest() noexcept = default;
+
+  /// The private data the client sent (56 bytes: the sent bytes, then zeros).
+  [[nodiscard]] std::span<const std::byte> private_data() const noexcept { return data_.span(); }
+  /// The device the request arrived on (rdma_cm's context; compare with your PD's).
+  [[nodiscard]] ibv_context *device_context() const noexcept { return id_ ? id_.get()->verbs : nullptr; }
+  /// The client's address (rdma_get_peer_addr). Errors: errc::null_handle.
+  [[nodiscard]] result<address> peer_address() const noexcept {
+    if (!id_) return make_error_code(errc::null_handle);
+    return address::from(::rdma_get_peer_addr(id_.get()));
+  }
+  /// The new rdma_cm_id (owned), or nullptr.
+  [[nodiscard]] rdma_cm_id *native_handle() const noexcept { return id_.get(); }
+  /// True unless null (moved from, accepted or rejected).
+  [[nodiscard]] explicit operator bool() const noexcept { return bool(id_); }
+
+  /// First half of an accept: create the QP (conn_options as for connect), move the id to a
+  /// new event channel (rdma_migrate_id) and bring the QP to INIT, RTR and RTS
+  /// (rdma_init_qp_attr), without answering the client yet. The returned Connection is in
+  /// conn_state::prepared: post local work now (e.g. bind the memory window whose descriptor
+  /// goes into the accept's private data), then call Connection::accept(). Nothing may be sent
+  /// to the peer before it is established. The request becomes null, whatever the outcome.
+  /// Errors: errc::null_handle, errc::invalid_argument / errc::unknown_access_flag (options),
+  /// errc::context_mismatch (a PD of another device), errno of rdma_migrate_id /
+  /// rdma_init_qp_attr, qp_transition codes, the errors of the resources created.
+  [[nodiscard]] result<Connection> prepare(const conn_options &o = {}) noexcept {
+    if (!id_) return make_error_code(errc::null_handle);
+    RDMAXX_TRYV(Connection::check_options(o));
+    Connection c;
+    c.opts_ = o;
+    c.peer_data_ = data_;
+    c.resp_res_ = resp_res_;
+    c.init_depth_ = init_depth_;
+    RDMAXX_TRY(ch, EventChannel::create());
+    c.channel_ = std::move(ch);
+    c.id_ = std::move(id_);
+    if (::rdma_migrate_id(c.id_.get(), c.channel_.native_handle())) return last_errno();
+    RDMAXX_TRYV(c.make_qp(c.id_.get()->verbs));
+    RDMAXX_TRYV(c.move_qp(IBV_QPS_INIT));
+    RDMAXX_TRYV(c.move_qp(IBV_QPS_RTR));
+    // RTS now, as librdmacm does for its own QPs: once the client's DREQ may have arrived
+    // (a client that writes and disconnects at once), rdma_init_qp_attr refuses RTS (EINVAL).
+    RDMAXX_TRYV(c.move_qp(IBV_QPS_RTS));
+    c.state_ = conn_state::prepared;
+    c.deadline_ = detail::monotonic_ms() + o.timeout_ms;
+    return c;
+  }
+
+  /// Non-blocking accept: prepare(o), then Connection::accept(o.private_data); the returned
+  /// Connection is in conn_state::accepting: advance() it until established (the client's
+  /// RTU). Errors: errc::private_data_too_long (over 196 bytes; checked first: nothing is
+  /// sent and the request stays usable: reject it or accept again), as prepare() and
+  /// Connection::accept().
+  [[nodiscard]] result<Connection> start_accept(const conn_options &o = {}) noexcept {
+    if (!id_) return make_error_code(errc::null_handle);
+    if (o.private_data.size() > cm_accept_private_data_max)
+      return make_error_code(errc::private_data_too_long);
+    RDMAXX_TRY(c, prepare(o));
+    RDMAXX_TRYV(c.accept(o.private_data));
+    return std::move(c);
+  }
+  /// Blocking accept: start_accept(), then advance() until established within o.timeout_ms.
+  /// Errors: as start_accept() and Connection::advance() (a cm timeout naming the accept step).
+  [[nodiscard]] result<Connection> accept(const conn_options &o = {}) noexcept {
+    RDMAXX_TRY(c, start_accept(o));
+    RDMAXX_TRYV(c.run_until_established());
+    return std::move(c);
+  }
+  /// rdma_reject with private data (at most 148 bytes): the client's connect fails with a
+  /// REJECTED code (reject reason 28, consumer defined) carrying these bytes. Errors:
+  /// errc::null_handle, errc::private_data_too_long (nothing is sent; the request stays usable),
+  /// errno of rdma_reject (the request is null afterwards either way).
+  result<void> reject(std::span<const std::byte> data = {}) noexcept {
+    if (!id_) return make_error_code(errc::null_handle);
+    if (data.size() > cm_reject_private_data_max) return make_error_code(errc::private_data_too_long);
+    const int rc = ::rdma_reject(id_.get(), data.empty() ? nullptr : data.data(), std::uint8_t(data.size()));
+    const auto ec = rc ? last_errno() : std::error_code{};
+    id_.reset();
+    if (ec) return ec;
+    return success();
+  }
+
+private:
+  friend class Listener;
+  detail::handle<detail::cm_id_traits> id_;
+  cm_private_data data_{};
+  std::uint8_t resp_res_ = 0;
+  std::uint8_t init_depth_ = 0;
+};
+
+/// A listening rdma_cm id bound to an address (rdma_bind_addr(3), rdma_listen(3)), with its own
+/// event channel. Move-only, null after move.
+class Listener {
+public:
+  Listener() noexcept = default;
+  Listener(Listener &&) noexcept = default;
+  /// Destroys the old id before its channel (see Connection's move assignment).
+  Listener &operator=(Listener &&o) noexcept {
+    if (this != &o) {
+      this->~Listener();
+      ::new (static_cast<void *>(this)) Listener(std::move(o));
+    }
+    return *this;
+  }
+
+  /// rdma_create_id (RDMA_PS_TCP), rdma_bind_addr to `at` (port 0: the kernel chooses, read it
+  /// with port()), rdma_listen with `backlog`. Errors: errc::invalid_argument (backlog <= 0),
+  /// errno of rdma_create_event_channel (ENODEV: rdma_ucm not loaded), rdma_create_id,
+  /// rdma_bind_addr (EADDRINUSE; EADDRNOTAVAIL: no local interface has that address; ENODEV: the
+  /// address's interface has no RDMA device) and rdma_listen.
+  [[nodiscard]] static result<Listener> listen(const address &at, int backlog = 64) noexcept {
+    if (backlog <= 0) return make_error_code(errc::invalid_argument);
+    Listener l;
+    RDMAXX_TRY(ch, EventChannel::create());
+    l.channel_ = std::move(ch);
+    rdma_cm_id *id = nullptr;
+    if (::rdma_create_id(l.channel_.native_handle(), &id, nullptr, RDMA_PS_TCP)) return last_errno();
+    l.id_ = detail::handle<detail::cm_id_traits>(id, nullptr, nullptr);
+    address a = at;
+    if (::rdma_bind_addr(id, a.native())) return last_errno();
+    if (::rdma_listen(id, backlog)) return last_errno();
+    return l;
+  }
+
+  /// The port bound (rdma_get_src_port), host order; 0 when null.
+  [[nodiscard]] std::uint16_t port() const noexcept {
+    return id_ ? ntohs(::rdma_get_src_port(id_.get())) : 0;
+  }
+  /// The bound address (rdma_get_local_addr), with the chosen port. Errors: errc::null_handle.
+  [[nodiscard]] result<address> local_address() const noexcept {
+    if (!id_) return make_error_code(errc::null_handle);
+    return address::from(::rdma_get_local_addr(id_.get()));
+  }
+  /// The device the listener is bound to (null when bound to a wildcard address).
+  [[nodiscard]] ibv_context *device_context() const noexcept { return id_ ? id_.get()->verbs : nullptr; }
+  /// The non-blocking fd of the listener's channel (readable: call get_request(0)).
+  [[nodiscard]] int fd() const noexcept { return channel_.fd(); }
+  /// The listening rdma_cm_id (owned), or nullptr.
+  [[nodiscard]] rdma_cm_id *native_handle() const noexcept { return id_.get(); }
+  /// True unless null.
+  [[nodiscard]] explicit operator bool() const noexcept { return bool(id_); }
+
+  /// Wait up to `timeout_ms` (0: do not wait) for the next connection request. Other events on
+  /// the channel (of requests that went away before being accepted) are acknowledged and
+  /// skipped. Errors: errc::null_handle, errc::invalid_argument (negative timeout), a cm timeout
+  /// (cm_step::request) when none arrived, errno of rdma_get_cm_event.
+  [[nodiscard]] result<ConnectRequest> get_request(int timeout_ms) noexcept {
+    if (!id_) return make_error_code(errc::null_handle);
+    if (timeout_ms < 0) return make_error_code(errc::invalid_argument);
+    const std::int64_t deadline = detail::monotonic_ms() + timeout_ms;
+    for (;;) {
+      RDMAXX_TRY(ev, detail::next_cm_event(channel_.native_handle()));
+      if (ev && ev->type == RDMA_CM_EVENT_CONNECT_REQUEST) {
+        ConnectRequest r;
+        r.id_ = detail::handle<detail::cm_id_traits>(ev->id, nullptr, nullptr);
+        r.data_ = ev->data;
+        r.resp_res_ = ev->responder_resources;
+        r.init_depth_ = ev->initiator_depth;
+        return r;
+      }
+      if (ev) continue; // an event of a request that went away: skipped
+      RDMAXX_TRY(readable, detail::wait_readable(fd(), deadline));
+      if (!readable) return cm_timeout(cm_step::request);
+    }
+  }
+
+private:
+  EventChannel channel_;
+  detail::handle<detail::cm_id_traits> id_;
+};
+
+} // namespace rdmaxx

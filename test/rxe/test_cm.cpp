@@ -1,0 +1,493 @@
+// [cm]: connections by address over rdma_cm on a real rxe device (tools/rxe-vm: rxe0 on dummy0,
+// 192.0.2.1/24, rdma_ucm loaded). Each case asserts the error code and the bytes that arrived.
+#include "fixture.hpp"
+
+#include <rdmaxx/connection.hpp>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+namespace {
+using namespace rxe;
+
+constexpr const char *local_ip = "192.0.2.1";
+
+address addr(const std::string &s) { return need(address::parse(s), "address::parse"); }
+
+std::vector<std::byte> pattern(std::size_t n, unsigned seed) {
+  std::vector<std::byte> v(n);
+  fill(v.data(), n, seed);
+  return v;
+}
+
+std::string run(const char *cmd) {
+  std::string out;
+  if (FILE *f = ::popen(cmd, "r")) {
+    char buf[512];
+    while (std::size_t n = std::fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+    ::pclose(f);
+  }
+  return out;
+}
+// `rdma resource show` (per device: pd, cq, qp, cm_id, mr, ctx counts).
+std::string resources() { return run("rdma resource show 2>&1"); }
+// librdmacm opens one ibv_context per device the first time it needs one and keeps it for the
+// life of the process: take baselines after that has happened.
+std::string resources_baseline() {
+  { auto l = Listener::listen(address::parse("192.0.2.1:0").value()); }
+  return resources();
+}
+
+std::int64_t now_ms() { return rdmaxx::detail::monotonic_ms(); }
+
+// A listener on 192.0.2.1 with a port the kernel chose.
+Listener listen_any_port() {
+  auto l = need(Listener::listen(addr(std::string(local_ip) + ":0")), "listen");
+  REQUIRE(l.port() != 0);
+  return l;
+}
+address target(const Listener &l) { return addr(std::string(local_ip) + ":" + std::to_string(l.port())); }
+
+// Poll `cq` for one completion (bounded).
+ibv_wc one_wc(CompletionQueue &cq) { return wait_wc(cq, 1).front(); }
+} // namespace
+
+TEST_CASE("address parsing: IPv4, IPv6, port only, port 0, bad input", "[cm]") {
+  auto a = need(address::parse("192.0.2.1:7471"), "v4");
+  CHECK(!a.is_v6());
+  CHECK(a.port() == 7471);
+  CHECK(a.to_string() == "192.0.2.1:7471");
+  auto b = need(address::parse("[::1]:0"), "v6");
+  CHECK(b.is_v6());
+  CHECK(b.port() == 0);
+  CHECK(b.to_string() == "[::1]:0");
+  auto c = need(address::parse("7471"), "port only");
+  CHECK(c.to_string() == "0.0.0.0:7471");
+  CHECK(c.with_port(9).port() == 9);
+  for (const char *bad : {"", "1.2.3.4", "1.2.3.4:", "1.2.3.4:65536", "1.2.3.4:12a", "300.1.1.1:5",
+                          "[::1]", "[::1]5", "[zz::1]:5", "::1:5", "[fe80::1%nosuchif0]:5", "1.2.3.4:123456"}) {
+    INFO(bad);
+    auto r = address::parse(bad);
+    REQUIRE(!r);
+    CHECK(r.error() == errc::bad_address);
+  }
+}
+
+TEST_CASE("connect, accept, private data at the limit both ways, verified write, disconnect", "[cm]") {
+  const std::string before = resources_baseline();
+  {
+    auto l = listen_any_port();
+    const auto req_data = pattern(cm_connect_private_data_max, 1);
+    const auto acc_data = pattern(cm_accept_private_data_max, 2);
+    alignas(64) static unsigned char server_buf[4096];
+    std::memset(server_buf, 0, sizeof server_buf);
+
+    std::atomic<bool> server_ok{false};
+    std::vector<std::byte> got_req;
+    std::thread server([&] {
+      auto req = l.get_request(10000);
+      if (!req) return;
+      got_req.assign(req.value().private_data().begin(), req.value().private_data().end());
+      auto conn = req.value().accept({.timeout_ms = 10000, .private_data = acc_data});
+      if (!conn) return;
+      auto mr = MemoryRegion::reg(conn.value().pd(), server_buf, sizeof server_buf,
+                                  access::local_write | access::remote_write);
+      if (!mr) return;
+      // Tell the client where to write with a send carrying the MR's address and rkey.
+      std::uint64_t msg[2] = {mr.value().iova(), mr.value().rkey()};
+      auto b = conn.value().qp().start_send();
+      b.send_inline({.id = 7, .flags = send_flag::signaled},
+                    std::as_bytes(std::span(msg)));
+      if (!b.submit()) return;
+      // The client disconnects after its write: DISCONNECTED within the bound.
+      auto d = conn.value().wait_disconnected(10000);
+      server_ok = d && d.value();
+    });
+
+    auto c = Connection::connect(target(l), {.timeout_ms = 10000, .private_data = req_data});
+    INFO("connect: " << (c ? "ok" : c.error().message()));
+    REQUIRE(c);
+    Connection &conn = c.value();
+    CHECK(conn.state() == conn_state::established);
+    REQUIRE(need(conn.qp().state(), "qp state") == IBV_QPS_RTS);
+    // The accept's private data: exactly 196 bytes, as sent.
+    REQUIRE(conn.peer_private_data().size() == cm_accept_private_data_max);
+    CHECK(std::equal(acc_data.begin(), acc_data.end(), conn.peer_private_data().begin()));
+    CHECK(need(conn.peer_address(), "peer").port() == l.port());
+
+    // Receive the server's MR address and rkey, then write 4 KiB there.
+    alignas(64) static std::uint64_t msg[2];
+    auto rmr = need(MemoryRegion::reg(conn.pd(), msg, sizeof msg, access::local_write), "reg msg");
+    need(conn.qp().post_recv(1, rmr.sge()), "post_recv");
+    auto wc = one_wc(conn.cq());
+    REQUIRE(wc.status == IBV_WC_SUCCESS);
+    REQUIRE(wc.opcode == IBV_WC_RECV);
+    alignas(64) static unsigned char src[4096];
+    fill(src, sizeof src, 3);
+    auto smr = need(MemoryRegion::reg(conn.pd(), src, sizeof src, access::local_write), "reg src");
+    CHECK(write_one(conn.qp(), conn.cq(), smr.sge(), {msg[0], std::uint32_t(msg[1])}) == IBV_WC_SUCCESS);
+    need(conn.disconnect(), "disconnect");
+    CHECK(conn.state() == conn_state::disconnected);
+    CHECK(need(conn.qp().state(), "qp state") == IBV_QPS_ERR);
+    server.join();
+    CHECK(server_ok);
+    REQUIRE(got_req.size() == cm_connect_private_data_max);
+    CHECK(std::equal(req_data.begin(), req_data.end(), got_req.begin()));
+    CHECK(std::memcmp(server_buf, src, sizeof src) == 0);
+  }
+  CHECK(resources() == before);
+}
+
+TEST_CASE("private data one byte over the limit is refused before verbs", "[cm]") {
+  auto l = listen_any_port();
+  const auto over_connect = pattern(cm_connect_private_data_max + 1, 4);
+  auto r = Connection::start_connect(target(l), {.private_data = over_connect});
+  REQUIRE(!r);
+  CHECK(r.error() == errc::private_data_too_long);
+  CHECK(r.error() == std::errc::message_size);
+  // Nothing reached the listener.
+  auto none = l.get_request(300);
+  REQUIRE(!none);
+  CHECK(is_cm_timeout(none.error()));
+
+  // Accept with 197 bytes and reject with 149 are refused; the request stays usable.
+  const auto small = pattern(8, 5);
+  std::thread client_thread;
+  std::error_code client_ec;
+  cm_private_data rej;
+  const address to = target(l); // Catch2 macros (in target()) only on the test's own thread
+  client_thread = std::thread([&] {
+    auto c = Connection::connect(to, {.timeout_ms = 10000, .private_data = small,
+                                             .reject_data = &rej});
+    client_ec = c ? std::error_code{} : c.error();
+  });
+  auto req = need(l.get_request(10000), "get_request");
+  CHECK(std::equal(small.begin(), small.end(), req.private_data().begin()));
+  CHECK(std::all_of(req.private_data().begin() + 8, req.private_data().end(),
+                    [](std::byte b) { return b == std::byte{0}; }));
+  const auto over_accept = pattern(cm_accept_private_data_max + 1, 6);
+  auto a = req.accept({.private_data = over_accept});
+  REQUIRE(!a);
+  CHECK(a.error() == errc::private_data_too_long);
+  REQUIRE(req);
+  const auto over_reject = pattern(cm_reject_private_data_max + 1, 7);
+  auto j = req.reject(over_reject);
+  REQUIRE(!j);
+  CHECK(j.error() == errc::private_data_too_long);
+  REQUIRE(req);
+  // At the limit the reject goes through, with its bytes.
+  const auto at_reject = pattern(cm_reject_private_data_max, 8);
+  need(req.reject(at_reject), "reject");
+  CHECK(!req);
+  client_thread.join();
+  INFO("client: " << client_ec.message());
+  REQUIRE(client_ec);
+  CHECK(client_ec == std::errc::connection_refused);
+  CHECK(cm_event_of(client_ec) == RDMA_CM_EVENT_REJECTED);
+  CHECK(cm_reject_reason(client_ec) == 28); // consumer defined
+  REQUIRE(rej.size >= cm_reject_private_data_max);
+  CHECK(std::equal(at_reject.begin(), at_reject.end(), rej.bytes.begin()));
+}
+
+TEST_CASE("connect to a port nobody listens on is refused", "[cm]") {
+  std::uint16_t port = 0;
+  {
+    auto l = listen_any_port();
+    port = l.port();
+  } // closed again: nobody listens there now
+  const auto t0 = now_ms();
+  auto c = Connection::connect(addr(std::string(local_ip) + ":" + std::to_string(port)),
+                               {.timeout_ms = 10000});
+  REQUIRE(!c);
+  INFO(c.error().message());
+  CHECK(c.error() == std::errc::connection_refused);
+  CHECK(cm_reject_reason(c.error()) == 8); // invalid service ID
+  CHECK(now_ms() - t0 < 10000);
+}
+
+TEST_CASE("connect to an unreachable address fails within the bound", "[cm]") {
+  // 192.0.2.77 is on dummy0's subnet but nobody answers there.
+  const int bound = 1500;
+  const auto t0 = now_ms();
+  auto c = Connection::connect(addr("192.0.2.77:7471"), {.timeout_ms = bound});
+  const auto took = now_ms() - t0;
+  REQUIRE(!c);
+  INFO(c.error().message() << " after " << took << " ms");
+  CHECK((c.error() == std::errc::timed_out || c.error() == std::errc::host_unreachable));
+  // Each of the three steps (address, route, connect) is bounded by `bound`.
+  CHECK(took < 3 * bound + 1000);
+  // And a non-blocking start reports the same through advance().
+  auto s = need(Connection::start_connect(addr("192.0.2.77:7471"), {.timeout_ms = 300}), "start");
+  std::error_code ec;
+  const auto t1 = now_ms();
+  while (now_ms() - t1 < 5000) {
+    auto st = s.advance();
+    if (!st) {
+      ec = st.error();
+      break;
+    }
+    pollfd p{s.fd(), POLLIN, 0};
+    (void)::poll(&p, 1, 50);
+  }
+  INFO(ec.message());
+  CHECK((ec == std::errc::timed_out || ec == std::errc::host_unreachable));
+  CHECK(s.state() == conn_state::failed);
+}
+
+TEST_CASE("listener on an address without an RDMA device, and on an address of no interface", "[cm]") {
+  // An interface with an address but no rxe on it.
+  (void)run("ip link add rdmaxxcm0 type dummy 2>&1; ip addr add 198.51.100.1/24 dev rdmaxxcm0 2>&1;"
+            " ip link set rdmaxxcm0 up 2>&1");
+  const bool have_if = run("ip -4 addr show rdmaxxcm0 2>&1").find("198.51.100.1") != std::string::npos;
+  if (have_if) {
+    auto l = Listener::listen(addr("198.51.100.1:0"));
+    REQUIRE(!l);
+    INFO(l.error().message());
+    CHECK(l.error() == std::errc::no_such_device);
+  } else {
+    WARN("cannot create a dummy interface (not root?): the no-device case is not run");
+  }
+  auto n = Listener::listen(addr("203.0.113.9:0"));
+  REQUIRE(!n);
+  INFO(n.error().message());
+  CHECK(n.error() == std::errc::address_not_available);
+  if (have_if) {
+    // A PD of another device (rxe1 on that interface) is refused with context_mismatch.
+    const bool rxe1 = run("rdma link add rdmaxxcm1 type rxe netdev rdmaxxcm0 2>&1; echo rc=$?")
+                          .find("rc=0") != std::string::npos;
+    if (rxe1) {
+      {
+        auto other = need(Context::open("rdmaxxcm1"), "open rdmaxxcm1");
+        auto pd = need(ProtectionDomain::alloc(other), "pd");
+        auto cq = need(CompletionQueue::create(other, 16), "cq");
+        auto l = listen_any_port();
+        auto c = Connection::connect(target(l), {.pd = &pd, .send_cq = &cq, .recv_cq = &cq,
+                                                 .timeout_ms = 5000});
+        REQUIRE(!c);
+        INFO(c.error().message());
+        CHECK(c.error() == errc::context_mismatch);
+      }
+      (void)run("rdma link delete rdmaxxcm1 2>&1");
+    } else {
+      WARN("cannot add a second rxe device: the context_mismatch case is not run");
+    }
+    (void)run("ip link delete rdmaxxcm0 2>&1");
+  }
+}
+
+TEST_CASE("IPv6 wildcard listener, port 0, accepts an IPv4 client", "[cm]") {
+  auto l = need(Listener::listen(addr("[::]:0")), "listen [::]:0");
+  REQUIRE(l.port() != 0);
+  CHECK(need(l.local_address(), "local").is_v6());
+  std::thread server([&] {
+    auto req = l.get_request(10000);
+    if (!req) return;
+    auto c = req.value().accept({.timeout_ms = 10000});
+    if (c) (void)c.value().wait_disconnected(10000);
+  });
+  auto c = Connection::connect(addr(std::string(local_ip) + ":" + std::to_string(l.port())),
+                               {.timeout_ms = 10000});
+  INFO((c ? "ok" : c.error().message()));
+  CHECK(c);
+  c = Connection{};
+  server.join();
+}
+
+TEST_CASE("a server killed mid-handshake: the client fails within the bound", "[cm]") {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    auto l = Listener::listen(addr(std::string(local_ip) + ":0"));
+    std::uint16_t port = l ? l.value().port() : 0;
+    (void)!::write(fds[1], &port, sizeof port);
+    if (!l) ::_exit(1);
+    auto req = l.value().get_request(20000);
+    ::kill(::getpid(), SIGKILL); // dies holding the request, before accepting
+    ::_exit(2);
+  }
+  ::close(fds[1]);
+  std::uint16_t port = 0;
+  REQUIRE(::read(fds[0], &port, sizeof port) == sizeof port);
+  ::close(fds[0]);
+  REQUIRE(port != 0);
+  const auto t0 = now_ms();
+  auto c = Connection::connect(addr(std::string(local_ip) + ":" + std::to_string(port)),
+                               {.timeout_ms = 4000});
+  const auto took = now_ms() - t0;
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  CHECK(WIFSIGNALED(st));
+  REQUIRE(!c);
+  INFO(c.error().message() << " after " << took << " ms");
+  CHECK((c.error() == std::errc::connection_refused || c.error() == std::errc::timed_out));
+  CHECK(took < 3 * 4000 + 1000);
+}
+
+TEST_CASE("a client killed mid-transfer: DISCONNECTED and flushed completions within the bound", "[cm]") {
+  auto l = listen_any_port();
+  alignas(64) static unsigned char buf[4096];
+  std::memset(buf, 0, sizeof buf);
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    // The child: connect, learn the window from the accept's private data, write, then hang.
+    ::close(fds[0]);
+    auto c = Connection::connect(target(l), {.timeout_ms = 10000});
+    if (!c) ::_exit(1);
+    auto d = remote_descriptor::decode(c.value().peer_private_data().first(remote_descriptor::encoded_size));
+    if (!d) ::_exit(2);
+    static unsigned char src[4096];
+    fill(src, sizeof src, 9);
+    auto mr = MemoryRegion::reg(c.value().pd(), src, sizeof src, access::local_write);
+    if (!mr) ::_exit(3);
+    auto b = c.value().qp().start_send();
+    b.write({.id = 1, .flags = send_flag::signaled}, d.value().at(0), mr.value().sge());
+    if (!b.submit()) ::_exit(4);
+    ibv_wc wc{};
+    for (int i = 0; i < 100000; ++i) {
+      auto n = c.value().cq().poll(std::span(&wc, 1));
+      if (n && n.value() == 1) break;
+      ::usleep(100);
+    }
+    const char ok = wc.status == IBV_WC_SUCCESS ? 'w' : 'f';
+    (void)!::write(fds[1], &ok, 1);
+    for (;;) ::pause(); // killed here, mid-transfer
+  }
+  ::close(fds[1]);
+  auto dev = open_device();
+  auto pd = need(ProtectionDomain::alloc(dev), "pd");
+  auto cq = need(CompletionQueue::create(dev, 64), "cq");
+  auto mr = need(MemoryRegion::reg(pd, buf, sizeof buf, access::local_write | access::remote_write), "mr");
+  const remote_descriptor grant{mr.iova(), sizeof buf, mr.rkey(), access::remote_write, false};
+  const auto wire = grant.encode();
+  auto req = need(l.get_request(10000), "get_request");
+  auto conn = need(req.accept({.pd = &pd, .send_cq = &cq, .recv_cq = &cq, .timeout_ms = 10000,
+                               .private_data = std::span<const std::byte>(wire)}),
+                   "accept");
+  // A receive that will be flushed when the peer dies.
+  alignas(64) static unsigned char rbuf[64];
+  auto rmr = need(MemoryRegion::reg(pd, rbuf, sizeof rbuf, access::local_write), "rmr");
+  need(conn.qp().post_recv(42, rmr.sge()), "post_recv");
+  char ok = 0;
+  REQUIRE(::read(fds[0], &ok, 1) == 1);
+  ::close(fds[0]);
+  CHECK(ok == 'w');
+  unsigned char expect[4096];
+  fill(expect, sizeof expect, 9);
+  CHECK(std::memcmp(buf, expect, sizeof buf) == 0);
+  ::kill(pid, SIGKILL);
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  const auto t0 = now_ms();
+  auto d = need(conn.wait_disconnected(10000), "wait_disconnected");
+  INFO("after " << now_ms() - t0 << " ms");
+  CHECK(d);
+  CHECK(conn.state() == conn_state::disconnected);
+  const ibv_wc wc = one_wc(cq);
+  CHECK(wc.wr_id == 42);
+  CHECK(wc.status == IBV_WC_WR_FLUSH_ERR);
+  CHECK(wc_error(wc) == std::errc::operation_canceled);
+}
+
+TEST_CASE("8 concurrent clients, each with its own QP, each doing verified writes", "[cm]") {
+  constexpr int clients = 8;
+  constexpr std::size_t slot = 4096;
+  const std::string before = resources_baseline();
+  {
+    auto dev = open_device();
+    auto pd = need(ProtectionDomain::alloc(dev), "pd");
+    auto cq = need(CompletionQueue::create(dev, 256), "cq");
+    alignas(4096) static unsigned char area[clients * slot];
+    std::memset(area, 0, sizeof area);
+    auto mr = need(MemoryRegion::reg(pd, area, sizeof area,
+                                     access::local_write | access::remote_write), "mr");
+    auto l = listen_any_port();
+    std::vector<Connection> accepted;
+    std::atomic<int> accept_failures{0};
+    std::vector<std::string> accept_errors;
+    std::thread server([&] {
+      for (int i = 0; i < clients; ++i) {
+        auto req = l.get_request(20000);
+        if (!req) { ++accept_failures; accept_errors.push_back("get_request: " + req.error().message()); continue; }
+        // The client's index is in its connect private data; grant it its slot.
+        const int idx = int(req.value().private_data()[0]);
+        const remote_descriptor g{mr.iova() + idx * slot, slot, mr.rkey(), access::remote_write, false};
+        const auto wire = g.encode();
+        auto c = req.value().accept({.pd = &pd, .send_cq = &cq, .recv_cq = &cq, .timeout_ms = 20000,
+                                     .private_data = std::span<const std::byte>(wire)});
+        if (!c) { ++accept_failures; accept_errors.push_back("accept: " + c.error().message()); continue; }
+        accepted.push_back(std::move(c).value());
+      }
+    });
+    std::array<std::error_code, clients> errs{};
+    std::array<int, clients> statuses{};
+    std::vector<std::thread> ts;
+    const address to = target(l); // Catch2 is not thread-safe: no macro runs in the threads
+    for (int i = 0; i < clients; ++i)
+      ts.emplace_back([&, i] {
+        const std::byte idx{std::uint8_t(i)};
+        auto c = Connection::connect(to, {.timeout_ms = 20000,
+                                                 .private_data = std::span<const std::byte>(&idx, 1)});
+        if (!c) { errs[i] = c.error(); return; }
+        auto d = remote_descriptor::decode(c.value().peer_private_data().first(remote_descriptor::encoded_size));
+        if (!d) { errs[i] = d.error(); return; }
+        std::vector<unsigned char> src(slot);
+        fill(src.data(), slot, unsigned(100 + i));
+        auto smr = MemoryRegion::reg(c.value().pd(), src.data(), slot, access::local_write);
+        if (!smr) { errs[i] = smr.error(); return; }
+        // Two writes of half a slot each.
+        auto b = c.value().qp().start_send();
+        ibv_sge lo = smr.value().sge(), hi = smr.value().sge();
+        lo.length = hi.length = slot / 2;
+        hi.addr += slot / 2;
+        b.write({.id = 1}, d.value().at(0), lo);
+        b.write({.id = 2, .flags = send_flag::signaled}, d.value().at(slot / 2), hi);
+        if (auto s = b.submit(); !s) { errs[i] = s.error(); return; }
+        ibv_wc wc{};
+        for (int k = 0; k < 200000; ++k) {
+          auto n = c.value().cq().poll(std::span(&wc, 1));
+          if (n && n.value() == 1) break;
+          std::this_thread::sleep_for(50us);
+        }
+        statuses[i] = wc.wr_id == 2 ? int(wc.status) : -1;
+        (void)c.value().disconnect();
+      });
+    for (auto &t : ts) t.join();
+    server.join();
+    for (auto &e : accept_errors) UNSCOPED_INFO(e);
+    CHECK(accept_failures == 0);
+    CHECK(accepted.size() == std::size_t(clients));
+    for (int i = 0; i < clients; ++i) {
+      INFO("client " << i << ": " << errs[i].message());
+      CHECK(!errs[i]);
+      CHECK(statuses[i] == IBV_WC_SUCCESS);
+      std::vector<unsigned char> expect(slot);
+      fill(expect.data(), slot, unsigned(100 + i));
+      CHECK(std::memcmp(area + i * slot, expect.data(), slot) == 0);
+    }
+    // Each accepted connection has its own QP, and each sees the client's disconnect.
+    std::vector<std::uint32_t> qpns;
+    for (auto &c : accepted) {
+      qpns.push_back(c.qp().qp_num());
+      auto d = c.wait_disconnected(10000);
+      CHECK((d && d.value()));
+    }
+    std::sort(qpns.begin(), qpns.end());
+    CHECK(std::adjacent_find(qpns.begin(), qpns.end()) == qpns.end());
+    accepted.clear();
+  }
+  // Nothing leaked: the same resource counts as before.
+  CHECK(resources() == before);
+}

@@ -1,0 +1,127 @@
+// [cq-events]: CompletionQueue::wait without a channel (bounded busy poll), and the channel's
+// separate steps: arm (incl. solicited-only), get_event, batched ack, one channel for several
+// CQs, the drain-after-event rule (poll_and_arm). On a real rxe device.
+#include "fixture.hpp"
+
+namespace {
+using namespace rxe;
+std::int64_t now_ms() { return rdmaxx::detail::monotonic_ms(); }
+} // namespace
+
+TEST_CASE("wait() without a channel: a bounded busy poll", "[cq-events]") {
+  loopback lb;
+  alignas(64) static unsigned char src[64], dst[64];
+  fill(src, sizeof src, 1);
+  std::memset(dst, 0, sizeof dst);
+  auto smr = need(MemoryRegion::reg(lb.pd, src, sizeof src, access::local_write), "src");
+  auto dmr = need(MemoryRegion::reg(lb.pd, dst, sizeof dst, remote_rw), "dst");
+  ibv_wc wc[4];
+  // Nothing posted: times out after the bound, not before, not much later.
+  const auto t0 = now_ms();
+  auto none = lb.cq_a.wait(wc, 200);
+  const auto took = now_ms() - t0;
+  REQUIRE(!none);
+  CHECK(none.error() == errc::timeout);
+  CHECK(took >= 200);
+  CHECK(took < 1500);
+  auto b = lb.a.start_send();
+  b.write({.id = 5, .flags = send_flag::signaled}, {dmr.iova(), dmr.rkey()}, smr.sge());
+  need(b.submit(), "submit");
+  auto n = need(lb.cq_a.wait(wc, 5000), "wait");
+  REQUIRE(n == 1);
+  CHECK(wc[0].wr_id == 5);
+  CHECK(wc[0].status == IBV_WC_SUCCESS);
+  CHECK(std::memcmp(src, dst, sizeof src) == 0);
+  // Bad inputs.
+  CHECK(lb.cq_a.wait(std::span<ibv_wc>(), 10).error() == errc::zero_length);
+  CHECK(lb.cq_a.wait(wc, -1).error() == errc::timeout); // polls once, does not wait
+  CHECK(lb.cq_a.arm().error() == errc::wrong_state);
+  CHECK(lb.cq_a.poll_and_arm(wc).error() == errc::wrong_state);
+  CompletionQueue null_cq;
+  CHECK(null_cq.wait(wc, 10).error() == errc::null_handle);
+  CHECK(null_cq.arm().error() == errc::null_handle);
+  CHECK(null_cq.ack_events(1).error() == errc::null_handle);
+  CHECK(null_cq.poll_and_arm(wc).error() == errc::null_handle);
+  CompletionChannel null_ch;
+  CHECK(null_ch.get_event(0).error() == errc::null_handle);
+}
+
+TEST_CASE("one channel for two CQs: arm, get_event names the CQ, batched ack, drain rule", "[cq-events]") {
+  device_pd d;
+  auto ch = need(CompletionChannel::create(d.ctx), "channel");
+  auto cq1 = need(CompletionQueue::create(d.ctx, 64, &ch), "cq1");
+  auto cq2 = need(CompletionQueue::create(d.ctx, 64, &ch), "cq2");
+  auto a = need(QueuePair::create(d.pd, cq1, cq1), "qp a");
+  auto b = need(QueuePair::create(d.pd, cq2, cq2), "qp b");
+  need(connect_loopback(a, b), "connect");
+  alignas(64) static unsigned char src[64], dst[64], rbuf[4][64];
+  fill(src, sizeof src, 2);
+  auto smr = need(MemoryRegion::reg(d.pd, src, sizeof src, access::local_write), "src");
+  auto dmr = need(MemoryRegion::reg(d.pd, dst, sizeof dst, remote_rw), "dst");
+  auto rmr = need(MemoryRegion::reg(d.pd, rbuf, sizeof rbuf, access::local_write), "rbuf");
+  ibv_wc wc[4];
+  need(cq1.arm(), "arm cq1");
+  CHECK(ch.get_event(100).error() == errc::timeout);
+  CHECK(ch.get_event(-1).error() == errc::invalid_argument);
+
+  // A completion on cq1 gives an event naming cq1.
+  auto w = a.start_send();
+  w.write({.id = 11, .flags = send_flag::signaled}, {dmr.iova(), dmr.rkey()}, smr.sge());
+  need(w.submit(), "write a");
+  CHECK(need(ch.get_event(5000), "event 1") == cq1.native_handle());
+  CHECK(need(cq1.poll_and_arm(wc), "drain cq1") == 1);
+  CHECK(wc[0].wr_id == 11);
+  CHECK(std::memcmp(src, dst, sizeof src) == 0);
+
+  // Solicited-only on cq2: a plain send's receive completion raises no event, a solicited one does.
+  for (int i = 0; i < 4; ++i) {
+    ibv_sge s = rmr.sge();
+    s.addr += std::uint64_t(i) * 64;
+    s.length = 64;
+    need(b.post_recv(100 + i, s), "post_recv");
+  }
+  need(cq2.ack_events(0), "ack nothing");
+  // cq2 is armed for any completion from above: re-arm solicited-only after draining it.
+  CHECK(need(cq2.poll_and_arm(wc, true), "drain cq2") == 0);
+  ibv_sge one = smr.sge();
+  one.length = 16;
+  auto s1 = a.start_send();
+  s1.send({.id = 21}, one);
+  need(s1.submit(), "send plain");
+  CHECK(ch.get_event(500).error() == errc::timeout);
+  auto s2 = a.start_send();
+  s2.send({.id = 22, .flags = send_flag::signaled | send_flag::solicited}, one);
+  need(s2.submit(), "send solicited");
+  // The solicited completion's event names cq2 (cq1's event for id 22 was not armed... cq1 is
+  // armed for any completion: it may come too).
+  int cq1_events = 0, cq2_events = 0;
+  const auto t0 = now_ms();
+  while (cq2_events == 0 && now_ms() - t0 < 5000) {
+    auto e = ch.get_event(5000);
+    if (!e) break;
+    (e.value() == cq1.native_handle() ? cq1_events : cq2_events)++;
+  }
+  CHECK(cq2_events == 1);
+  // The drain rule: the event came for the second receive, but both are in cq2; a span of one
+  // takes them one at a time, and the last call leaves cq2 empty and armed.
+  CHECK(need(cq2.poll_and_arm(std::span(wc, 1)), "drain 1") == 1);
+  CHECK(wc[0].wr_id == 100);
+  CHECK(wc[0].opcode == IBV_WC_RECV);
+  CHECK(need(cq2.poll_and_arm(std::span(wc, 1)), "drain 2") == 1);
+  CHECK(wc[0].wr_id == 101);
+  CHECK(need(cq2.poll_and_arm(std::span(wc, 1)), "drain 3") == 0);
+  CHECK(std::memcmp(rbuf[0], src, 16) == 0);
+  CHECK(std::memcmp(rbuf[1], src, 16) == 0);
+  // Batched acknowledgement: every event, in one call per CQ (destroying a CQ waits for it).
+  while (true) { // cq1 may hold the send completion of id 22 and its event
+    auto e = ch.get_event(200);
+    if (!e) break;
+    (e.value() == cq1.native_handle() ? cq1_events : cq2_events)++;
+  }
+  need(cq1.ack_events(unsigned(1 + cq1_events)), "ack cq1");
+  need(cq2.ack_events(unsigned(cq2_events)), "ack cq2");
+  need(a.destroy(), "destroy a");
+  need(b.destroy(), "destroy b");
+  need(cq1.destroy(), "destroy cq1");
+  need(cq2.destroy(), "destroy cq2");
+}
