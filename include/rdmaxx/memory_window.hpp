@@ -139,6 +139,9 @@ struct mw_binding {
   std::uint64_t addr = 0;   // device address of the first byte (mr iova + offset)
   std::uint64_t length = 0;
   access_flags rights;
+  // Only in the log of unconfirmed operations: the MR and (type 2) QP of the binding before the
+  // operation stay counted until it is confirmed. The current binding's are the window handle's
+  // parent slots.
   child_link mr_link;
   child_link qp_link;
 };
@@ -391,6 +394,7 @@ private:
     using native = ibv_mw;
     static constexpr const char *object = "MemoryWindow";
     static constexpr const char *verb = "ibv_dealloc_mw";
+    static constexpr std::size_t parents = 3; // PD, the MR bound to, type 2: the QP bound through
     static int destroy(native *m) noexcept { return ::ibv_dealloc_mw(m); }
   };
 
@@ -451,6 +455,8 @@ private:
     p.qp_num = qp.qp_num();
     p.opcode = op;
     p.before = std::move(cur_);
+    p.before.mr_link = h_.take_link<detail::parent_slot::second>();
+    p.before.qp_link = h_.take_link<detail::parent_slot::third>();
     cur_ = detail::mw_binding{};
   }
   void set_bound(const QueuePair &qp, const MemoryRegion &mr, window_range r, access_flags rights,
@@ -461,14 +467,15 @@ private:
     cur_.addr = mr.iova() + r.offset;
     cur_.length = r.length;
     cur_.rights = rights;
-    cur_.mr_link = detail::child_link(detail::handle_access::node(mr));
+    h_.set_parent<detail::parent_slot::second>(detail::handle_access::node(mr));
     if (type_ == mw_type::type2) {
       cur_.qp_num = qp.qp_num();
-      cur_.qp_link = detail::child_link(detail::handle_access::node(qp));
+      h_.set_parent<detail::parent_slot::third>(detail::handle_access::node(qp));
     }
   }
   void set_unbound(mw_state s, std::uint32_t key) noexcept {
     cur_ = detail::mw_binding{};
+    unlink();
     cur_.state = s;
     cur_.rkey = key;
   }
@@ -485,6 +492,8 @@ private:
   // Entry i and all after it did not happen: back to the binding before entry i.
   void rollback(std::size_t i) noexcept {
     cur_ = std::move(pending_[i].before);
+    h_.set_link<detail::parent_slot::second>(std::move(cur_.mr_link));
+    h_.set_link<detail::parent_slot::third>(std::move(cur_.qp_link));
     if (h_) h_.get()->rkey = cur_.rkey; // the kernel still holds the old key
     for (std::size_t j = i; j < npending_; ++j) pending_[j] = detail::mw_pending{};
     npending_ = i;
@@ -493,6 +502,12 @@ private:
     for (std::size_t j = 0; j < npending_; ++j) pending_[j] = detail::mw_pending{};
     npending_ = 0;
     cur_ = detail::mw_binding{};
+    unlink();
+  }
+  // The current binding no longer uses its MR and QP.
+  void unlink() noexcept {
+    h_.set_parent<detail::parent_slot::second>(nullptr);
+    h_.set_parent<detail::parent_slot::third>(nullptr);
   }
 
   friend class StrictGrant;
