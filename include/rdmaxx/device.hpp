@@ -418,7 +418,8 @@ public:
   /// \errors
   /// - errc::null_handle: the Context is null.
   /// - the errno of ibv_query_device_ex.
-  /// \mallocs Only inside verbs (the probes' scratch objects).
+  /// \mallocs Only the probes' scratch objects: inside verbs, plus one page (std::aligned_alloc,
+  /// freed before returning) for the native_rereg probe.
   [[nodiscard]] result<Capabilities> query_capabilities(probe_options probes = {}) const noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     ibv_device_attr_ex ax{};
