@@ -225,8 +225,11 @@ public:
   address() noexcept = default;
 
   /// Parse "A.B.C.D:PORT", "[IPV6]:PORT", "[IPV6%IFNAME]:PORT" or "PORT" (any IPv4 address;
-  /// `[::]:PORT` for any IPv6). Errors: errc::bad_address (no port, port above 65535, an address
-  /// inet_pton refuses, an unknown interface name).
+  /// `[::]:PORT` for any IPv6).
+  /// \errors
+  /// - errc::bad_address: no port, port above 65535, an address inet_pton refuses, an unknown
+  ///   interface name.
+  /// \mallocs None.
   [[nodiscard]] static result<address> parse(std::string_view s) noexcept {
     address a;
     std::string_view host, port = s;
@@ -280,7 +283,10 @@ public:
     }
     return a;
   }
-  /// Copy a sockaddr (AF_INET or AF_INET6). Errors: errc::bad_address (null, other family).
+  /// Copy a sockaddr (AF_INET or AF_INET6).
+  /// \errors
+  /// - errc::bad_address: `sa` is null, or of another family.
+  /// \mallocs None.
   [[nodiscard]] static result<address> from(const sockaddr *sa) noexcept {
     address a;
     if (!sa) return make_error_code(errc::bad_address);
@@ -423,8 +429,11 @@ struct cm_event_copy {
 class EventChannel {
 public:
   EventChannel() noexcept = default;
-  /// rdma_create_event_channel, then O_NONBLOCK on its fd. Errors: errno (ENODEV: no rdma_cm
-  /// support in the kernel, i.e. rdma_ucm not loaded; EMFILE, ENOMEM).
+  /// rdma_create_event_channel, then O_NONBLOCK on its fd.
+  /// \errors
+  /// - errno: ENODEV (no rdma_cm support in the kernel, i.e. rdma_ucm not loaded); EMFILE,
+  ///   ENOMEM.
+  /// \mallocs What rdma_create_event_channel allocates (librdmacm).
   [[nodiscard]] static result<EventChannel> create() noexcept {
     errno = 0;
     rdma_event_channel *ch = ::rdma_create_event_channel();
@@ -518,10 +527,14 @@ public:
   }
 
   /// Active side, non-blocking: rdma_create_id and rdma_resolve_addr towards `to`; then watch
-  /// fd() and call advance() until it returns conn_state::established. Errors:
-  /// errc::private_data_too_long (more than 56 bytes), errc::invalid_argument (a timeout <= 0),
-  /// errc::null_handle (a PD without CQs), errno of rdma_create_event_channel / rdma_create_id /
-  /// rdma_resolve_addr (EADDRNOTAVAIL, ENODEV: no rdma_cm, EINVAL).
+  /// fd() and call advance() until it returns conn_state::established.
+  /// \errors
+  /// - errc::private_data_too_long: more than 56 bytes.
+  /// - errc::invalid_argument: a timeout <= 0 (or cq_entries <= 0).
+  /// - errc::null_handle: a PD without CQs.
+  /// - the errno of rdma_create_event_channel / rdma_create_id / rdma_resolve_addr
+  ///   (EADDRNOTAVAIL, ENODEV: no rdma_cm, EINVAL).
+  /// \mallocs The event channel and the id, inside librdmacm.
   [[nodiscard]] static result<Connection> start_connect(const address &to, const conn_options &o = {}) noexcept {
     if (o.private_data.size() > cm_connect_private_data_max)
       return make_error_code(errc::private_data_too_long);
@@ -543,7 +556,10 @@ public:
   }
 
   /// Active side, blocking: start_connect(), then advance() until established or failed, each
-  /// step within o.timeout_ms. Errors: as start_connect() and advance().
+  /// step within o.timeout_ms.
+  /// \errors
+  /// - those of start_connect() and advance().
+  /// \mallocs As start_connect() and advance().
   [[nodiscard]] static result<Connection> connect(const address &to, const conn_options &o = {}) noexcept {
     RDMAXX_TRY(c, start_connect(to, o));
     RDMAXX_TRYV(c.run_until_established());
@@ -552,15 +568,21 @@ public:
 
   /// Process the pending events on this connection's channel without blocking and return the
   /// state reached (it stops right after reaching established, so that a connection that was
-  /// established and then disconnected is seen as both, in two calls). Also enforces the current step's deadline. Errors (the state is then
-  /// failed, or disconnected for DISCONNECTED): cm_category() codes (REJECTED with the reject
-  /// reason, its private data copied to conn_options::reject_data; UNREACHABLE; ADDR_ERROR;
-  /// ROUTE_ERROR; CONNECT_ERROR; DISCONNECTED before establishment; DEVICE_REMOVAL; a timeout
-  /// naming the step), errc::context_mismatch (the user's PD is of another device than the one
-  /// resolved), errno of the rdma_cm calls and QP transitions (qp_transition codes), and of the
-  /// resources created (Context::open, ProtectionDomain::alloc, CompletionQueue::create,
-  /// QueuePair::create). An established connection that sees DISCONNECTED returns
+  /// established and then disconnected is seen as both, in two calls). Also enforces the
+  /// current step's deadline. An established connection that sees DISCONNECTED returns
   /// conn_state::disconnected (not an error): its QP is moved to ERR.
+  /// \errors The state is then failed, or disconnected for DISCONNECTED:
+  /// - errc::null_handle: the connection is null.
+  /// - errc::wrong_state: the connection had already failed.
+  /// - cm_category() codes: REJECTED with the reject reason, its private data copied to
+  ///   conn_options::reject_data; UNREACHABLE; ADDR_ERROR; ROUTE_ERROR; CONNECT_ERROR;
+  ///   DISCONNECTED before establishment; DEVICE_REMOVAL; a timeout naming the step.
+  /// - errc::context_mismatch: the user's PD is of another device than the one resolved.
+  /// - the errno of the rdma_cm calls and QP transitions (qp_transition codes).
+  /// - those of the resources created (Context::open, ProtectionDomain::alloc,
+  ///   CompletionQueue::create, QueuePair::create).
+  /// \mallocs One event per rdma_get_cm_event (malloc, inside librdmacm); once the route is
+  /// resolved, the resources created (their nodes, besides what verbs allocates).
   [[nodiscard]] result<conn_state> advance() noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     for (;;) {
@@ -587,7 +609,11 @@ public:
 
   /// Wait up to `timeout_ms` for the connection to end (DISCONNECTED), processing events.
   /// Returns true when disconnected, false when still established at the deadline.
-  /// Errors: errc::null_handle, errc::wrong_state (not established or disconnected), as advance().
+  /// \errors
+  /// - errc::null_handle: the connection is null.
+  /// - errc::wrong_state: not established or disconnected.
+  /// - those of advance().
+  /// \mallocs As advance().
   [[nodiscard]] result<bool> wait_disconnected(int timeout_ms) noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     if (state_ != conn_state::established && state_ != conn_state::disconnected)
@@ -603,9 +629,13 @@ public:
 
   /// Second half of an accept (after ConnectRequest::prepare()): rdma_accept with
   /// `private_data` (at most 196 bytes); the state becomes accepting: advance() or
-  /// wait_established(). Errors: errc::null_handle, errc::wrong_state (not prepared),
-  /// errc::private_data_too_long (nothing is sent: accept again with less), errno of
-  /// rdma_accept.
+  /// wait_established().
+  /// \errors
+  /// - errc::null_handle: the connection is null.
+  /// - errc::wrong_state: not prepared.
+  /// - errc::private_data_too_long: nothing is sent (accept again with less).
+  /// - the errno of rdma_accept.
+  /// \mallocs None.
   result<void> accept(std::span<const std::byte> private_data = {}) noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     if (state_ != conn_state::prepared) return make_error_code(errc::wrong_state);
@@ -626,8 +656,12 @@ public:
   }
 
   /// Blocking: advance() until established, within the current step's bound (conn_options::
-  /// timeout_ms). Errors: errc::null_handle, errc::wrong_state (prepared: accept() first), as
-  /// advance(); DISCONNECTED when the peer went away first.
+  /// timeout_ms).
+  /// \errors
+  /// - errc::null_handle: the connection is null.
+  /// - errc::wrong_state: prepared (accept() first).
+  /// - those of advance(); DISCONNECTED when the peer went away first.
+  /// \mallocs As advance().
   result<void> wait_established() noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     if (state_ == conn_state::prepared) return make_error_code(errc::wrong_state);
@@ -635,8 +669,12 @@ public:
   }
 
   /// rdma_disconnect: move the QP to ERR (outstanding work completes as flushed) and send a
-  /// disconnect request; the peer sees DISCONNECTED. Idempotent once disconnected. Errors:
-  /// errc::null_handle, errc::wrong_state (never established), errno of rdma_disconnect.
+  /// disconnect request; the peer sees DISCONNECTED. Idempotent once disconnected.
+  /// \errors
+  /// - errc::null_handle: the connection is null.
+  /// - errc::wrong_state: never established.
+  /// - the errno of rdma_disconnect.
+  /// \mallocs None.
   result<void> disconnect() noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     if (state_ == conn_state::disconnected) return success();
@@ -669,13 +707,19 @@ public:
   [[nodiscard]] rdma_cm_id *native_handle() const noexcept { return id_.get(); }
   /// True unless null.
   [[nodiscard]] explicit operator bool() const noexcept { return bool(id_); }
-  /// The peer's address (rdma_get_peer_addr). Errors: errc::null_handle, errc::bad_address
-  /// (not resolved yet).
+  /// The peer's address (rdma_get_peer_addr).
+  /// \errors
+  /// - errc::null_handle: the connection is null.
+  /// - errc::bad_address: not resolved yet.
+  /// \mallocs None.
   [[nodiscard]] result<address> peer_address() const noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     return address::from(::rdma_get_peer_addr(id_.get()));
   }
-  /// Our address (rdma_get_local_addr). Errors: as peer_address().
+  /// Our address (rdma_get_local_addr).
+  /// \errors
+  /// - those of peer_address().
+  /// \mallocs None.
   [[nodiscard]] result<address> local_address() const noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     return address::from(::rdma_get_local_addr(id_.get()));
@@ -861,7 +905,10 @@ public:
   [[nodiscard]] std::span<const std::byte> private_data() const noexcept { return data_.span(); }
   /// The device the request arrived on (rdma_cm's context; compare with your PD's).
   [[nodiscard]] ibv_context *device_context() const noexcept { return id_ ? id_.get()->verbs : nullptr; }
-  /// The client's address (rdma_get_peer_addr). Errors: errc::null_handle.
+  /// The client's address (rdma_get_peer_addr).
+  /// \errors
+  /// - errc::null_handle: the request is null.
+  /// \mallocs None.
   [[nodiscard]] result<address> peer_address() const noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     return address::from(::rdma_get_peer_addr(id_.get()));
@@ -877,9 +924,15 @@ public:
   /// conn_state::prepared: post local work now (e.g. bind the memory window whose descriptor
   /// goes into the accept's private data), then call Connection::accept(). Nothing may be sent
   /// to the peer before it is established. The request becomes null, whatever the outcome.
-  /// Errors: errc::null_handle, errc::invalid_argument / errc::unknown_access_flag (options),
-  /// errc::context_mismatch (a PD of another device), errno of rdma_migrate_id /
-  /// rdma_init_qp_attr, qp_transition codes, the errors of the resources created.
+  /// \errors
+  /// - errc::null_handle: the request is null.
+  /// - errc::invalid_argument / errc::unknown_access_flag: the options.
+  /// - errc::context_mismatch: a PD of another device.
+  /// - the errno of rdma_migrate_id / rdma_init_qp_attr.
+  /// - qp_transition codes.
+  /// - the errors of the resources created.
+  /// \mallocs A new event channel (librdmacm) and the resources created (their nodes, besides
+  /// what verbs allocates).
   [[nodiscard]] result<Connection> prepare(const conn_options &o = {}) noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     RDMAXX_TRYV(Connection::check_options(o));
@@ -905,9 +958,12 @@ public:
 
   /// Non-blocking accept: prepare(o), then Connection::accept(o.private_data); the returned
   /// Connection is in conn_state::accepting: advance() it until established (the client's
-  /// RTU). Errors: errc::private_data_too_long (over 196 bytes; checked first: nothing is
-  /// sent and the request stays usable: reject it or accept again), as prepare() and
-  /// Connection::accept().
+  /// RTU).
+  /// \errors
+  /// - errc::private_data_too_long: over 196 bytes (checked first: nothing is sent and the
+  ///   request stays usable: reject it or accept again).
+  /// - those of prepare() and Connection::accept().
+  /// \mallocs As prepare().
   [[nodiscard]] result<Connection> start_accept(const conn_options &o = {}) noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     if (o.private_data.size() > cm_accept_private_data_max)
@@ -917,16 +973,21 @@ public:
     return std::move(c);
   }
   /// Blocking accept: start_accept(), then advance() until established within o.timeout_ms.
-  /// Errors: as start_accept() and Connection::advance() (a cm timeout naming the accept step).
+  /// \errors
+  /// - those of start_accept() and Connection::advance() (a cm timeout naming the accept step).
+  /// \mallocs As start_accept() and Connection::advance().
   [[nodiscard]] result<Connection> accept(const conn_options &o = {}) noexcept {
     RDMAXX_TRY(c, start_accept(o));
     RDMAXX_TRYV(c.run_until_established());
     return std::move(c);
   }
   /// rdma_reject with private data (at most 148 bytes): the client's connect fails with a
-  /// REJECTED code (reject reason 28, consumer defined) carrying these bytes. Errors:
-  /// errc::null_handle, errc::private_data_too_long (nothing is sent; the request stays usable),
-  /// errno of rdma_reject (the request is null afterwards either way).
+  /// REJECTED code (reject reason 28, consumer defined) carrying these bytes.
+  /// \errors
+  /// - errc::null_handle: the request is null.
+  /// - errc::private_data_too_long: nothing is sent; the request stays usable.
+  /// - the errno of rdma_reject (the request is null afterwards either way).
+  /// \mallocs None.
   result<void> reject(std::span<const std::byte> data = {}) noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     if (data.size() > cm_reject_private_data_max) return make_error_code(errc::private_data_too_long);
@@ -961,10 +1022,13 @@ public:
   }
 
   /// rdma_create_id (RDMA_PS_TCP), rdma_bind_addr to `at` (port 0: the kernel chooses, read it
-  /// with port()), rdma_listen with `backlog`. Errors: errc::invalid_argument (backlog <= 0),
-  /// errno of rdma_create_event_channel (ENODEV: rdma_ucm not loaded), rdma_create_id,
-  /// rdma_bind_addr (EADDRINUSE; EADDRNOTAVAIL: no local interface has that address; ENODEV: the
-  /// address's interface has no RDMA device) and rdma_listen.
+  /// with port()), rdma_listen with `backlog`.
+  /// \errors
+  /// - errc::invalid_argument: `backlog` <= 0.
+  /// - the errno of rdma_create_event_channel (ENODEV: rdma_ucm not loaded), rdma_create_id,
+  ///   rdma_bind_addr (EADDRINUSE; EADDRNOTAVAIL: no local interface has that address; ENODEV:
+  ///   the address's interface has no RDMA device) and rdma_listen.
+  /// \mallocs The event channel and the id, inside librdmacm.
   [[nodiscard]] static result<Listener> listen(const address &at, int backlog = 64) noexcept {
     if (backlog <= 0) return make_error_code(errc::invalid_argument);
     Listener l;
@@ -983,7 +1047,10 @@ public:
   [[nodiscard]] std::uint16_t port() const noexcept {
     return id_ ? ntohs(::rdma_get_src_port(id_.get())) : 0;
   }
-  /// The bound address (rdma_get_local_addr), with the chosen port. Errors: errc::null_handle.
+  /// The bound address (rdma_get_local_addr), with the chosen port.
+  /// \errors
+  /// - errc::null_handle: the listener is null.
+  /// \mallocs None.
   [[nodiscard]] result<address> local_address() const noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     return address::from(::rdma_get_local_addr(id_.get()));
@@ -999,8 +1066,13 @@ public:
 
   /// Wait up to `timeout_ms` (0: do not wait) for the next connection request. Other events on
   /// the channel (of requests that went away before being accepted) are acknowledged and
-  /// skipped. Errors: errc::null_handle, errc::invalid_argument (negative timeout), a cm timeout
-  /// (cm_step::request) when none arrived, errno of rdma_get_cm_event.
+  /// skipped.
+  /// \errors
+  /// - errc::null_handle: the listener is null.
+  /// - errc::invalid_argument: negative timeout.
+  /// - a cm timeout (cm_step::request): none arrived.
+  /// - the errno of rdma_get_cm_event.
+  /// \mallocs One event per rdma_get_cm_event (malloc, inside librdmacm).
   [[nodiscard]] result<ConnectRequest> get_request(int timeout_ms) noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     if (timeout_ms < 0) return make_error_code(errc::invalid_argument);
