@@ -618,12 +618,18 @@ public:
   }
 
   /// Bind the window over the whole exact region (see MemoryWindow::bind).
+  /// \errors
+  /// - those of MemoryWindow::bind (the posting form).
+  /// \mallocs None.
   [[nodiscard]] result<remote_descriptor> bind(QueuePair &qp, access_flags rights,
                                                wr w = {window_wr_id, send_flag::signaled}) noexcept {
     return window_.bind(qp, region_, {0, region_.length()}, rights, w);
   }
   /// Add a bind of the window over the whole exact region to an open batch of `qp` (see the batch
-  /// form of MemoryWindow::bind: same errors, inline and allocation-free).
+  /// form of MemoryWindow::bind). Inline.
+  /// \errors
+  /// - those of the batch form of MemoryWindow::bind.
+  /// \mallocs None.
   [[nodiscard]] result<remote_descriptor> bind(SendBatch &batch, QueuePair &qp, access_flags rights,
                                                wr w = {}) noexcept {
     return window_.bind(batch, qp, region_, {0, region_.length()}, rights, w);
@@ -666,6 +672,9 @@ public:
     return region_.dereg();
   }
   /// The former name of revoke() (kept until its last callers move; prefer revoke()).
+  /// \errors
+  /// - those of revoke().
+  /// \mallocs None.
   result<void> release() noexcept { return revoke(); }
 
 private:

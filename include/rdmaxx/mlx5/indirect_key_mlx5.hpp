@@ -107,9 +107,11 @@ inline constexpr std::uint64_t max_list_entry_length = std::uint64_t(1) << 31;
 inline constexpr std::uint64_t max_list_total =
     RDMAXX_MLX5_LIST_TOTAL_FIXED ? UINT64_MAX : (std::uint64_t(1) << 31) - 1;
 
-/// The provider limits that layout::validate does not know (layout_category() codes naming the
-/// entry): errc::provider_limit for a list entry over max_list_entry_length, and for the entry
-/// at which a list's running total passes max_list_total.
+/// The provider limits that layout::validate does not know.
+/// \errors layout_category() codes naming the entry:
+/// - errc::provider_limit: a list entry over max_list_entry_length, or the entry at which a
+///   list's running total passes max_list_total.
+/// \mallocs None.
 [[nodiscard]] inline std::error_code check_provider_limits(const layout &l) noexcept {
   if (l.type() != layout::kind::list) return {};
   std::uint64_t total = 0;
