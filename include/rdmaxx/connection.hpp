@@ -26,8 +26,9 @@
 /// rdma_establish; a Connection does that for you.
 ///
 /// Resources: rdma_cm resolves an address to a device. A Connection either uses the user's
-/// ProtectionDomain and CompletionQueue(s) (conn_options::pd, ::send_cq, ::recv_cq; refused with
-/// errc::context_mismatch when they belong to another device than the one resolved), or opens its
+/// ProtectionDomain and CompletionQueue(s) (conn_options::pd, conn_options::send_cq,
+/// conn_options::recv_cq; refused with errc::context_mismatch when they belong to another device
+/// than the one resolved), or opens its
 /// own Context on the resolved device, a PD and one CQ (optionally with a CompletionChannel),
 /// reachable through context(), pd(), cq().
 ///
@@ -95,7 +96,9 @@ namespace rdmaxx {
 
 /// rdma_cm's private-data limits for RC over RDMA_PS_TCP on InfiniBand and RoCE.
 inline constexpr std::size_t cm_connect_private_data_max = 56;
+/// The most private data an accept carries (see cm_connect_private_data_max).
 inline constexpr std::size_t cm_accept_private_data_max = 196;
+/// The most private data a reject carries (see cm_connect_private_data_max).
 inline constexpr std::size_t cm_reject_private_data_max = 148;
 
 /// The steps a cm "timeout" code names (the event the step waited for).
@@ -315,6 +318,7 @@ public:
   }
   /// The sockaddr, for rdma_cm calls.
   [[nodiscard]] sockaddr *native() noexcept { return &s_.sa; }
+  /// The sockaddr, read-only.
   [[nodiscard]] const sockaddr *native() const noexcept { return &s_.sa; }
   /// "A.B.C.D:PORT" or "[IPV6]:PORT" (allocates).
   [[nodiscard]] std::string to_string() const {
@@ -339,8 +343,11 @@ private:
 /// Private data received with an rdma_cm event: the transport's whole area (the bytes the peer
 /// sent, then zeros up to the transport's limit).
 struct cm_private_data {
+  /// The transport's whole area.
   std::array<std::byte, cm_accept_private_data_max> bytes{};
+  /// Bytes of the area in use: the transport's limit for the event (the peer's, then zeros).
   std::uint8_t size = 0;
+  /// The first `size` bytes.
   [[nodiscard]] std::span<const std::byte> span() const noexcept { return {bytes.data(), size}; }
 };
 
@@ -467,6 +474,7 @@ struct conn_options {
   /// CQs of the QP (required with `pd`: errc::null_handle without them); nullptr: the Connection
   /// creates one CQ of cq_entries entries for both.
   const CompletionQueue *send_cq = nullptr;
+  /// The receive CQ of the QP (as send_cq).
   const CompletionQueue *recv_cq = nullptr;
   /// Entries of the CQ the Connection creates.
   int cq_entries = 128;
@@ -475,6 +483,7 @@ struct conn_options {
   bool cq_channel = false;
   /// Queue sizes and send operations of the QP (QueuePair::create).
   qp_caps caps{};
+  /// Send operations of the QP (QueuePair::create).
   send_ops ops = all_send_ops;
   /// Remote operations the QP accepts (as connect_options::qp_access: local write, remote
   /// write/read/atomic; any other bit: errc::unknown_access_flag).
@@ -483,6 +492,7 @@ struct conn_options {
   /// Outstanding RDMA reads/atomics this side accepts (responder_resources) and initiates
   /// (initiator_depth); clipped to the device's limits by rdma_cm.
   std::uint8_t responder_resources = 1;
+  /// Outstanding RDMA reads/atomics this side initiates (see responder_resources).
   std::uint8_t initiator_depth = 1;
   /// RNR retries the peer should make (7: without limit).
   std::uint8_t rnr_retry_count = 7;
@@ -514,6 +524,7 @@ class Listener;
 class Connection {
 public:
   Connection() noexcept = default;
+  /// Moves the connection; `o` is left null.
   Connection(Connection &&) noexcept = default;
   /// Destroys what this connection holds (in the order above), then takes `o`'s. Not the
   /// member-wise default: that would destroy the old channel before the old id (rdma_destroy_id
@@ -687,6 +698,7 @@ public:
 
   /// The QueuePair (in RTS once established): SendBatch, windows and keys work on it as on any.
   [[nodiscard]] QueuePair &qp() noexcept { return qp_; }
+  /// The QueuePair, read-only.
   [[nodiscard]] const QueuePair &qp() const noexcept { return qp_; }
   /// The Context the Connection opened (null when the user gave a PD).
   [[nodiscard]] const Context &context() const noexcept { return ctx_; }
@@ -1011,6 +1023,7 @@ private:
 class Listener {
 public:
   Listener() noexcept = default;
+  /// Moves the listener; `o` is left null.
   Listener(Listener &&) noexcept = default;
   /// Destroys the old id before its channel (see Connection's move assignment).
   Listener &operator=(Listener &&o) noexcept {

@@ -218,7 +218,9 @@ enum class key_phase : std::uint8_t { idle, configuring, configured, invalidatin
 
 /// The state of an mlx5 indirect key. One unconfirmed operation at a time.
 struct key_state {
+  /// The indirect mkey (create_mkey), or nullptr.
   ::mlx5dv_mkey *mkey = nullptr;
+  /// Where the key stands.
   key_phase phase = key_phase::idle;
   std::uint64_t wr_id = 0;  ///< of the unconfirmed operation
   std::uint32_t qp_num = 0; ///< the QP it was posted on
