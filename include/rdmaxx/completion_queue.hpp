@@ -26,7 +26,12 @@ class CompletionChannel {
 public:
   CompletionChannel() noexcept = default;
 
-  /// ibv_create_comp_channel. Errors: errc::null_handle, errno (EMFILE, ENOMEM).
+  /// ibv_create_comp_channel.
+  /// \errors
+  /// - errc::null_handle: `ctx` is null.
+  /// - the errno of ibv_create_comp_channel (EMFILE, ENOMEM).
+  /// \mallocs One node that counts the channel's CQs (new(nothrow)), besides what verbs
+  /// allocates.
   [[nodiscard]] static result<CompletionChannel> create(const Context &ctx) noexcept {
     if (!ctx) return make_error_code(errc::null_handle);
     RDMAXX_TRY(h, detail::create_with_node<traits>(detail::handle_access::node(ctx), [&] {
@@ -48,8 +53,13 @@ public:
   /// (compare with CompletionQueue::native_handle()). The event must be acknowledged with that
   /// CQ's ack_events() (batching is allowed: ack n at once) before the CQ is destroyed:
   /// ibv_destroy_cq waits for every event to be acknowledged. The CQ is disarmed by the event:
-  /// follow the drain rule of CompletionQueue::poll_and_arm(). Errors: errc::null_handle,
-  /// errc::invalid_argument (negative timeout), errc::timeout, errno of poll / ibv_get_cq_event.
+  /// follow the drain rule of CompletionQueue::poll_and_arm().
+  /// \errors
+  /// - errc::null_handle: the channel is null.
+  /// - errc::invalid_argument: negative timeout.
+  /// - errc::timeout: no event within `timeout_ms`.
+  /// - the errno of poll / ibv_get_cq_event.
+  /// \mallocs None.
   [[nodiscard]] result<ibv_cq *> get_event(int timeout_ms) noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     if (timeout_ms < 0) return make_error_code(errc::invalid_argument);
@@ -67,8 +77,11 @@ public:
     if (::ibv_get_cq_event(h_.get(), &cq, &ctx)) return last_errno();
     return cq;
   }
-  /// Destroy now (ibv_destroy_comp_channel). Errors: errc::busy while CQs use it, errno of
-  /// ibv_destroy_comp_channel. A null channel succeeds (nothing to destroy).
+  /// Destroy now (ibv_destroy_comp_channel). A null channel succeeds (nothing to destroy).
+  /// \errors
+  /// - errc::busy: CQs use it.
+  /// - the errno of ibv_destroy_comp_channel.
+  /// \mallocs None.
   result<void> destroy() noexcept { return h_.destroy(); }
 
 private:
@@ -90,9 +103,12 @@ public:
   CompletionQueue() noexcept = default;
 
   /// ibv_create_cq with at least `cqe` entries, optionally attached to `channel` for wait().
-  /// Errors: errc::null_handle, errc::zero_length (cqe 0 or negative), errc::context_mismatch
-  /// (a channel of another device context), errno of ibv_create_cq (EINVAL: cqe above the
-  /// device's max_cqe, ENOMEM).
+  /// \errors
+  /// - errc::null_handle: `ctx`, or the given `channel`, is null.
+  /// - errc::zero_length: `cqe` is 0 or negative.
+  /// - errc::context_mismatch: a channel of another device context.
+  /// - the errno of ibv_create_cq (EINVAL: cqe above the device's max_cqe, ENOMEM).
+  /// \mallocs One node that counts the CQ's QPs (new(nothrow)), besides what verbs allocates.
   [[nodiscard]] static result<CompletionQueue> create(const Context &ctx, int cqe,
                                                       const CompletionChannel *channel = nullptr) noexcept {
     if (!ctx || (channel && !*channel)) return make_error_code(errc::null_handle);
@@ -118,9 +134,11 @@ public:
 
   /// ibv_poll_cq into `out`: the number of completions written (0 when none). Fast path: inline,
   /// no allocation, no check of the handle (like unique_ptr's operator*: polling a null CQ is a
-  /// precondition violation, not an error; a check would cost every poll). Each completion carries its own status: turn it
-  /// into an error_code with wc_error(). Errors: errno when the provider reports a CQ failure
-  /// (e.g. an overrun on some providers).
+  /// precondition violation, not an error; a check would cost every poll). Each completion
+  /// carries its own status: turn it into an error_code with wc_error().
+  /// \errors
+  /// - errno: the provider reports a CQ failure (e.g. an overrun on some providers).
+  /// \mallocs None.
   [[nodiscard]] result<std::size_t> poll(std::span<ibv_wc> out) noexcept {
     const int n = ::ibv_poll_cq(h_.get(), int(out.size()), out.data());
     if (n < 0) [[unlikely]] return errno_code(n);
@@ -129,8 +147,12 @@ public:
 
   /// ibv_req_notify_cq: arm the CQ so that the next completion (with `solicited_only`, the next
   /// completion of a work request with send_flag::solicited, or any error completion) raises one
-  /// event on its channel. One arm gives at most one event. Errors: errc::null_handle,
-  /// errc::wrong_state (no channel), errno of ibv_req_notify_cq.
+  /// event on its channel. One arm gives at most one event.
+  /// \errors
+  /// - errc::null_handle: the CQ is null.
+  /// - errc::wrong_state: the CQ has no channel.
+  /// - the errno of ibv_req_notify_cq.
+  /// \mallocs None.
   result<void> arm(bool solicited_only = false) noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     if (!h_.get()->channel) return make_error_code(errc::wrong_state);
@@ -144,8 +166,13 @@ public:
   /// While it returns out.size() the CQ may hold more: call it again. When it returns less, the
   /// CQ is empty and armed: it is safe to wait for the next event. Skipping this (waiting with
   /// completions left in the CQ, or arming without the second poll) loses notifications: the
-  /// next event may never come. Errors: errc::null_handle, errc::zero_length (empty `out`),
-  /// errc::wrong_state (no channel), errno of ibv_poll_cq / ibv_req_notify_cq.
+  /// next event may never come.
+  /// \errors
+  /// - errc::null_handle: the CQ is null.
+  /// - errc::zero_length: `out` is empty.
+  /// - errc::wrong_state: the CQ has no channel.
+  /// - the errno of ibv_poll_cq / ibv_req_notify_cq.
+  /// \mallocs None.
   [[nodiscard]] result<std::size_t> poll_and_arm(std::span<ibv_wc> out, bool solicited_only = false) noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     if (out.empty()) return make_error_code(errc::zero_length);
@@ -158,7 +185,10 @@ public:
 
   /// ibv_ack_cq_events: acknowledge `n` events CompletionChannel::get_event() returned for this
   /// CQ (acknowledging in batches saves a mutex per event; every event must be acknowledged
-  /// before the CQ is destroyed). Errors: errc::null_handle.
+  /// before the CQ is destroyed).
+  /// \errors
+  /// - errc::null_handle: the CQ is null.
+  /// \mallocs None.
   result<void> ack_events(unsigned n) noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     if (n) ::ibv_ack_cq_events(h_.get(), n);
@@ -176,8 +206,12 @@ public:
   ///   empty polls). Cost: one CPU core at 100% until a completion arrives or the time is up;
   ///   latency is the best there is (no interrupt, no system call). Use a channel for long waits.
   /// A timeout of 0 or less polls once (twice with a channel) and does not wait.
-  /// Errors: errc::null_handle, errc::zero_length (`out` is empty: no completion could be
-  /// returned), errc::timeout, errno of the verbs.
+  /// \errors
+  /// - errc::null_handle: the CQ is null.
+  /// - errc::zero_length: `out` is empty (no completion could be returned).
+  /// - errc::timeout: no completion within `timeout_ms`.
+  /// - the errno of the verbs.
+  /// \mallocs None.
   [[nodiscard]] result<std::size_t> wait(std::span<ibv_wc> out, int timeout_ms) noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     if (out.empty()) return make_error_code(errc::zero_length);
@@ -210,7 +244,11 @@ public:
     }
   }
 
-  /// Destroy now (ibv_destroy_cq). Errors: errc::busy while QPs use it, errno of ibv_destroy_cq.
+  /// Destroy now (ibv_destroy_cq).
+  /// \errors
+  /// - errc::busy: QPs use it.
+  /// - the errno of ibv_destroy_cq.
+  /// \mallocs None.
   result<void> destroy() noexcept {
     return h_.destroy();
   }

@@ -26,8 +26,9 @@
 /// rdma_establish; a Connection does that for you.
 ///
 /// Resources: rdma_cm resolves an address to a device. A Connection either uses the user's
-/// ProtectionDomain and CompletionQueue(s) (conn_options::pd, ::send_cq, ::recv_cq; refused with
-/// errc::context_mismatch when they belong to another device than the one resolved), or opens its
+/// ProtectionDomain and CompletionQueue(s) (conn_options::pd, conn_options::send_cq,
+/// conn_options::recv_cq; refused with errc::context_mismatch when they belong to another device
+/// than the one resolved), or opens its
 /// own Context on the resolved device, a PD and one CQ (optionally with a CompletionChannel),
 /// reachable through context(), pd(), cq().
 ///
@@ -95,7 +96,9 @@ namespace rdmaxx {
 
 /// rdma_cm's private-data limits for RC over RDMA_PS_TCP on InfiniBand and RoCE.
 inline constexpr std::size_t cm_connect_private_data_max = 56;
+/// The most private data an accept carries (see cm_connect_private_data_max).
 inline constexpr std::size_t cm_accept_private_data_max = 196;
+/// The most private data a reject carries (see cm_connect_private_data_max).
 inline constexpr std::size_t cm_reject_private_data_max = 148;
 
 /// The steps a cm "timeout" code names (the event the step waited for).
@@ -225,8 +228,11 @@ public:
   address() noexcept = default;
 
   /// Parse "A.B.C.D:PORT", "[IPV6]:PORT", "[IPV6%IFNAME]:PORT" or "PORT" (any IPv4 address;
-  /// `[::]:PORT` for any IPv6). Errors: errc::bad_address (no port, port above 65535, an address
-  /// inet_pton refuses, an unknown interface name).
+  /// `[::]:PORT` for any IPv6).
+  /// \errors
+  /// - errc::bad_address: no port, port above 65535, an address inet_pton refuses, an unknown
+  ///   interface name.
+  /// \mallocs None.
   [[nodiscard]] static result<address> parse(std::string_view s) noexcept {
     address a;
     std::string_view host, port = s;
@@ -280,7 +286,10 @@ public:
     }
     return a;
   }
-  /// Copy a sockaddr (AF_INET or AF_INET6). Errors: errc::bad_address (null, other family).
+  /// Copy a sockaddr (AF_INET or AF_INET6).
+  /// \errors
+  /// - errc::bad_address: `sa` is null, or of another family.
+  /// \mallocs None.
   [[nodiscard]] static result<address> from(const sockaddr *sa) noexcept {
     address a;
     if (!sa) return make_error_code(errc::bad_address);
@@ -309,6 +318,7 @@ public:
   }
   /// The sockaddr, for rdma_cm calls.
   [[nodiscard]] sockaddr *native() noexcept { return &s_.sa; }
+  /// The sockaddr, read-only.
   [[nodiscard]] const sockaddr *native() const noexcept { return &s_.sa; }
   /// "A.B.C.D:PORT" or "[IPV6]:PORT" (allocates).
   [[nodiscard]] std::string to_string() const {
@@ -333,8 +343,11 @@ private:
 /// Private data received with an rdma_cm event: the transport's whole area (the bytes the peer
 /// sent, then zeros up to the transport's limit).
 struct cm_private_data {
+  /// The transport's whole area.
   std::array<std::byte, cm_accept_private_data_max> bytes{};
+  /// Bytes of the area in use: the transport's limit for the event (the peer's, then zeros).
   std::uint8_t size = 0;
+  /// The first `size` bytes.
   [[nodiscard]] std::span<const std::byte> span() const noexcept { return {bytes.data(), size}; }
 };
 
@@ -423,8 +436,11 @@ struct cm_event_copy {
 class EventChannel {
 public:
   EventChannel() noexcept = default;
-  /// rdma_create_event_channel, then O_NONBLOCK on its fd. Errors: errno (ENODEV: no rdma_cm
-  /// support in the kernel, i.e. rdma_ucm not loaded; EMFILE, ENOMEM).
+  /// rdma_create_event_channel, then O_NONBLOCK on its fd.
+  /// \errors
+  /// - errno: ENODEV (no rdma_cm support in the kernel, i.e. rdma_ucm not loaded); EMFILE,
+  ///   ENOMEM.
+  /// \mallocs What rdma_create_event_channel allocates (librdmacm).
   [[nodiscard]] static result<EventChannel> create() noexcept {
     errno = 0;
     rdma_event_channel *ch = ::rdma_create_event_channel();
@@ -458,6 +474,7 @@ struct conn_options {
   /// CQs of the QP (required with `pd`: errc::null_handle without them); nullptr: the Connection
   /// creates one CQ of cq_entries entries for both.
   const CompletionQueue *send_cq = nullptr;
+  /// The receive CQ of the QP (as send_cq).
   const CompletionQueue *recv_cq = nullptr;
   /// Entries of the CQ the Connection creates.
   int cq_entries = 128;
@@ -466,6 +483,7 @@ struct conn_options {
   bool cq_channel = false;
   /// Queue sizes and send operations of the QP (QueuePair::create).
   qp_caps caps{};
+  /// Send operations of the QP (QueuePair::create).
   send_ops ops = all_send_ops;
   /// Remote operations the QP accepts (as connect_options::qp_access: local write, remote
   /// write/read/atomic; any other bit: errc::unknown_access_flag).
@@ -474,6 +492,7 @@ struct conn_options {
   /// Outstanding RDMA reads/atomics this side accepts (responder_resources) and initiates
   /// (initiator_depth); clipped to the device's limits by rdma_cm.
   std::uint8_t responder_resources = 1;
+  /// Outstanding RDMA reads/atomics this side initiates (see responder_resources).
   std::uint8_t initiator_depth = 1;
   /// RNR retries the peer should make (7: without limit).
   std::uint8_t rnr_retry_count = 7;
@@ -505,6 +524,7 @@ class Listener;
 class Connection {
 public:
   Connection() noexcept = default;
+  /// Moves the connection; `o` is left null.
   Connection(Connection &&) noexcept = default;
   /// Destroys what this connection holds (in the order above), then takes `o`'s. Not the
   /// member-wise default: that would destroy the old channel before the old id (rdma_destroy_id
@@ -518,10 +538,14 @@ public:
   }
 
   /// Active side, non-blocking: rdma_create_id and rdma_resolve_addr towards `to`; then watch
-  /// fd() and call advance() until it returns conn_state::established. Errors:
-  /// errc::private_data_too_long (more than 56 bytes), errc::invalid_argument (a timeout <= 0),
-  /// errc::null_handle (a PD without CQs), errno of rdma_create_event_channel / rdma_create_id /
-  /// rdma_resolve_addr (EADDRNOTAVAIL, ENODEV: no rdma_cm, EINVAL).
+  /// fd() and call advance() until it returns conn_state::established.
+  /// \errors
+  /// - errc::private_data_too_long: more than 56 bytes.
+  /// - errc::invalid_argument: a timeout <= 0 (or cq_entries <= 0).
+  /// - errc::null_handle: a PD without CQs.
+  /// - the errno of rdma_create_event_channel / rdma_create_id / rdma_resolve_addr
+  ///   (EADDRNOTAVAIL, ENODEV: no rdma_cm, EINVAL).
+  /// \mallocs The event channel and the id, inside librdmacm.
   [[nodiscard]] static result<Connection> start_connect(const address &to, const conn_options &o = {}) noexcept {
     if (o.private_data.size() > cm_connect_private_data_max)
       return make_error_code(errc::private_data_too_long);
@@ -543,7 +567,10 @@ public:
   }
 
   /// Active side, blocking: start_connect(), then advance() until established or failed, each
-  /// step within o.timeout_ms. Errors: as start_connect() and advance().
+  /// step within o.timeout_ms.
+  /// \errors
+  /// - those of start_connect() and advance().
+  /// \mallocs As start_connect() and advance().
   [[nodiscard]] static result<Connection> connect(const address &to, const conn_options &o = {}) noexcept {
     RDMAXX_TRY(c, start_connect(to, o));
     RDMAXX_TRYV(c.run_until_established());
@@ -552,15 +579,21 @@ public:
 
   /// Process the pending events on this connection's channel without blocking and return the
   /// state reached (it stops right after reaching established, so that a connection that was
-  /// established and then disconnected is seen as both, in two calls). Also enforces the current step's deadline. Errors (the state is then
-  /// failed, or disconnected for DISCONNECTED): cm_category() codes (REJECTED with the reject
-  /// reason, its private data copied to conn_options::reject_data; UNREACHABLE; ADDR_ERROR;
-  /// ROUTE_ERROR; CONNECT_ERROR; DISCONNECTED before establishment; DEVICE_REMOVAL; a timeout
-  /// naming the step), errc::context_mismatch (the user's PD is of another device than the one
-  /// resolved), errno of the rdma_cm calls and QP transitions (qp_transition codes), and of the
-  /// resources created (Context::open, ProtectionDomain::alloc, CompletionQueue::create,
-  /// QueuePair::create). An established connection that sees DISCONNECTED returns
+  /// established and then disconnected is seen as both, in two calls). Also enforces the
+  /// current step's deadline. An established connection that sees DISCONNECTED returns
   /// conn_state::disconnected (not an error): its QP is moved to ERR.
+  /// \errors The state is then failed, or disconnected for DISCONNECTED:
+  /// - errc::null_handle: the connection is null.
+  /// - errc::wrong_state: the connection had already failed.
+  /// - cm_category() codes: REJECTED with the reject reason, its private data copied to
+  ///   conn_options::reject_data; UNREACHABLE; ADDR_ERROR; ROUTE_ERROR; CONNECT_ERROR;
+  ///   DISCONNECTED before establishment; DEVICE_REMOVAL; a timeout naming the step.
+  /// - errc::context_mismatch: the user's PD is of another device than the one resolved.
+  /// - the errno of the rdma_cm calls and QP transitions (qp_transition codes).
+  /// - those of the resources created (Context::open, ProtectionDomain::alloc,
+  ///   CompletionQueue::create, QueuePair::create).
+  /// \mallocs One event per rdma_get_cm_event (malloc, inside librdmacm); once the route is
+  /// resolved, the resources created (their nodes, besides what verbs allocates).
   [[nodiscard]] result<conn_state> advance() noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     for (;;) {
@@ -587,7 +620,11 @@ public:
 
   /// Wait up to `timeout_ms` for the connection to end (DISCONNECTED), processing events.
   /// Returns true when disconnected, false when still established at the deadline.
-  /// Errors: errc::null_handle, errc::wrong_state (not established or disconnected), as advance().
+  /// \errors
+  /// - errc::null_handle: the connection is null.
+  /// - errc::wrong_state: not established or disconnected.
+  /// - those of advance().
+  /// \mallocs As advance().
   [[nodiscard]] result<bool> wait_disconnected(int timeout_ms) noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     if (state_ != conn_state::established && state_ != conn_state::disconnected)
@@ -603,9 +640,13 @@ public:
 
   /// Second half of an accept (after ConnectRequest::prepare()): rdma_accept with
   /// `private_data` (at most 196 bytes); the state becomes accepting: advance() or
-  /// wait_established(). Errors: errc::null_handle, errc::wrong_state (not prepared),
-  /// errc::private_data_too_long (nothing is sent: accept again with less), errno of
-  /// rdma_accept.
+  /// wait_established().
+  /// \errors
+  /// - errc::null_handle: the connection is null.
+  /// - errc::wrong_state: not prepared.
+  /// - errc::private_data_too_long: nothing is sent (accept again with less).
+  /// - the errno of rdma_accept.
+  /// \mallocs None.
   result<void> accept(std::span<const std::byte> private_data = {}) noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     if (state_ != conn_state::prepared) return make_error_code(errc::wrong_state);
@@ -626,8 +667,12 @@ public:
   }
 
   /// Blocking: advance() until established, within the current step's bound (conn_options::
-  /// timeout_ms). Errors: errc::null_handle, errc::wrong_state (prepared: accept() first), as
-  /// advance(); DISCONNECTED when the peer went away first.
+  /// timeout_ms).
+  /// \errors
+  /// - errc::null_handle: the connection is null.
+  /// - errc::wrong_state: prepared (accept() first).
+  /// - those of advance(); DISCONNECTED when the peer went away first.
+  /// \mallocs As advance().
   result<void> wait_established() noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     if (state_ == conn_state::prepared) return make_error_code(errc::wrong_state);
@@ -635,8 +680,12 @@ public:
   }
 
   /// rdma_disconnect: move the QP to ERR (outstanding work completes as flushed) and send a
-  /// disconnect request; the peer sees DISCONNECTED. Idempotent once disconnected. Errors:
-  /// errc::null_handle, errc::wrong_state (never established), errno of rdma_disconnect.
+  /// disconnect request; the peer sees DISCONNECTED. Idempotent once disconnected.
+  /// \errors
+  /// - errc::null_handle: the connection is null.
+  /// - errc::wrong_state: never established.
+  /// - the errno of rdma_disconnect.
+  /// \mallocs None.
   result<void> disconnect() noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     if (state_ == conn_state::disconnected) return success();
@@ -649,6 +698,7 @@ public:
 
   /// The QueuePair (in RTS once established): SendBatch, windows and keys work on it as on any.
   [[nodiscard]] QueuePair &qp() noexcept { return qp_; }
+  /// The QueuePair, read-only.
   [[nodiscard]] const QueuePair &qp() const noexcept { return qp_; }
   /// The Context the Connection opened (null when the user gave a PD).
   [[nodiscard]] const Context &context() const noexcept { return ctx_; }
@@ -669,13 +719,19 @@ public:
   [[nodiscard]] rdma_cm_id *native_handle() const noexcept { return id_.get(); }
   /// True unless null.
   [[nodiscard]] explicit operator bool() const noexcept { return bool(id_); }
-  /// The peer's address (rdma_get_peer_addr). Errors: errc::null_handle, errc::bad_address
-  /// (not resolved yet).
+  /// The peer's address (rdma_get_peer_addr).
+  /// \errors
+  /// - errc::null_handle: the connection is null.
+  /// - errc::bad_address: not resolved yet.
+  /// \mallocs None.
   [[nodiscard]] result<address> peer_address() const noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     return address::from(::rdma_get_peer_addr(id_.get()));
   }
-  /// Our address (rdma_get_local_addr). Errors: as peer_address().
+  /// Our address (rdma_get_local_addr).
+  /// \errors
+  /// - those of peer_address().
+  /// \mallocs None.
   [[nodiscard]] result<address> local_address() const noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     return address::from(::rdma_get_local_addr(id_.get()));
@@ -861,7 +917,10 @@ public:
   [[nodiscard]] std::span<const std::byte> private_data() const noexcept { return data_.span(); }
   /// The device the request arrived on (rdma_cm's context; compare with your PD's).
   [[nodiscard]] ibv_context *device_context() const noexcept { return id_ ? id_.get()->verbs : nullptr; }
-  /// The client's address (rdma_get_peer_addr). Errors: errc::null_handle.
+  /// The client's address (rdma_get_peer_addr).
+  /// \errors
+  /// - errc::null_handle: the request is null.
+  /// \mallocs None.
   [[nodiscard]] result<address> peer_address() const noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     return address::from(::rdma_get_peer_addr(id_.get()));
@@ -877,9 +936,15 @@ public:
   /// conn_state::prepared: post local work now (e.g. bind the memory window whose descriptor
   /// goes into the accept's private data), then call Connection::accept(). Nothing may be sent
   /// to the peer before it is established. The request becomes null, whatever the outcome.
-  /// Errors: errc::null_handle, errc::invalid_argument / errc::unknown_access_flag (options),
-  /// errc::context_mismatch (a PD of another device), errno of rdma_migrate_id /
-  /// rdma_init_qp_attr, qp_transition codes, the errors of the resources created.
+  /// \errors
+  /// - errc::null_handle: the request is null.
+  /// - errc::invalid_argument / errc::unknown_access_flag: the options.
+  /// - errc::context_mismatch: a PD of another device.
+  /// - the errno of rdma_migrate_id / rdma_init_qp_attr.
+  /// - qp_transition codes.
+  /// - the errors of the resources created.
+  /// \mallocs A new event channel (librdmacm) and the resources created (their nodes, besides
+  /// what verbs allocates).
   [[nodiscard]] result<Connection> prepare(const conn_options &o = {}) noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     RDMAXX_TRYV(Connection::check_options(o));
@@ -905,9 +970,12 @@ public:
 
   /// Non-blocking accept: prepare(o), then Connection::accept(o.private_data); the returned
   /// Connection is in conn_state::accepting: advance() it until established (the client's
-  /// RTU). Errors: errc::private_data_too_long (over 196 bytes; checked first: nothing is
-  /// sent and the request stays usable: reject it or accept again), as prepare() and
-  /// Connection::accept().
+  /// RTU).
+  /// \errors
+  /// - errc::private_data_too_long: over 196 bytes (checked first: nothing is sent and the
+  ///   request stays usable: reject it or accept again).
+  /// - those of prepare() and Connection::accept().
+  /// \mallocs As prepare().
   [[nodiscard]] result<Connection> start_accept(const conn_options &o = {}) noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     if (o.private_data.size() > cm_accept_private_data_max)
@@ -917,16 +985,21 @@ public:
     return std::move(c);
   }
   /// Blocking accept: start_accept(), then advance() until established within o.timeout_ms.
-  /// Errors: as start_accept() and Connection::advance() (a cm timeout naming the accept step).
+  /// \errors
+  /// - those of start_accept() and Connection::advance() (a cm timeout naming the accept step).
+  /// \mallocs As start_accept() and Connection::advance().
   [[nodiscard]] result<Connection> accept(const conn_options &o = {}) noexcept {
     RDMAXX_TRY(c, start_accept(o));
     RDMAXX_TRYV(c.run_until_established());
     return std::move(c);
   }
   /// rdma_reject with private data (at most 148 bytes): the client's connect fails with a
-  /// REJECTED code (reject reason 28, consumer defined) carrying these bytes. Errors:
-  /// errc::null_handle, errc::private_data_too_long (nothing is sent; the request stays usable),
-  /// errno of rdma_reject (the request is null afterwards either way).
+  /// REJECTED code (reject reason 28, consumer defined) carrying these bytes.
+  /// \errors
+  /// - errc::null_handle: the request is null.
+  /// - errc::private_data_too_long: nothing is sent; the request stays usable.
+  /// - the errno of rdma_reject (the request is null afterwards either way).
+  /// \mallocs None.
   result<void> reject(std::span<const std::byte> data = {}) noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     if (data.size() > cm_reject_private_data_max) return make_error_code(errc::private_data_too_long);
@@ -950,6 +1023,7 @@ private:
 class Listener {
 public:
   Listener() noexcept = default;
+  /// Moves the listener; `o` is left null.
   Listener(Listener &&) noexcept = default;
   /// Destroys the old id before its channel (see Connection's move assignment).
   Listener &operator=(Listener &&o) noexcept {
@@ -961,10 +1035,13 @@ public:
   }
 
   /// rdma_create_id (RDMA_PS_TCP), rdma_bind_addr to `at` (port 0: the kernel chooses, read it
-  /// with port()), rdma_listen with `backlog`. Errors: errc::invalid_argument (backlog <= 0),
-  /// errno of rdma_create_event_channel (ENODEV: rdma_ucm not loaded), rdma_create_id,
-  /// rdma_bind_addr (EADDRINUSE; EADDRNOTAVAIL: no local interface has that address; ENODEV: the
-  /// address's interface has no RDMA device) and rdma_listen.
+  /// with port()), rdma_listen with `backlog`.
+  /// \errors
+  /// - errc::invalid_argument: `backlog` <= 0.
+  /// - the errno of rdma_create_event_channel (ENODEV: rdma_ucm not loaded), rdma_create_id,
+  ///   rdma_bind_addr (EADDRINUSE; EADDRNOTAVAIL: no local interface has that address; ENODEV:
+  ///   the address's interface has no RDMA device) and rdma_listen.
+  /// \mallocs The event channel and the id, inside librdmacm.
   [[nodiscard]] static result<Listener> listen(const address &at, int backlog = 64) noexcept {
     if (backlog <= 0) return make_error_code(errc::invalid_argument);
     Listener l;
@@ -983,7 +1060,10 @@ public:
   [[nodiscard]] std::uint16_t port() const noexcept {
     return id_ ? ntohs(::rdma_get_src_port(id_.get())) : 0;
   }
-  /// The bound address (rdma_get_local_addr), with the chosen port. Errors: errc::null_handle.
+  /// The bound address (rdma_get_local_addr), with the chosen port.
+  /// \errors
+  /// - errc::null_handle: the listener is null.
+  /// \mallocs None.
   [[nodiscard]] result<address> local_address() const noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     return address::from(::rdma_get_local_addr(id_.get()));
@@ -999,8 +1079,13 @@ public:
 
   /// Wait up to `timeout_ms` (0: do not wait) for the next connection request. Other events on
   /// the channel (of requests that went away before being accepted) are acknowledged and
-  /// skipped. Errors: errc::null_handle, errc::invalid_argument (negative timeout), a cm timeout
-  /// (cm_step::request) when none arrived, errno of rdma_get_cm_event.
+  /// skipped.
+  /// \errors
+  /// - errc::null_handle: the listener is null.
+  /// - errc::invalid_argument: negative timeout.
+  /// - a cm timeout (cm_step::request): none arrived.
+  /// - the errno of rdma_get_cm_event.
+  /// \mallocs One event per rdma_get_cm_event (malloc, inside librdmacm).
   [[nodiscard]] result<ConnectRequest> get_request(int timeout_ms) noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     if (timeout_ms < 0) return make_error_code(errc::invalid_argument);

@@ -40,8 +40,10 @@ public:
     return *this;
   }
 
-  /// ibv_get_device_list. Errors: the errno of ibv_get_device_list (ENOSYS: no kernel support,
-  /// EPERM). An empty list is not an error.
+  /// ibv_get_device_list. An empty list is not an error.
+  /// \errors
+  /// - the errno of ibv_get_device_list (ENOSYS: no kernel support, EPERM).
+  /// \mallocs The list, inside verbs.
   [[nodiscard]] static result<DeviceList> get() noexcept {
     int n = 0;
     ibv_device **l = ::ibv_get_device_list(&n);
@@ -295,7 +297,11 @@ public:
 
   /// ibv_open_device; on mlx5 devices (built with the mlx5 option) mlx5dv_open_device with a
   /// DEVX context first, which hardware UMR needs, falling back to ibv_open_device when refused.
-  /// Errors: errc::no_device (null device), the errno of ibv_open_device (ENOMEM, EPERM, ...).
+  /// \errors
+  /// - errc::no_device: `dev` is null.
+  /// - the errno of ibv_open_device (ENOMEM, EPERM, ...).
+  /// \mallocs One node that counts the Context's children (new(nothrow)), besides what verbs
+  /// allocates.
   [[nodiscard]] static result<Context> open(ibv_device *dev, const context_options &o = {}) noexcept {
     if (!dev) return make_error_code(errc::no_device);
 #if RDMAXX_HAVE_MLX5
@@ -326,12 +332,20 @@ public:
     r.devx_ = devx;
     return r;
   }
-  /// Open the device called `name`. Errors: errc::no_device when absent, then as open().
+  /// Open the device called `name`.
+  /// \errors
+  /// - errc::no_device: no device is called `name`.
+  /// - then those of open().
+  /// \mallocs The device list (DeviceList::get(), freed before returning) and as open().
   [[nodiscard]] static result<Context> open(std::string_view name, const context_options &o = {}) noexcept {
     RDMAXX_TRY(list, DeviceList::get());
     return open(list.find(name), o);
   }
-  /// Open the first device. Errors: errc::no_device when there is none, then as open().
+  /// Open the first device.
+  /// \errors
+  /// - errc::no_device: there is no device.
+  /// - then those of open().
+  /// \mallocs The device list (DeviceList::get(), freed before returning) and as open().
   [[nodiscard]] static result<Context> open_first(const context_options &o = {}) noexcept {
     RDMAXX_TRY(list, DeviceList::get());
     return open(list.empty() ? nullptr : list[0], o);
@@ -347,10 +361,17 @@ public:
   [[nodiscard]] std::string_view name() const noexcept {
     return h_ ? ::ibv_get_device_name(h_.get()->device) : std::string_view{};
   }
-  /// Close now (ibv_close_device) and report the outcome. Errors: errc::busy while children live.
+  /// Close now (ibv_close_device) and report the outcome.
+  /// \errors
+  /// - errc::busy: children live.
+  /// \mallocs None.
   result<void> close() noexcept { return h_.destroy(); }
 
-  /// ibv_query_port. Errors: errc::null_handle, errno of ibv_query_port (EINVAL: bad port).
+  /// ibv_query_port.
+  /// \errors
+  /// - errc::null_handle: the Context is null.
+  /// - the errno of ibv_query_port (EINVAL: bad port).
+  /// \mallocs None.
   [[nodiscard]] result<ibv_port_attr> query_port(std::uint8_t port = 1) const noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     ibv_port_attr a{};
@@ -362,9 +383,12 @@ public:
   /// completion carries are learned: a CQ overrun (IBV_EVENT_CQ_ERR), a QP fatal error, a port
   /// going down. The copy's element pointer (event.element.cq, .qp, ...) identifies the object;
   /// it must not be used after that object is destroyed; async_error() turns the event into an
-  /// error_code (empty for informational events). Errors: errc::null_handle,
-  /// errc::timeout (no event within the time), errno of poll(2) / ibv_get_async_event.
-  /// Allocates nothing.
+  /// error_code (empty for informational events).
+  /// \errors
+  /// - errc::null_handle: the Context is null.
+  /// - errc::timeout: no event within the time.
+  /// - the errno of poll(2) / ibv_get_async_event.
+  /// \mallocs None.
   [[nodiscard]] result<ibv_async_event> wait_async_event(int timeout_ms) const noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     pollfd p{h_.get()->async_fd, POLLIN, 0};
@@ -377,7 +401,11 @@ public:
     ::ibv_ack_async_event(&ev);
     return copy;
   }
-  /// ibv_query_gid. Errors: errc::null_handle, errno of ibv_query_gid.
+  /// ibv_query_gid.
+  /// \errors
+  /// - errc::null_handle: the Context is null.
+  /// - the errno of ibv_query_gid.
+  /// \mallocs None.
   [[nodiscard]] result<ibv_gid> query_gid(std::uint8_t port, int index) const noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     ibv_gid g{};
@@ -386,8 +414,12 @@ public:
   }
 
   /// ibv_query_device_ex, plus the live probes chosen in `probes` (scratch PD, CQ, QP and MR,
-  /// destroyed before returning). Errors: errc::null_handle, errno of ibv_query_device_ex.
-  /// Allocates only inside verbs (the probes' scratch objects).
+  /// destroyed before returning).
+  /// \errors
+  /// - errc::null_handle: the Context is null.
+  /// - the errno of ibv_query_device_ex.
+  /// \mallocs Only the probes' scratch objects: inside verbs, plus one page (std::aligned_alloc,
+  /// freed before returning) for the native_rereg probe.
   [[nodiscard]] result<Capabilities> query_capabilities(probe_options probes = {}) const noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     ibv_device_attr_ex ax{};

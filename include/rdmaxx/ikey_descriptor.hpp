@@ -66,10 +66,13 @@ public:
   ikey_descriptor() noexcept = default;
 
   /// Build from segments and remote rights.
-  /// \errors errc::zero_length (no segment, or an empty one); errc::too_many_entries (more than
-  /// max_segments); errc::unknown_access_flag (rights other than remote read/write/atomic);
-  /// errc::missing_access (no right at all); errc::out_of_range (the total length overflows).
-  /// \mallocs none.
+  /// \errors
+  /// - errc::zero_length: no segment, or an empty one.
+  /// - errc::too_many_entries: more than max_segments.
+  /// - errc::unknown_access_flag: rights other than remote read/write/atomic.
+  /// - errc::missing_access: no right at all.
+  /// - errc::out_of_range: the total length overflows.
+  /// \mallocs None.
   [[nodiscard]] static result<ikey_descriptor> make(std::span<const remote_segment> segs,
                                                     access_flags rights) noexcept {
     if (segs.empty()) return make_error_code(errc::zero_length);
@@ -95,9 +98,10 @@ public:
   [[nodiscard]] std::span<const remote_segment> segments() const noexcept { return {s_.data(), n_}; }
 
   /// Encode into the front of `out`; returns the bytes written (encoded_size of the segments).
-  /// \errors errc::zero_length (an empty descriptor); errc::buffer_too_small (`out` is shorter
-  /// than encoded_size; nothing is written).
-  /// \mallocs none.
+  /// \errors
+  /// - errc::zero_length: an empty descriptor.
+  /// - errc::buffer_too_small: `out` is shorter than encoded_size (nothing is written).
+  /// \mallocs None.
   [[nodiscard]] result<std::size_t> encode(std::span<std::byte> out) const noexcept {
     if (n_ == 0) return make_error_code(errc::zero_length);
     if (out.size() < encoded_size(n_)) return make_error_code(errc::buffer_too_small);
@@ -119,11 +123,14 @@ public:
   }
 
   /// Decode exactly one indirect-key descriptor from a peer's bytes.
-  /// \errors errc::malformed_input (truncated, trailing bytes, wrong magic, a body length that
-  /// does not match the count, unknown rights bits or no rights, reserved bytes set, no or empty
-  /// segments, lengths that do not add up to the total); errc::wrong_version; errc::wrong_type (a
-  /// valid header of another kind); errc::too_many_entries (more than max_segments).
-  /// \mallocs none; never reads past `in`.
+  /// \errors
+  /// - errc::malformed_input: truncated, trailing bytes, wrong magic, a body length that does
+  ///   not match the count, unknown rights bits or no rights, reserved bytes set, no or empty
+  ///   segments, lengths that do not add up to the total.
+  /// - errc::wrong_version: another encoding version.
+  /// - errc::wrong_type: a valid header of another kind.
+  /// - errc::too_many_entries: more than max_segments.
+  /// \mallocs None; never reads past `in`.
   [[nodiscard]] static result<ikey_descriptor> decode(std::span<const std::byte> in) noexcept {
     RDMAXX_TRY(h, descriptor_header::peek(in));
     if (h.kind != std::uint8_t(descriptor_kind::indirect_key)) return make_error_code(errc::wrong_type);

@@ -51,16 +51,23 @@ template <bool Write>
 /// Write `local` to bytes [offset, offset + local.length) of the peer's key `d`: one RDMA write
 /// (ibv_wr_rdma_write) per touched segment, added to batch `b`; only the last carries w.flags'
 /// signaled bit (one completion), all carry w.id. Returns the number of work requests added.
-/// Errors (nothing added): errc::wrong_state (batch already submitted), errc::zero_length,
-/// errc::missing_access (the key grants no remote write), errc::out_of_range (beyond the layout).
-/// Inline, allocation-free.
+/// Inline.
+/// \errors Nothing is then added:
+/// - errc::wrong_state: batch already submitted.
+/// - errc::zero_length: `local.length` is 0.
+/// - errc::missing_access: the key grants no remote write.
+/// - errc::out_of_range: beyond the layout.
+/// \mallocs None.
 [[nodiscard]] inline result<std::uint32_t> write_indirect(SendBatch &b, wr w, const ikey_descriptor &d,
                                                           std::uint64_t offset,
                                                           const ibv_sge &local) noexcept {
   return detail::post_indirect<true>(b, w, d, offset, local);
 }
 /// Read bytes [offset, offset + local.length) of the peer's key `d` into `local`: one RDMA read
-/// (ibv_wr_rdma_read) per touched segment, signalled once. Errors: as write_indirect (remote read).
+/// (ibv_wr_rdma_read) per touched segment, signalled once.
+/// \errors
+/// - those of write_indirect (errc::missing_access: the key grants no remote read).
+/// \mallocs None.
 [[nodiscard]] inline result<std::uint32_t> read_indirect(SendBatch &b, wr w, const ikey_descriptor &d,
                                                          std::uint64_t offset,
                                                          const ibv_sge &local) noexcept {

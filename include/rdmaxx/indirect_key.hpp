@@ -164,12 +164,18 @@ public:
   /// Create a key on `pd` whose layouts hold up to `max_entries` entries. mlx5:
   /// mlx5dv_create_mkey (indirect); max_entries() reads back the provider's rounded-up value.
   /// Software: allocates the segment table (windows are allocated by configure()).
-  /// Errors: errc::null_handle, errc::zero_length (max_entries 0), errc::out_of_range
-  /// (max_entries above 65535, or max_segments above ikey_descriptor::max_segments),
-  /// errc::unsupported (backend mlx5 forced on a device or build without it), errno of
-  /// mlx5dv_create_mkey when mlx5 is forced, ENOMEM. mlx5 (forced, or chosen automatically on an
-  /// mlx5 device): errc::out_of_range for max_entries above mlx5::max_mkey_entries (65532: the
-  /// provider's round-up to a multiple of 4 would wrap its 16-bit field to 0).
+  /// \errors
+  /// - errc::null_handle: `pd` is null.
+  /// - errc::zero_length: `max_entries` is 0.
+  /// - errc::out_of_range: `max_entries` above 65535, or max_segments above
+  ///   ikey_descriptor::max_segments; mlx5 (forced, or chosen automatically on an mlx5 device):
+  ///   `max_entries` above mlx5::max_mkey_entries (65532: the provider's round-up to a multiple
+  ///   of 4 would wrap its 16-bit field to 0).
+  /// - errc::unsupported: backend mlx5 forced on a device or build without it.
+  /// - the errno of mlx5dv_create_mkey when mlx5 is forced.
+  /// - ENOMEM.
+  /// \mallocs The key's state (new(nothrow)) and, software, its segment table and window table;
+  /// mlx5dv_create_mkey allocates inside the provider.
   [[nodiscard]] static result<IndirectKey> create(const ProtectionDomain &pd, std::uint32_t max_entries,
                                                   ikey_options o = {}) noexcept {
     if (!pd) return make_error_code(errc::null_handle);
@@ -328,14 +334,23 @@ public:
   /// pending until the configure's completion is handed to complete() (descriptor() refuses
   /// until then); if the batch is dropped or its submit() fails, call cancel_pending(). The
   /// posting form configure(qp, l, acc, w) does the submit and the cancel itself.
-  /// Errors (nothing added to the batch): errc::null_handle, errc::already_bound (configured:
-  /// invalidate first), errc::busy (mlx5: an operation is unconfirmed), errc::not_umr_qp (mlx5:
-  /// `qp` lacks the mlx5 UMR send operations), errc::qp_mismatch (batch not of `qp`),
-  /// errc::wrong_state (batch submitted), errc::pd_mismatch, errc::unsafe_grant (remote rights
-  /// where the only window type would let a peer panic the kernel: see
-  /// ikey_options::trusted_peers), the layout_category() codes of layout::validate (naming the
-  /// entry), expand and (mlx5) mlx5::check_provider_limits (errc::provider_limit: a list entry
-  /// over 2 GiB, a list of 2 GiB or more in total), errno of ibv_alloc_mw / ibv_reg_mr_iova2.
+  /// \errors Nothing is then added to the batch:
+  /// - errc::null_handle: a null key or QP.
+  /// - errc::already_bound: configured (invalidate first).
+  /// - errc::busy: mlx5: an operation is unconfirmed.
+  /// - errc::not_umr_qp: mlx5: `qp` lacks the mlx5 UMR send operations.
+  /// - errc::qp_mismatch: batch not of `qp`.
+  /// - errc::wrong_state: batch submitted.
+  /// - errc::pd_mismatch: `qp` is on another PD than the key.
+  /// - errc::unsafe_grant: remote rights where the only window type would let a peer panic the
+  ///   kernel (see ikey_options::trusted_peers).
+  /// - the layout_category() codes of layout::validate (naming the entry), expand and (mlx5)
+  ///   mlx5::check_provider_limits (errc::provider_limit: a list entry over 2 GiB, a list of
+  ///   2 GiB or more in total).
+  /// - the errno of ibv_alloc_mw / ibv_reg_mr_iova2.
+  /// \mallocs mlx5: none. Software with remote rights: one window per segment (ibv_alloc_mw)
+  /// and, with the exact-region mechanism, one region per segment (ibv_reg_mr_iova2), inside
+  /// verbs.
   [[nodiscard]] result<void> configure(QueuePair &qp, SendBatch &batch, const layout &l,
                                        access_flags acc, wr w = {}) noexcept {
     if (!h_ || !qp) return make_error_code(errc::null_handle);
@@ -405,9 +420,14 @@ public:
   /// invalidate's completion is handed to complete(); cancel_pending() if the batch is dropped
   /// or its submit() fails. Software: the windows are deallocated now (ibv_dealloc_mw), so
   /// peers' rkeys fail at once; nothing is added to the batch. Either way the key can be
-  /// configured again. Errors: errc::null_handle, errc::not_bound (not configured),
-  /// errc::wrong_state (mlx5: batch submitted), errc::busy (mlx5: an operation is unconfirmed),
-  /// errno of ibv_dealloc_mw (the key is invalid regardless).
+  /// configured again.
+  /// \errors
+  /// - errc::null_handle: the key is null.
+  /// - errc::not_bound: not configured.
+  /// - errc::wrong_state: mlx5: batch submitted.
+  /// - errc::busy: mlx5: an operation is unconfirmed.
+  /// - the errno of ibv_dealloc_mw (the key is invalid regardless).
+  /// \mallocs None.
   [[nodiscard]] result<void> invalidate(SendBatch &batch, wr w = {}) noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     if (!st().configured) return make_error_code(errc::not_bound);
@@ -422,9 +442,13 @@ public:
     (void)w;
     return invalidate();
   }
-  /// Software only: invalidate now, without a work request (as above). Errors:
-  /// errc::null_handle, errc::not_bound, errc::wrong_type (mlx5: use the batch form),
-  /// errno of ibv_dealloc_mw.
+  /// Software only: invalidate now, without a work request (as above).
+  /// \errors
+  /// - errc::null_handle: the key is null.
+  /// - errc::not_bound: not configured.
+  /// - errc::wrong_type: mlx5 (use the batch form).
+  /// - the errno of ibv_dealloc_mw.
+  /// \mallocs None.
   [[nodiscard]] result<void> invalidate() noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     detail::ikey_state &s = st();
@@ -442,9 +466,14 @@ public:
   /// Local use: SGEs for bytes [offset, offset + length) of the key, into `out` (give it the
   /// QP's max_send_sge entries). mlx5: one SGE {offset, length, lkey} (zero-based). Software: one
   /// SGE per touched segment. Returns the number written.
-  /// Errors: errc::null_handle, errc::wrong_state (not configured), errc::zero_length,
-  /// errc::out_of_range (beyond the layout), errc::buffer_too_small (more SGEs than `out` holds).
-  /// Inline, allocation-free.
+  /// Inline.
+  /// \errors
+  /// - errc::null_handle: the key is null.
+  /// - errc::wrong_state: not configured.
+  /// - errc::zero_length: `length` is 0.
+  /// - errc::out_of_range: beyond the layout.
+  /// - errc::buffer_too_small: more SGEs than `out` holds.
+  /// \mallocs None.
   [[nodiscard]] result<std::size_t> sges(std::uint64_t offset, std::uint64_t length,
                                          std::span<ibv_sge> out) const noexcept {
     if (!h_) return make_error_code(errc::null_handle);
@@ -473,9 +502,13 @@ public:
   /// What a peer needs (send it encoded). mlx5: one segment {0, length, rkey}, only once the
   /// configure is confirmed (complete()): a configure that fails at submit or completion must
   /// not hand a peer the rkey of a free mkey. Software: the segments with their window rkeys.
-  /// Errors: errc::null_handle, errc::wrong_state (not configured; mlx5: configure or
-  /// invalidate unconfirmed), errc::missing_access (no remote rights), errc::too_many_entries /
-  /// out_of_range (an mlx5 key longer than one segment can say: more than 4 GiB).
+  /// \errors
+  /// - errc::null_handle: the key is null.
+  /// - errc::wrong_state: not configured; mlx5: configure or invalidate unconfirmed.
+  /// - errc::missing_access: no remote rights.
+  /// - errc::too_many_entries / out_of_range: an mlx5 key longer than one segment can say (more
+  ///   than 4 GiB).
+  /// \mallocs None.
   [[nodiscard]] result<ikey_descriptor> descriptor() const noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     const detail::ikey_state &s = st();
@@ -496,7 +529,9 @@ public:
   }
 
   /// Destroy now: software windows deallocated, mlx5 mkey destroyed (mlx5dv_destroy_mkey).
-  /// Errors: errno of the verbs; on failure the key stays valid.
+  /// \errors
+  /// - the errno of the verbs; on failure the key stays valid.
+  /// \mallocs None.
   result<void> destroy() noexcept { return h_.destroy(); }
 
   /// Hand a send completion of the QP the key was configured or invalidated through (mlx5):
@@ -528,8 +563,12 @@ public:
   /// Configure through a batch of its own on `qp` (start_send, configure, submit); the work
   /// request is signaled unless `w.flags` says otherwise. If the submit fails the key is left as
   /// before (mlx5: cancel_pending(); software: the windows are deallocated). mlx5: hand the
-  /// completion to complete() before descriptor(). Errors: as the batch form, plus errc::wrong_state
-  /// (the QP has not reached RTS) and errno of ibv_wr_complete.
+  /// completion to complete() before descriptor().
+  /// \errors
+  /// - those of the batch form.
+  /// - errc::wrong_state: also when the QP has not reached RTS.
+  /// - the errno of ibv_wr_complete.
+  /// \mallocs As the batch form.
   [[nodiscard]] result<void> configure(QueuePair &qp, const layout &l, access_flags acc,
                                        wr w = {0, send_flag::signaled}) noexcept {
     auto batch = qp.start_send();
@@ -543,8 +582,12 @@ public:
   }
   /// Invalidate through a batch of its own on `qp` (mlx5: signaled unless `w.flags` says
   /// otherwise; hand the completion to complete()); software: as invalidate(). If the submit
-  /// fails the key stays configured. Errors: as invalidate(batch, w), plus errc::wrong_state
-  /// (the QP has not reached RTS) and errno of ibv_wr_complete.
+  /// fails the key stays configured.
+  /// \errors
+  /// - those of invalidate(batch, w).
+  /// - errc::wrong_state: also when the QP has not reached RTS.
+  /// - the errno of ibv_wr_complete.
+  /// \mallocs None.
   [[nodiscard]] result<void> invalidate(QueuePair &qp, wr w = {0, send_flag::signaled}) noexcept {
     if (backend() != umr_backend::mlx5) return invalidate();
     auto batch = qp.start_send();
@@ -647,7 +690,10 @@ private:
 /// and IndirectKey::configure refuses it with errc::not_umr_qp), QueuePair::create elsewhere.
 /// On mlx5 `caps.max_inline_data` below 512 is raised to 512 (32 inline list entries). Also the
 /// QP to post receives into indirect keys on (mlx5: scatter-to-CQE disabled, see
-/// mlx5/umr_qp.hpp). Errors: as the function used.
+/// mlx5/umr_qp.hpp).
+/// \errors
+/// - those of the function used.
+/// \mallocs As the function used (QueuePair::create: one node, besides what verbs allocates).
 [[nodiscard]] inline result<QueuePair> create_indirect_key_qp(const ProtectionDomain &pd,
                                                               const CompletionQueue &send_cq,
                                                               const CompletionQueue &recv_cq,

@@ -228,15 +228,21 @@ public:
     return repeat(repeat_count, std::span<const repeat_entry>(entries.begin(), entries.size()));
   }
 
-  /// Append a list entry. Errors are remembered (validate() reports them, naming the entry):
-  /// errc::too_many_entries beyond capacity, errc::wrong_type on a repeat layout.
+  /// Append a list entry.
+  /// \errors Remembered (validate() reports them, naming the entry):
+  /// - errc::too_many_entries: beyond capacity.
+  /// - errc::wrong_type: on a repeat layout.
+  /// \mallocs None.
   layout &add(const layout_entry &e) noexcept {
     if (kind_ != kind::list) return fail(errc::wrong_type);
     if (n_ == capacity) return fail(errc::too_many_entries);
     e_[n_++] = {e.source, e.offset, e.length, 0};
     return *this;
   }
-  /// Append an entry to a repeat block (errc::wrong_type on a list layout).
+  /// Append an entry to a repeat block.
+  /// \errors Remembered (validate() reports them, naming the entry):
+  /// - errc::wrong_type: on a list layout.
+  /// \mallocs None.
   layout &add(const repeat_entry &e) noexcept {
     if (kind_ != kind::repeat) return fail(errc::wrong_type);
     if (n_ == capacity) return fail(errc::too_many_entries);
@@ -284,13 +290,19 @@ public:
 
   /// Check the layout against a backend's limits, the access rights `acc` the key is to grant
   /// and the key's protection domain `pd` (nullptr: not checked). Returns an empty code or a
-  /// layout_category() code naming the entry: errc::too_many_entries (capacity, max_entries,
-  /// max_repeat_entries, max_segments), errc::wrong_type (add() of the other kind, or a nested
-  /// key of another backend), errc::zero_length (empty layout, empty entry, repeat count 0),
-  /// errc::null_handle / errc::unusable / errc::wrong_state (source not usable or key not
-  /// configured), errc::out_of_range (entry outside its region, entry or total too long, 16-bit
-  /// interleave fields), errc::pd_mismatch, errc::missing_access (a right not granted by the
-  /// region, or mw_bind missing), errc::unknown_access_flag (a right the backend cannot grant).
+  /// layout_category() code naming the entry.
+  /// \errors
+  /// - errc::too_many_entries: capacity, max_entries, max_repeat_entries, max_segments.
+  /// - errc::wrong_type: add() of the other kind, or a nested key of another backend.
+  /// - errc::zero_length: empty layout, empty entry, repeat count 0.
+  /// - errc::null_handle / errc::unusable / errc::wrong_state: source not usable or key not
+  ///   configured.
+  /// - errc::out_of_range: entry outside its region, entry or total too long, 16-bit
+  ///   interleave fields.
+  /// - errc::pd_mismatch: a source on another PD than `pd`.
+  /// - errc::missing_access: a right not granted by the region, or mw_bind missing.
+  /// - errc::unknown_access_flag: a right the backend cannot grant.
+  /// \mallocs None.
   [[nodiscard]] std::error_code validate(const layout_limits &lim, access_flags acc,
                                          ibv_pd *pd = nullptr) const noexcept {
     if (error_ != errc{}) return layout_error(error_, error_entry_);
@@ -342,8 +354,10 @@ public:
 
   /// Flatten into `out`, in address-space order, nested keys resolved to their MRs' segments and
   /// contiguous pieces of one MR merged. Call validate() first (expand() trusts the entries).
-  /// Errors: a layout_category() errc::too_many_entries naming the entry that did not fit.
-  /// Allocates nothing.
+  /// \errors
+  /// - errc::too_many_entries (layout_category(), naming the entry that did not fit): `out` is
+  ///   too short.
+  /// \mallocs None.
   [[nodiscard]] result<std::size_t> expand(std::span<key_segment> out) const noexcept {
     std::size_t n = 0;
     std::size_t pieces = 0;

@@ -92,12 +92,17 @@ inline constexpr access_flags window_rights =
 
 /// The checks rdmaxx makes before posting any bind, because devices skip some of them (rxe checks
 /// neither the window's bounds on access nor PDs on type-2 binds). Pure: no verbs are called.
-/// Errors, in this order: errc::pd_mismatch (window, region and QP must share one PD),
-/// errc::unknown_access_flag, errc::invalid_argument (rights other than remote read/write/atomic
-/// and zero-based, or no remote right), errc::wrong_type (zero-based type-1 window),
-/// errc::zero_length, errc::out_of_range (the range is not inside the region),
-/// errc::missing_access (region without MW_BIND, or remote write/atomic rights over a region
-/// without LOCAL_WRITE).
+/// \errors In this order:
+/// - errc::pd_mismatch: window, region and QP do not share one PD.
+/// - errc::unknown_access_flag: `rights` has a bit outside all_known_access.
+/// - errc::invalid_argument: rights other than remote read/write/atomic and zero-based, or no
+///   remote right.
+/// - errc::wrong_type: zero-based type-1 window.
+/// - errc::zero_length: the range is empty.
+/// - errc::out_of_range: the range is not inside the region.
+/// - errc::missing_access: region without MW_BIND, or remote write/atomic rights over a region
+///   without LOCAL_WRITE.
+/// \mallocs None.
 [[nodiscard]] inline std::error_code check_window_bind(mw_type type, const void *mw_pd,
                                                        const void *mr_pd, const void *qp_pd,
                                                        access_flags mr_access, std::uint64_t mr_length,
@@ -184,9 +189,13 @@ public:
   /// window kept counted.
   ~MemoryWindow() = default;
 
-  /// ibv_alloc_mw of `type` on `pd`. Errors: errc::null_handle, errc::unsupported when the
-  /// device lacks the type (checked with ibv_query_device_ex only after a failed allocation),
-  /// errno of ibv_alloc_mw (ENOMEM, max_mw reached).
+  /// ibv_alloc_mw of `type` on `pd`.
+  /// \errors
+  /// - errc::null_handle: `pd` is null.
+  /// - errc::unsupported: the device lacks the type (checked with ibv_query_device_ex only after
+  ///   a failed allocation).
+  /// - the errno of ibv_alloc_mw (ENOMEM, max_mw reached).
+  /// \mallocs Only what ibv_alloc_mw allocates.
   [[nodiscard]] static result<MemoryWindow> alloc(const ProtectionDomain &pd, mw_type type) noexcept {
     if (!pd) return make_error_code(errc::null_handle);
     ibv_mw *mw = ::ibv_alloc_mw(pd.native_handle(), ibv_mw_type(type));
@@ -225,10 +234,16 @@ public:
   /// does not. Checks first (see check_window_bind), and refuses to rebind a bound type-2 window.
   /// Returns the descriptor for the peer; it is valid once the bind executes, so send it on the
   /// same QP or after the bind's completion. If the batch is then dropped or its submit() fails,
-  /// call cancel_pending(). Errors: errc::null_handle, errc::qp_mismatch (batch of another
-  /// QP), errc::unusable, the check_window_bind codes, errc::already_bound (type 2),
-  /// errc::wrong_state (unconfirmed operations on another QP, or the batch is not open),
-  /// errc::too_many_pending (max_pending unconfirmed operations). Inline, allocation-free.
+  /// call cancel_pending(). Inline.
+  /// \errors
+  /// - errc::null_handle: a null window, QP or MR.
+  /// - errc::qp_mismatch: a batch of another QP.
+  /// - errc::unusable: the MR is unusable.
+  /// - the check_window_bind codes.
+  /// - errc::already_bound: a bound type-2 window.
+  /// - errc::wrong_state: unconfirmed operations on another QP, or the batch is not open.
+  /// - errc::too_many_pending: max_pending unconfirmed operations.
+  /// \mallocs None.
   [[nodiscard]] result<remote_descriptor> bind(SendBatch &batch, QueuePair &qp, const MemoryRegion &mr,
                                                window_range r, access_flags rights, wr w = {}) noexcept {
     if (auto ec = check_bind(qp, mr, r, rights)) return ec;
@@ -245,9 +260,13 @@ public:
 
   /// Bind and post now: type 1 through ibv_bind_mw (the provider picks the key), type 2 through
   /// a batch of its own. The work request is signaled unless `w.flags` says otherwise: hand its
-  /// completion to complete(). Errors: as the batch form, plus errc::wrong_state (the QP has not
-  /// reached RTS), errno of ibv_bind_mw / ibv_wr_complete (nothing is posted and the window is
-  /// unchanged).
+  /// completion to complete().
+  /// \errors
+  /// - those of the batch form.
+  /// - errc::wrong_state: also when the QP has not reached RTS.
+  /// - the errno of ibv_bind_mw / ibv_wr_complete (nothing is posted and the window is
+  ///   unchanged).
+  /// \mallocs None.
   [[nodiscard]] result<remote_descriptor> bind(QueuePair &qp, const MemoryRegion &mr, window_range r,
                                                access_flags rights,
                                                wr w = {window_wr_id, send_flag::signaled}) noexcept {
@@ -277,10 +296,15 @@ public:
   // ---- revoke ----
 
   /// Type 1: unbind now (ibv_bind_mw with the bound MR, addr 0, length 0; never a NULL MR, which
-  /// crashes the rxe provider). The old key stops working once it executes. Errors:
-  /// errc::null_handle, errc::wrong_type (type 2: use invalidate or dealloc), errc::not_bound,
-  /// errc::wrong_state (see bind; or the QP has not reached RTS), errc::too_many_pending (see bind), errno of
-  /// ibv_bind_mw.
+  /// crashes the rxe provider). The old key stops working once it executes.
+  /// \errors
+  /// - errc::null_handle: a null window or QP.
+  /// - errc::wrong_type: type 2 (use invalidate or dealloc).
+  /// - errc::not_bound: the window is not bound.
+  /// - errc::wrong_state: see bind; or the QP has not reached RTS.
+  /// - errc::too_many_pending: see bind.
+  /// - the errno of ibv_bind_mw.
+  /// \mallocs None.
   result<void> unbind(QueuePair &qp, wr w = {window_wr_id, send_flag::signaled}) noexcept {
     if (auto ec = check_unbind(qp)) return ec;
     if (auto ec = check_can_post(qp)) return ec;
@@ -294,8 +318,11 @@ public:
     return success();
   }
   /// Type 1: add an unbind to an open batch of `qp` (ibv_wr_bind_mw, bound MR, length 0).
-  /// Errors: as unbind(QueuePair&), plus errc::qp_mismatch (batch of another QP),
-  /// errc::wrong_state (the batch is not open).
+  /// \errors
+  /// - those of unbind(QueuePair&).
+  /// - errc::qp_mismatch: a batch of another QP.
+  /// - errc::wrong_state: also when the batch is not open.
+  /// \mallocs None.
   result<void> unbind(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept {
     if (auto ec = check_unbind(qp)) return ec;
     if (auto ec = detail::check_batch_of(batch, qp)) return ec;
@@ -311,11 +338,15 @@ public:
   /// Type 2: add a local invalidate of the current key to an open batch (ibv_wr_local_inv) of the
   /// QP the window was bound through. Posted only when the window is bound: invalidating an
   /// unbound type-2 window panics rxe. A bind and its invalidate can share one batch and one
-  /// completion (signal only the invalidate). Errors: errc::null_handle, errc::wrong_type
-  /// (type 1), errc::not_bound (never bound, already invalidated locally or by the peer),
-  /// errc::qp_mismatch (another QP than the one bound through, or a batch of another QP),
-  /// errc::wrong_state (the batch is not open),
-  /// errc::too_many_pending (see bind).
+  /// completion (signal only the invalidate).
+  /// \errors
+  /// - errc::null_handle: a null window or QP.
+  /// - errc::wrong_type: type 1.
+  /// - errc::not_bound: never bound, already invalidated locally or by the peer.
+  /// - errc::qp_mismatch: another QP than the one bound through, or a batch of another QP.
+  /// - errc::wrong_state: the batch is not open.
+  /// - errc::too_many_pending: see bind.
+  /// \mallocs None.
   result<void> invalidate(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept {
     if (auto ec = check_invalidate(qp)) return ec;
     if (auto ec = detail::check_batch_of(batch, qp)) return ec;
@@ -326,7 +357,11 @@ public:
     return success();
   }
   /// Type 2: local invalidate posted now in a batch of its own (signaled unless `w` says
-  /// otherwise). Errors: as above, plus errno of ibv_wr_complete (the window is unchanged).
+  /// otherwise).
+  /// \errors
+  /// - those of the batch form above.
+  /// - the errno of ibv_wr_complete (the window is unchanged).
+  /// \mallocs None.
   result<void> invalidate(QueuePair &qp, wr w = {window_wr_id, send_flag::signaled}) noexcept {
     if (auto ec = check_invalidate(qp)) return ec;
     auto batch = qp.start_send();
@@ -339,8 +374,10 @@ public:
   }
 
   /// ibv_dealloc_mw now: unbinds (if bound) and frees the window, synchronously; the old key is
-  /// dead when this returns. The way to revoke for good. Errors: errno of ibv_dealloc_mw (the
-  /// window then stays allocated and unchanged).
+  /// dead when this returns. The way to revoke for good.
+  /// \errors
+  /// - the errno of ibv_dealloc_mw (the window then stays allocated and unchanged).
+  /// \mallocs None.
   result<void> dealloc() noexcept {
     RDMAXX_TRYV(h_.destroy());
     forget();
@@ -549,11 +586,20 @@ public:
   /// alone, on `pd` (ibv_reg_mr with MW_BIND and the region's LOCAL_WRITE; `pd` may be another PD
   /// of the same device, e.g. one per peer), and allocate a window of the type the grant
   /// mechanism of the device calls for (detail::grant_for: one ibv_query_device_ex; see
-  /// grant_mechanism). Errors: errc::null_handle, errc::unusable, errc::zero_length,
-  /// errc::out_of_range, errc::context_mismatch (pd of another device), errc::unsupported (no
-  /// memory windows here), errc::unsafe_grant (only type-2 windows on a device where a peer
-  /// could panic the kernel with them: opt in with grant_options::trusted_peers), errno of ibv_query_device_ex and
-  /// ibv_reg_mr, and MemoryWindow::alloc's errors.
+  /// grant_mechanism).
+  /// \errors
+  /// - errc::null_handle: `pd` or `mr` is null.
+  /// - errc::unusable: `mr` is unusable.
+  /// - errc::zero_length: `r` is empty.
+  /// - errc::out_of_range: `r` is not inside `mr`.
+  /// - errc::context_mismatch: `pd` of another device.
+  /// - errc::unsupported: no memory windows here.
+  /// - errc::unsafe_grant: only type-2 windows on a device where a peer could panic the kernel
+  ///   with them (opt in with grant_options::trusted_peers).
+  /// - the errno of ibv_query_device_ex and ibv_reg_mr.
+  /// - those of MemoryWindow::alloc.
+  /// \mallocs The exact region (MemoryRegion::reg: its node, besides what verbs allocates) and
+  /// what ibv_alloc_mw allocates.
   [[nodiscard]] static result<StrictGrant> create(const ProtectionDomain &pd, const MemoryRegion &mr,
                                                   window_range r, grant_options o = {}) noexcept {
     if (!pd) return make_error_code(errc::null_handle);
@@ -568,8 +614,16 @@ public:
 
   /// The explicit form: as above with a window of `type` chosen by the caller, on the MR's PD.
   /// A type-2 window on a device with Capabilities::remote_inv_unbound_mw_panics (rxe) is for
-  /// trusted peers only. Errors: errc::null_handle, errc::unusable, errc::zero_length,
-  /// errc::out_of_range, errc::pd_mismatch, errno of ibv_reg_mr, and MemoryWindow::alloc's errors.
+  /// trusted peers only.
+  /// \errors
+  /// - errc::null_handle: `pd` or `mr` is null.
+  /// - errc::unusable: `mr` is unusable.
+  /// - errc::zero_length: `r` is empty.
+  /// - errc::out_of_range: `r` is not inside `mr`.
+  /// - errc::pd_mismatch: `mr` is not on `pd`.
+  /// - the errno of ibv_reg_mr.
+  /// - those of MemoryWindow::alloc.
+  /// \mallocs As the default form.
   [[nodiscard]] static result<StrictGrant> create(const ProtectionDomain &pd, const MemoryRegion &mr,
                                                   window_range r, mw_type type) noexcept {
     if (!pd) return make_error_code(errc::null_handle);
@@ -579,12 +633,18 @@ public:
   }
 
   /// Bind the window over the whole exact region (see MemoryWindow::bind).
+  /// \errors
+  /// - those of MemoryWindow::bind (the posting form).
+  /// \mallocs None.
   [[nodiscard]] result<remote_descriptor> bind(QueuePair &qp, access_flags rights,
                                                wr w = {window_wr_id, send_flag::signaled}) noexcept {
     return window_.bind(qp, region_, {0, region_.length()}, rights, w);
   }
   /// Add a bind of the window over the whole exact region to an open batch of `qp` (see the batch
-  /// form of MemoryWindow::bind: same errors, inline and allocation-free).
+  /// form of MemoryWindow::bind). Inline.
+  /// \errors
+  /// - those of the batch form of MemoryWindow::bind.
+  /// \mallocs None.
   [[nodiscard]] result<remote_descriptor> bind(SendBatch &batch, QueuePair &qp, access_flags rights,
                                                wr w = {}) noexcept {
     return window_.bind(batch, qp, region_, {0, region_.length()}, rights, w);
@@ -592,7 +652,10 @@ public:
   /// End the current grant and keep the slot for the next bind: type 1, MemoryWindow::unbind
   /// (ibv_bind_mw, length 0); type 2 (trusted peers), MemoryWindow::invalidate (a local
   /// invalidate). The old key is dead once the operation executes (its completion, handed to
-  /// window().complete()). Errors: those of MemoryWindow::unbind / invalidate.
+  /// window().complete()).
+  /// \errors
+  /// - those of MemoryWindow::unbind / invalidate.
+  /// \mallocs None.
   result<void> unbind(QueuePair &qp, wr w = {window_wr_id, send_flag::signaled}) noexcept {
     if (window_.type() == mw_type::type1) return window_.unbind(qp, w);
     return window_.invalidate(qp, w);
@@ -614,13 +677,19 @@ public:
 
   /// Revoke for good and destroy: deallocate the window (ibv_dealloc_mw: the key is dead when it
   /// returns, whatever the window's recorded state), then deregister the exact region
-  /// (ibv_dereg_mr). Errors: those of MemoryWindow::dealloc and MemoryRegion::dereg (the grant
-  /// then keeps what was not destroyed).
+  /// (ibv_dereg_mr).
+  /// \errors
+  /// - those of MemoryWindow::dealloc and MemoryRegion::dereg (the grant then keeps what was not
+  ///   destroyed).
+  /// \mallocs None.
   result<void> revoke() noexcept {
     RDMAXX_TRYV(window_.dealloc());
     return region_.dereg();
   }
   /// The former name of revoke() (kept until its last callers move; prefer revoke()).
+  /// \errors
+  /// - those of revoke().
+  /// \mallocs None.
   result<void> release() noexcept { return revoke(); }
 
 private:

@@ -26,7 +26,11 @@ namespace rdmaxx {
 /// bytes just past its end (inside the region). Sets caps.mw_bounds_enforced (yes: refused with a
 /// remote access error; no: the read succeeded, as on rxe; unknown: the probe could not tell) and
 /// returns it. Creates and destroys a PD, CQs, QPs (gid index `gid_index`), MRs and a window.
-/// Errors: errc::null_handle, errc::unsupported (no window type), errors of the scratch objects.
+/// \errors
+/// - errc::null_handle: `ctx` is null.
+/// - errc::unsupported: no window type.
+/// - the errors of the scratch objects.
+/// \mallocs The scratch objects (their nodes and what verbs allocates), freed before returning.
 [[nodiscard]] inline result<tristate> probe_window_bounds(const Context &ctx, Capabilities &caps,
                                                           int gid_index = 1) noexcept {
   if (!ctx) return make_error_code(errc::null_handle);

@@ -110,10 +110,13 @@ struct endpoint {
     w.u8(0);
     return out;
   }
-  /// Decode exactly one endpoint; `in` must be exactly encoded_size bytes. Errors:
-  /// errc::malformed_input (truncated, trailing bytes, wrong magic or body length, qpn 0 or above
-  /// 24 bits, psn above 24 bits, an mtu outside 256..4096, reserved byte set),
-  /// errc::wrong_version, errc::wrong_type (a valid header of another kind).
+  /// Decode exactly one endpoint; `in` must be exactly encoded_size bytes.
+  /// \errors
+  /// - errc::malformed_input: truncated, trailing bytes, wrong magic or body length, qpn 0 or
+  ///   above 24 bits, psn above 24 bits, an mtu outside 256..4096, reserved byte set.
+  /// - errc::wrong_version: another encoding version.
+  /// - errc::wrong_type: a valid header of another kind.
+  /// \mallocs None.
   [[nodiscard]] static result<endpoint> decode(std::span<const std::byte> in) noexcept {
     RDMAXX_TRY(h, descriptor_header::peek(in));
     if (h.kind != std::uint8_t(descriptor_kind::endpoint)) return make_error_code(errc::wrong_type);
@@ -159,7 +162,10 @@ namespace detail {
 /// GID of an IPv4 address of the port's netdev (IPv4-mapped), else a RoCE v2 GID of a global
 /// IPv6 address, else any RoCE v2 GID, else the first non-zero GID; on InfiniBand index 0
 /// (addressing uses the LID). Found through ibv_query_gid_ex (rdma-core 44), entry by entry.
-/// Errors: errno of ibv_query_port, errc::no_device (no usable GID on the port).
+/// \errors
+/// - the errno of ibv_query_port.
+/// - errc::no_device: no usable GID on the port.
+/// \mallocs None.
 [[nodiscard]] inline result<int> select_gid_index(ibv_context *ctx, std::uint8_t port) noexcept {
   ibv_port_attr pa{};
   if (const int rc = ::ibv_query_port(ctx, port, &pa)) return errno_code(rc);
@@ -383,11 +389,15 @@ public:
     return *this;
   }
 
-  /// ibv_wr_complete: post everything added. Errors: errc::wrong_state (the batch is not open:
-  /// already submitted, or moved from; or the QP has not reached RTS: the batch is aborted),
-  /// errc::provider_defect (an operation this device's provider would have got wrong: the batch
-  /// was aborted), errno of ibv_wr_complete (ENOMEM: send queue full, EINVAL: a malformed work
-  /// request). Nothing of a failed batch is posted.
+  /// ibv_wr_complete: post everything added. Nothing of a failed batch is posted.
+  /// \errors
+  /// - errc::wrong_state: the batch is not open (already submitted, or moved from); or the QP
+  ///   has not reached RTS (the batch is aborted).
+  /// - errc::provider_defect: an operation this device's provider would have got wrong (the
+  ///   batch was aborted).
+  /// - the errno of ibv_wr_complete (ENOMEM: send queue full, EINVAL: a malformed work
+  ///   request).
+  /// \mallocs None.
   result<void> submit() noexcept {
     ibv_qp_ex *qp = qp_.release();
     if (!qp) [[unlikely]] return make_error_code(fault_ != errc{} ? fault_ : errc::wrong_state);
@@ -467,9 +477,13 @@ public:
   QueuePair() noexcept = default;
 
   /// ibv_create_qp_ex: an RC QP on `pd` with the given CQs, queue sizes and send operations.
-  /// Errors: errc::null_handle, errc::context_mismatch (CQs of another device context), errno of
-  /// ibv_create_qp_ex (EINVAL: caps above the device limits, EOPNOTSUPP: send ops the provider
-  /// lacks, ENOMEM).
+  /// \errors
+  /// - errc::null_handle: `pd` or a CQ is null.
+  /// - errc::context_mismatch: CQs of another device context.
+  /// - the errno of ibv_create_qp_ex (EINVAL: caps above the device limits, EOPNOTSUPP: send
+  ///   ops the provider lacks, ENOMEM).
+  /// \mallocs One node that counts the QP's children (new(nothrow)), besides what verbs
+  /// allocates.
   [[nodiscard]] static result<QueuePair> create(const ProtectionDomain &pd,
                                                 const CompletionQueue &send_cq,
                                                 const CompletionQueue &recv_cq, qp_caps caps = {},
@@ -506,8 +520,12 @@ public:
     return SendBatch(q, sge_list_defect_);
   }
 
-  /// ibv_post_recv of one receive with the caller's SGEs. Errors: errc::null_handle, errno of
-  /// ibv_post_recv (ENOMEM: receive queue full, EINVAL: too many SGEs or bad state).
+  /// ibv_post_recv of one receive with the caller's SGEs.
+  /// \errors
+  /// - errc::null_handle: the QP is null.
+  /// - the errno of ibv_post_recv (ENOMEM: receive queue full, EINVAL: too many SGEs or bad
+  ///   state).
+  /// \mallocs None.
   result<void> post_recv(std::uint64_t wr_id, std::span<const ibv_sge> sges) noexcept {
     if (!h_) [[unlikely]] return make_error_code(errc::null_handle);
     ibv_recv_wr w{};
@@ -518,7 +536,10 @@ public:
     if (const int rc = ::ibv_post_recv(h_.get(), &w, &bad)) [[unlikely]] return errno_code(rc);
     return success();
   }
-  /// ibv_post_recv of one receive with a single SGE. Errors: as above.
+  /// ibv_post_recv of one receive with a single SGE.
+  /// \errors
+  /// - those of post_recv() with SGEs.
+  /// \mallocs None.
   result<void> post_recv(std::uint64_t wr_id, const ibv_sge &sge) noexcept {
     return post_recv(wr_id, std::span<const ibv_sge>(&sge, 1));
   }
@@ -527,8 +548,11 @@ public:
 
   /// Our side of the connection, to send to the peer (encode() it): ibv_query_port and the GID
   /// of o.gid_index (gid_auto: chosen by type, see detail::select_gid_index; ibv_query_gid_ex).
-  /// Errors: errc::null_handle, errc::no_device (gid_auto found no usable GID), errno of the
-  /// queries.
+  /// \errors
+  /// - errc::null_handle: the QP is null.
+  /// - errc::no_device: gid_auto found no usable GID.
+  /// - the errno of the queries.
+  /// \mallocs None.
   [[nodiscard]] result<endpoint> local_endpoint(const connect_options &o = {}) const noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     ibv_context *ctx = h_.get()->context;
@@ -544,9 +568,13 @@ public:
     return e;
   }
 
-  /// ibv_modify_qp RESET->INIT. Errors: errc::null_handle, errc::unknown_access_flag (a bit in
-  /// o.qp_access other than local write and remote write/read/atomic: rxe would store it),
-  /// qp_transition codes naming the attribute blamed.
+  /// ibv_modify_qp RESET->INIT.
+  /// \errors
+  /// - errc::null_handle: the QP is null.
+  /// - errc::unknown_access_flag: a bit in o.qp_access other than local write and remote
+  ///   write/read/atomic (rxe would store it).
+  /// - qp_transition codes naming the attribute blamed.
+  /// \mallocs None.
   result<void> to_init(const connect_options &o = {}) noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     if (!o.qp_access.subset_of(access::local_write | access::remote_write | access::remote_read |
@@ -562,7 +590,11 @@ public:
   }
   /// ibv_modify_qp INIT->RTR towards `remote`, from the GID o.gid_index names (gid_auto: by
   /// type). On an InfiniBand port with a peer LID the path uses the LID (no GRH).
-  /// Errors: errc::no_device (gid_auto found no usable GID), qp_transition codes.
+  /// \errors
+  /// - errc::null_handle: the QP is null.
+  /// - errc::no_device: gid_auto found no usable GID.
+  /// - qp_transition codes.
+  /// \mallocs None.
   result<void> to_rtr(const endpoint &remote, const connect_options &o = {}) noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     RDMAXX_TRY(gid_index, gid_index_for(o));
@@ -587,7 +619,11 @@ public:
                       IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
                   IBV_QPS_INIT, o);
   }
-  /// ibv_modify_qp RTR->RTS. Errors: qp_transition codes.
+  /// ibv_modify_qp RTR->RTS.
+  /// \errors
+  /// - errc::null_handle: the QP is null.
+  /// - qp_transition codes.
+  /// \mallocs None.
   result<void> to_rts(const connect_options &o = {}) noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     ibv_qp_attr a{};
@@ -603,6 +639,9 @@ public:
                   IBV_QPS_RTR, o);
   }
   /// RESET->INIT->RTR->RTS towards `remote`; remembered for reconnect().
+  /// \errors
+  /// - those of to_init(), to_rtr() and to_rts().
+  /// \mallocs None.
   result<void> connect(const endpoint &remote, const connect_options &o = {}) noexcept {
     RDMAXX_TRYV(to_init(o));
     RDMAXX_TRYV(to_rtr(remote, o));
@@ -614,8 +653,12 @@ public:
   }
   /// Move to RESET (from any state, typically ERR after a failed work request: outstanding work
   /// is flushed, poll it away) and connect again to the remembered peer. The peer must be reset
-  /// and reconnected too if it went to ERR. Errors: errc::wrong_state (never connected),
-  /// qp_transition codes.
+  /// and reconnected too if it went to ERR.
+  /// \errors
+  /// - errc::null_handle: the QP is null.
+  /// - errc::wrong_state: never connected.
+  /// - qp_transition codes.
+  /// \mallocs None.
   result<void> reset_and_reconnect() noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     if (!connected_once_) return make_error_code(errc::wrong_state);
@@ -623,7 +666,10 @@ public:
     return connect(remote_, opts_);
   }
   /// ibv_modify_qp to RESET (a state change, like to_init(): the QP is not destroyed).
-  /// Errors: errc::null_handle, qp_transition codes.
+  /// \errors
+  /// - errc::null_handle: the QP is null.
+  /// - qp_transition codes.
+  /// \mallocs None.
   result<void> to_reset() noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     ibv_qp_attr a{};
@@ -632,7 +678,11 @@ public:
       return qp_transition_error(current_state(), IBV_QPS_RESET, 0, rc);
     return success();
   }
-  /// ibv_modify_qp to ERR (flushes outstanding work). Errors: qp_transition codes.
+  /// ibv_modify_qp to ERR (flushes outstanding work).
+  /// \errors
+  /// - errc::null_handle: the QP is null.
+  /// - qp_transition codes.
+  /// \mallocs None.
   result<void> to_error() noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     ibv_qp_attr a{};
@@ -641,7 +691,11 @@ public:
       return qp_transition_error(current_state(), IBV_QPS_ERR, 0, rc);
     return success();
   }
-  /// The state as the device reports it (ibv_query_qp). Errors: errno of ibv_query_qp.
+  /// The state as the device reports it (ibv_query_qp).
+  /// \errors
+  /// - errc::null_handle: the QP is null.
+  /// - the errno of ibv_query_qp.
+  /// \mallocs None.
   [[nodiscard]] result<ibv_qp_state> state() const noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     ibv_qp_attr a{};
@@ -652,8 +706,11 @@ public:
   /// The peer given to the last successful connect().
   [[nodiscard]] const endpoint &remote() const noexcept { return remote_; }
 
-  /// Destroy now (ibv_destroy_qp). Errors: errc::busy while type-2 windows bound through this QP
-  /// are alive, errno of ibv_destroy_qp. On failure the QP stays valid.
+  /// Destroy now (ibv_destroy_qp). On failure the QP stays valid.
+  /// \errors
+  /// - errc::busy: type-2 windows bound through this QP are alive.
+  /// - the errno of ibv_destroy_qp.
+  /// \mallocs None.
   result<void> destroy() noexcept {
     RDMAXX_TRYV(h_.destroy());
     qpx_.release();
@@ -794,7 +851,10 @@ namespace detail {
 } // namespace detail
 
 /// Connect two QPs of one device to each other (loopback), both with options `o` (each uses its
-/// own local endpoint). Errors: as local_endpoint() and connect().
+/// own local endpoint).
+/// \errors
+/// - those of local_endpoint() and connect().
+/// \mallocs None.
 inline result<void> connect_loopback(QueuePair &a, QueuePair &b, const connect_options &o = {}) noexcept {
   RDMAXX_TRY(ea, a.local_endpoint(o));
   RDMAXX_TRY(eb, b.local_endpoint(o));

@@ -85,8 +85,11 @@ struct descriptor_header {
   [[nodiscard]] constexpr std::size_t total_size() const noexcept { return size + body_length; }
 
   /// Read and check the header at the start of `in` (the body need not be there yet: use
-  /// total_size() to know how much more to receive). Errors: errc::malformed_input (fewer than 8
-  /// bytes, wrong magic), errc::wrong_version.
+  /// total_size() to know how much more to receive).
+  /// \errors
+  /// - errc::malformed_input: fewer than 8 bytes, wrong magic.
+  /// - errc::wrong_version: a version other than descriptor_version.
+  /// \mallocs None.
   [[nodiscard]] static result<descriptor_header> peek(std::span<const std::byte> in) noexcept {
     detail::wire_reader r(in);
     const std::uint32_t magic = r.u32();
@@ -128,7 +131,10 @@ struct remote_descriptor {
   [[nodiscard]] remote_addr at(std::uint64_t offset) const noexcept { return {addr + offset, rkey}; }
 
   /// The remote address of [offset, offset+len), checked against the granted length.
-  /// Errors: errc::zero_length, errc::out_of_range.
+  /// \errors
+  /// - errc::zero_length: `len` is 0.
+  /// - errc::out_of_range: [offset, offset+len) is not inside the granted length.
+  /// \mallocs None.
   [[nodiscard]] result<remote_addr> slice(std::uint64_t offset, std::uint64_t len) const noexcept {
     if (len == 0) return make_error_code(errc::zero_length);
     if (offset > length || len > length - offset) return make_error_code(errc::out_of_range);
@@ -148,8 +154,10 @@ struct remote_descriptor {
     w.u16(0);
     return out;
   }
-  /// Encode into the front of `out`; returns the bytes written. Errors: errc::buffer_too_small when
-  /// `out` is shorter than encoded_size (nothing is written).
+  /// Encode into the front of `out`; returns the bytes written.
+  /// \errors
+  /// - errc::buffer_too_small: `out` is shorter than encoded_size (nothing is written).
+  /// \mallocs None.
   [[nodiscard]] result<std::size_t> encode_to(std::span<std::byte> out) const noexcept {
     if (out.size() < encoded_size) return make_error_code(errc::buffer_too_small);
     const auto a = encode();
@@ -158,10 +166,13 @@ struct remote_descriptor {
   }
 
   /// Decode exactly one window descriptor; `in` must be exactly encoded_size bytes.
-  /// Errors: errc::malformed_input (truncated, trailing bytes, wrong magic or body length,
-  /// unknown rights or flag bits, reserved bits set, no rights, zero length, a range that wraps
-  /// the 64-bit address space), errc::wrong_version, errc::wrong_type (a valid header of
-  /// another descriptor kind).
+  /// \errors
+  /// - errc::malformed_input: truncated, trailing bytes, wrong magic or body length, unknown
+  ///   rights or flag bits, reserved bits set, no rights, zero length, a range that wraps the
+  ///   64-bit address space.
+  /// - errc::wrong_version: another encoding version.
+  /// - errc::wrong_type: a valid header of another descriptor kind.
+  /// \mallocs None.
   [[nodiscard]] static result<remote_descriptor> decode(std::span<const std::byte> in) noexcept {
     RDMAXX_TRY(h, descriptor_header::peek(in));
     if (h.kind != std::uint8_t(descriptor_kind::window)) return make_error_code(errc::wrong_type);

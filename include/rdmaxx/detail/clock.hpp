@@ -2,7 +2,8 @@
 /// rdmaxx/detail/clock.hpp: a monotonic millisecond clock for the bounded waits.
 ///
 /// clock_gettime(CLOCK_MONOTONIC) instead of std::chrono::steady_clock: with libstdc++ in C++20,
-/// <chrono> drags in <sstream> and the locale machinery (its cost is in README's compile table).
+/// `<chrono>` drags in `<sstream>` and the locale machinery (its cost is in README's compile
+/// table).
 /// Timeouts in the API are int milliseconds, the convention of poll(2) and of the verbs.
 #pragma once
 

@@ -32,7 +32,11 @@ public:
 
   static constexpr std::size_t huge_page_size = std::size_t(2) << 20;
 
-  /// mmap. Errors: errno of mmap (ENOMEM, also for a length that cannot be rounded up to pages).
+  /// mmap.
+  /// \errors
+  /// - the errno of mmap (ENOMEM, also for a length that cannot be rounded up to pages).
+  /// \mallocs The mapping: `length` rounded up to pages (2 MiB huge pages when `length` is a
+  /// multiple of them and they are reserved).
   [[nodiscard]] static result<owned_pages> map(std::size_t length) noexcept {
     const std::size_t page = std::size_t(::sysconf(_SC_PAGESIZE));
     if (length > SIZE_MAX - (page - 1)) return errno_code(ENOMEM); // rounding up would wrap to 0

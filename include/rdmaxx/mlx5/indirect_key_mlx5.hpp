@@ -107,9 +107,11 @@ inline constexpr std::uint64_t max_list_entry_length = std::uint64_t(1) << 31;
 inline constexpr std::uint64_t max_list_total =
     RDMAXX_MLX5_LIST_TOTAL_FIXED ? UINT64_MAX : (std::uint64_t(1) << 31) - 1;
 
-/// The provider limits that layout::validate does not know (layout_category() codes naming the
-/// entry): errc::provider_limit for a list entry over max_list_entry_length, and for the entry
-/// at which a list's running total passes max_list_total.
+/// The provider limits that layout::validate does not know.
+/// \errors layout_category() codes naming the entry:
+/// - errc::provider_limit: a list entry over max_list_entry_length, or the entry at which a
+///   list's running total passes max_list_total.
+/// \mallocs None.
 [[nodiscard]] inline std::error_code check_provider_limits(const layout &l) noexcept {
   if (l.type() != layout::kind::list) return {};
   std::uint64_t total = 0;
@@ -136,9 +138,12 @@ inline constexpr std::uint64_t max_list_total =
 }
 
 /// mlx5dv_create_mkey (indirect; remote invalidation enabled when `remote_invalidate`). On
-/// success `max_entries` holds what the provider granted (it rounds up). Errors:
-/// errc::null_handle, errc::out_of_range (max_entries 0 or above max_mkey_entries), errno of
-/// mlx5dv_create_mkey (EOPNOTSUPP: no DEVX context, ENOMEM, EINVAL).
+/// success `max_entries` holds what the provider granted (it rounds up).
+/// \errors
+/// - errc::null_handle: `pd` is null.
+/// - errc::out_of_range: `max_entries` 0 or above max_mkey_entries.
+/// - the errno of mlx5dv_create_mkey (EOPNOTSUPP: no DEVX context, ENOMEM, EINVAL).
+/// \mallocs What mlx5dv_create_mkey allocates inside the provider.
 [[nodiscard]] inline result<mlx5dv_mkey *> create_mkey(ibv_pd *pd, std::uint32_t &max_entries,
                                                        bool remote_invalidate = false) noexcept {
   if (!pd) return make_error_code(errc::null_handle);
@@ -155,9 +160,12 @@ inline constexpr std::uint64_t max_list_total =
 /// ibv_sge {iova + offset, length, lkey}) or mlx5dv_wr_set_mkey_layout_interleaved (repeat
 /// layouts). wr_flags get IBV_SEND_INLINE. `pd` (may be null) is the mkey's PD. `mqp` must be
 /// the mlx5dv_qp_ex of a QP from create_umr_qp (configure_key() checks that first).
-/// Errors (nothing posted): errc::null_handle, the layout_category() codes of layout::validate
-/// with limits_for(u) and of check_provider_limits. Builder errors of the provider surface from
-/// ibv_wr_complete.
+/// Builder errors of the provider surface from ibv_wr_complete.
+/// \errors Nothing is then posted:
+/// - errc::null_handle: `qpx`, `mqp` or `mkey` is null.
+/// - the layout_category() codes of layout::validate with limits_for(u) and of
+///   check_provider_limits.
+/// \mallocs None (the entry array is on the stack).
 [[nodiscard]] inline result<void> post_configure(ibv_qp_ex *qpx, mlx5dv_qp_ex *mqp,
                                                  mlx5dv_mkey *mkey, ibv_pd *pd, wr w,
                                                  const layout &l, access_flags acc,
@@ -188,7 +196,10 @@ inline constexpr std::uint64_t max_list_total =
   return success();
 }
 
-/// Post a local invalidate of the mkey (ibv_wr_local_inv with its lkey). Errors: null_handle.
+/// Post a local invalidate of the mkey (ibv_wr_local_inv with its lkey).
+/// \errors
+/// - errc::null_handle: `qpx` or `mkey` is null.
+/// \mallocs None.
 [[nodiscard]] inline result<void> post_invalidate(ibv_qp_ex *qpx, mlx5dv_mkey *mkey, wr w) noexcept {
   if (!qpx || !mkey) return make_error_code(errc::null_handle);
   qpx->wr_id = w.id;
@@ -207,7 +218,9 @@ enum class key_phase : std::uint8_t { idle, configuring, configured, invalidatin
 
 /// The state of an mlx5 indirect key. One unconfirmed operation at a time.
 struct key_state {
+  /// The indirect mkey (create_mkey), or nullptr.
   ::mlx5dv_mkey *mkey = nullptr;
+  /// Where the key stands.
   key_phase phase = key_phase::idle;
   std::uint64_t wr_id = 0;  ///< of the unconfirmed operation
   std::uint32_t qp_num = 0; ///< the QP it was posted on
@@ -228,10 +241,15 @@ using to_dv_qp = mlx5dv_qp_ex *(*)(ibv_qp_ex *) noexcept;
 
 /// Add a configure of `k` to the open batch `qpx` of a QP created with mlx5dv send operations
 /// `qp_mlx5_ops` (QueuePair::mlx5_send_ops()). On success the key is configuring.
-/// Errors (nothing added, state unchanged): errc::null_handle, errc::already_bound (configured),
-/// errc::busy (an operation is unconfirmed: hand its completion to complete_key, or
-/// cancel_key), errc::not_umr_qp (the QP lacks the UMR builders: checked before the
-/// mlx5dv_qp_ex is even computed), the codes of post_configure.
+/// \errors Nothing is then added, the state unchanged:
+/// - errc::null_handle: the key's mkey or `qpx` is null.
+/// - errc::already_bound: configured.
+/// - errc::busy: an operation is unconfirmed (hand its completion to complete_key, or
+///   cancel_key).
+/// - errc::not_umr_qp: the QP lacks the UMR builders (checked before the mlx5dv_qp_ex is even
+///   computed).
+/// - the codes of post_configure.
+/// \mallocs None.
 [[nodiscard]] inline result<void> configure_key(key_state &k, std::uint64_t qp_mlx5_ops, ibv_qp_ex *qpx,
                                                 ibv_pd *pd, wr w, const layout &l, access_flags acc,
                                                 const umr_limits &u, to_dv_qp to_dv = dv_qp_of) noexcept {
@@ -247,8 +265,12 @@ using to_dv_qp = mlx5dv_qp_ex *(*)(ibv_qp_ex *) noexcept;
 }
 
 /// Add a local invalidate of `k` to the open batch `qpx`. On success the key is invalidating
-/// (it still counts as live until confirmed). Errors (nothing added): errc::null_handle,
-/// errc::not_bound (not configured), errc::busy (an operation is unconfirmed).
+/// (it still counts as live until confirmed).
+/// \errors Nothing is then added:
+/// - errc::null_handle: the key's mkey or `qpx` is null.
+/// - errc::not_bound: not configured.
+/// - errc::busy: an operation is unconfirmed.
+/// \mallocs None.
 [[nodiscard]] inline result<void> invalidate_key(key_state &k, ibv_qp_ex *qpx, wr w) noexcept {
   if (!k.mkey || !qpx) return make_error_code(errc::null_handle);
   if (k.pending()) return make_error_code(errc::busy);

@@ -89,9 +89,14 @@ struct qp_factory {
 /// sizes the inline layouts: QueuePair::caps() holds what the provider granted
 /// (verbs.c:1667-1669 writes it back), and IndirectKey::limits() derives the entry limits from
 /// it. Lifetime: as any QueuePair (a child of `pd`, `send_cq` and `recv_cq`).
-/// Errors: errc::null_handle, errc::unsupported (not an mlx5 device), errc::context_mismatch,
-/// errno of mlx5dv_create_qp (EOPNOTSUPP: send operations the device lacks, EINVAL: caps above
-/// the device's limits, ENOMEM).
+/// \errors
+/// - errc::null_handle: `pd` or a CQ is null.
+/// - errc::unsupported: not an mlx5 device.
+/// - errc::context_mismatch: CQs of another device context.
+/// - the errno of mlx5dv_create_qp (EOPNOTSUPP: send operations the device lacks, EINVAL: caps
+///   above the device's limits, ENOMEM).
+/// \mallocs As QueuePair::create(): one node that counts the QP's children (new(nothrow)),
+/// besides what the provider allocates.
 [[nodiscard]] inline result<QueuePair> create_umr_qp(const ProtectionDomain &pd,
                                                      const CompletionQueue &send_cq,
                                                      const CompletionQueue &recv_cq,
