@@ -686,11 +686,6 @@ public:
     RDMAXX_TRYV(window_.dealloc());
     return region_.dereg();
   }
-  /// The former name of revoke() (kept until its last callers move; prefer revoke()).
-  /// \errors
-  /// - those of revoke().
-  /// \mallocs None.
-  result<void> release() noexcept { return revoke(); }
 
 private:
   [[nodiscard]] static result<StrictGrant> make(const ProtectionDomain &pd, const MemoryRegion &mr,

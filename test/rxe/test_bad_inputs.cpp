@@ -1059,7 +1059,7 @@ void bad_inputs(const std::string &only) {
     need(gb.bind(lb.b, access::remote_read, {120, send_flag::signaled}), "first bind");
     CHECK(gb.window().complete(wait_one(lb.cq_b)));
     const auto ec = err(gb.bind(lb.b, access::remote_read));
-    need(gb.release(), "release");
+    need(gb.revoke(), "revoke");
     return ec;
   });
   t.add("StrictGrant::bind (batch)", "batch of another QP", is(errc::qp_mismatch), [&] {
@@ -1471,7 +1471,7 @@ void bad_inputs(const std::string &only) {
   CHECK(cq_moved.destroy().has_value());
   CHECK(qp_moved.destroy().has_value());
   CHECK(w_moved.dealloc().has_value());
-  CHECK(g_moved.release().has_value());
+  CHECK(g_moved.revoke().has_value());
   CHECK(k_moved.destroy().has_value());
 
   // =============================================================================================
@@ -1563,7 +1563,7 @@ void bad_inputs(const std::string &only) {
 
   // Everything is destroyable through the checked calls, children first.
   for (MemoryWindow *w : {&w1, &w2, &w1b, &w2b, &w2i, &w2x}) destroyed(w->dealloc(), "window");
-  destroyed(g.release(), "strict grant");
+  destroyed(g.revoke(), "strict grant");
   for (IndirectKey *key : {&k, &kc, &kl, &k2}) destroyed(key->destroy(), "indirect key");
   for (MemoryRegion *m : {&mt, &mt2, &mt_x, &ms, &md, &mrr, &ma, &m_nobind, &m_nolw, &mu})
     destroyed(m->dereg(), "memory region");

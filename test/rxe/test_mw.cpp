@@ -438,7 +438,7 @@ TEST_CASE("what a strict grant costs against a type-2 bind + invalidate (printed
     auto g = need(StrictGrant::create(lb.pd, mr, {4096, 4096}, mw_type::type2), "strict grant");
     need(g.bind(lb.b, rw_rights, {3, send_flag::signaled}), "strict bind");
     REQUIRE(g.window().complete(wait_one(lb.cq_b)));
-    need(g.release(), "release");
+    need(g.revoke(), "revoke");
   }
   const auto strict_cycle = per_cycle_us(clock::now() - t1);
   // (c) a 64 B RDMA write round trip, the unit of REFERENCE's relative costs.

@@ -192,7 +192,7 @@ TEST_CASE("bounds: the probe tells the truth about the device, strict grants hol
   CHECK(lb.write(ms.sge(), d.at(256 - 32)) == IBV_WC_REM_ACCESS_ERR);
   CHECK(mem == before);
   lb.recover();
-  need(g.release(), "release strict grant");
+  need(g.revoke(), "revoke strict grant");
   CHECK(mr.bound_windows() == 0);
 }
 
