@@ -132,6 +132,13 @@ enum class errc : int {
                              ///< rest over the connection once it is established
   bad_address,               ///< an IP address or port that does not parse (connection.hpp): pass
                              ///< A.B.C.D:PORT, [IPV6]:PORT or PORT
+  /// Every slot of a GrantPool is leased or waits for its revocation to be confirmed: hand the
+  /// pool its completions (GrantPool::complete), release leases, or create a larger pool.
+  pool_exhausted,
+  /// The buffer is still granted, or its revocation is not confirmed yet, so a peer may still
+  /// reach it: revoke it and hand the pool the completion, or call GrantPool::revoke_all() once
+  /// the connection's QP is down and drained.
+  grant_outstanding,
 };
 
 namespace detail {
@@ -182,6 +189,10 @@ public:
     case errc::private_data_too_long:
       return "private data too long: at most 56 bytes on connect, 196 on accept, 148 on reject";
     case errc::bad_address: return "bad address: expected A.B.C.D:PORT, [IPV6]:PORT or PORT";
+    case errc::pool_exhausted:
+      return "pool exhausted: every slot is leased or waits for its revocation to be confirmed";
+    case errc::grant_outstanding:
+      return "grant outstanding: the buffer is granted or its revocation is not confirmed yet";
     }
     return "unknown rdmaxx error";
   }
@@ -193,7 +204,9 @@ public:
     case errc::already_bound:
     case errc::unusable: return std::errc::operation_not_permitted;
     case errc::busy: return std::errc::device_or_resource_busy;
-    case errc::too_many_pending: return std::errc::resource_unavailable_try_again;
+    case errc::too_many_pending:
+    case errc::pool_exhausted: return std::errc::resource_unavailable_try_again;
+    case errc::grant_outstanding: return std::errc::device_or_resource_busy;
     case errc::unsafe_grant: return std::errc::operation_not_permitted;
     case errc::unsupported: return std::errc::operation_not_supported;
     case errc::no_device: return std::errc::no_such_device;

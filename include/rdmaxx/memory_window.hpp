@@ -198,13 +198,7 @@ public:
   /// \mallocs Only what ibv_alloc_mw allocates.
   [[nodiscard]] static result<MemoryWindow> alloc(const ProtectionDomain &pd, mw_type type) noexcept {
     if (!pd) return make_error_code(errc::null_handle);
-    ibv_mw *mw = ::ibv_alloc_mw(pd.native_handle(), ibv_mw_type(type));
-    if (!mw) return alloc_failure(pd.context(), type);
-    MemoryWindow w;
-    w.h_ = detail::handle<traits>(mw, detail::handle_access::node(pd), nullptr);
-    w.type_ = type;
-    w.cur_.rkey = mw->rkey;
-    return w;
+    return alloc_on(detail::handle_access::node(pd), pd.native_handle(), type);
   }
 
   // ---- accessors (inline, unchecked) ----
@@ -547,7 +541,21 @@ private:
     h_.set_parent<detail::parent_slot::third>(nullptr);
   }
 
+  // ibv_alloc_mw on a PD known by its C object and children counter (GrantPool replaces the
+  // windows it deallocated without holding the ProtectionDomain).
+  [[nodiscard]] static result<MemoryWindow> alloc_on(detail::parent_node *pd_node, ibv_pd *pd,
+                                                     mw_type type) noexcept {
+    ibv_mw *mw = ::ibv_alloc_mw(pd, ibv_mw_type(type));
+    if (!mw) return alloc_failure(pd->context, type);
+    MemoryWindow w;
+    w.h_ = detail::handle<traits>(mw, pd_node, nullptr);
+    w.type_ = type;
+    w.cur_.rkey = mw->rkey;
+    return w;
+  }
+
   friend class StrictGrant;
+  friend class GrantPool;
   // Declaration order: h_ last, so the window is deallocated before the MR/QP counts drop.
   detail::mw_binding cur_;
   detail::mw_pending pending_[max_pending];

@@ -18,3 +18,5 @@
 #include "layout.hpp"
 #include "indirect_key.hpp"
 #include "indirect_access.hpp"
+#include "grant_list.hpp"
+#include "grant_pool.hpp"

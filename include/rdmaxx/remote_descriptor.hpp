@@ -8,7 +8,8 @@
 ///   offset size field
 ///        0    4 magic         0x52445844 ("RDXD")
 ///        4    1 version       1 (descriptor_version); any other value is refused (wrong_version)
-///        5    1 kind          descriptor_kind (1 window, 2 indirect key, 3 endpoint)
+///        5    1 kind          descriptor_kind (1 window, 2 indirect key, 3 endpoint,
+///                             4 grant list, 5 grant offer)
 ///        6    2 body_length   bytes that follow the header
 /// ```
 /// Body of kind `window` (24 bytes, so 32 bytes in all):
@@ -45,7 +46,9 @@ enum class descriptor_kind : std::uint8_t {
   window = 1,       ///< one contiguous range behind one rkey (a memory window or an MR)
   indirect_key = 2, ///< the segments of an indirect key (ikey_descriptor.hpp)
   endpoint = 3,     ///< a QP's connection endpoint (queue_pair.hpp: endpoint::encode)
-  // 4 and up: reserved for other kinds.
+  grant_list = 4,   ///< the grants of one request (grant_list.hpp)
+  grant_offer = 5,  ///< what a GrantPool's owner lets its peer do (grant_pool.hpp)
+  // 6 and up: reserved for other kinds.
 };
 
 /// The first 4 bytes of every encoded descriptor: "RDXD".

@@ -83,6 +83,8 @@ TEST_CASE("rdmaxx::errc: every code has a message and a portable condition", "[u
       {errc::unsafe_grant, std::errc::operation_not_permitted, "crash"},
       {errc::private_data_too_long, std::errc::message_size, "private data too long"},
       {errc::bad_address, std::errc::invalid_argument, "bad address"},
+      {errc::pool_exhausted, std::errc::resource_unavailable_try_again, "pool exhausted"},
+      {errc::grant_outstanding, std::errc::device_or_resource_busy, "grant outstanding"},
   };
   for (const auto &r : rows) {
     const std::error_code ec = r.e;

@@ -1,0 +1,589 @@
+/// \file
+/// rdmaxx/grant_pool.hpp: GrantPool and GrantLease, request-scoped grants at service scale: "let
+/// the peer reach this buffer for one request, and never after", one call on the request path,
+/// no allocation and no system call of its own, safe under timeouts, aborts and disconnects.
+///
+/// How a request goes (client side; the server only uses the descriptors it receives):
+/// ```
+///   auto lease = pool.acquire();                  // a buffer slot, not granted: lease.buffer()
+///   fill(lease->buffer());
+///   auto batch = qp.start_send();
+///   auto d = pool.grant(batch, qp, *lease, access::remote_read);   // the bind, in your batch
+///   batch.send_inline({id, send_flag::fence | send_flag::signaled}, header_with(d));
+///   batch.submit();                                // bind and request: one post
+///   for (ibv_wc &wc : pool.complete(polled)) ...   // the pool takes its own completions
+///   pool.revoke(qp, *lease);                       // on reply, abort or timeout
+///   ... once lease->state() == lease_state::ready: read lease->buffer(), reuse or release it
+/// ```
+///
+/// Design decisions:
+///   - One pool per connection (per QP, on that connection's PD). A type-2 window is bound
+///     through one QP and its completions come from that QP; a disconnect revokes exactly that
+///     connection's grants (revoke_all); and type-1 keys (the safe mechanism on rxe) work from
+///     every QP of their PD, so isolation between peers needs a PD per peer anyway. Several pools
+///     may share a QP and a CQ: each tags its work requests with its own id.
+///   - Everything is allocated at create(): per slot a region of exactly the slot's bytes (so the
+///     grant's bounds hold on devices that check only region bounds, rxe) and a window of the
+///     mechanism the library chooses for the device (detail::grant_for: type-1 on rxe, type-2B
+///     where remote invalidation is safe). A grant is one window bind added to the caller's send
+///     batch (posted with the request, one doorbell), a revocation one unbind or local invalidate
+///     (or the peer's send-with-invalidate, type 2 only).
+///   - The buffer is reachable only through its lease, and only while no peer can reach it:
+///     GrantLease::buffer() is empty while the slot is granted or its revocation unconfirmed, and
+///     release() refuses a lease in those states. A revocation counts only once its completion
+///     (or the receive of the peer's send-with-invalidate) was handed to complete(), or after
+///     revoke_all() deallocated the windows. Completions the caller forgets to hand over keep
+///     slots out of use; they never make a granted buffer reusable.
+///   - The grant always covers the whole slot (the exact region): a smaller grant would, on rxe,
+///     still expose the slot's other bytes.
+///
+/// Per device: rxe (Capabilities::remote_inv_unbound_mw_panics) type-1 windows over the exact
+/// regions, revoked by the owner (a peer's send-with-invalidate is refused with
+/// IBV_WC_REM_INV_REQ_ERR and breaks the connection, never the kernel); devices without the defect
+/// (mlx5) type-2B windows, revocable by the peer's send-with-invalidate when the offer (offer())
+/// said so. grant_options::trusted_peers forces type 2 everywhere.
+///
+/// A late access (the peer reads or writes after the revocation executed) fails on the peer with
+/// IBV_WC_REM_ACCESS_ERR and moves both QPs of the connection to ERR: call revoke_all() once the
+/// QP is in ERR and its completions were polled, then reconnect (a new QP on the same PD) and go
+/// on with the same pool.
+///
+/// Threads: one thread at a time per pool and its leases (like the QP it posts on).
+///
+/// Allocation: create() allocates the slots, the free list and the key index (vectors) besides
+/// what verbs allocates; revoke_all() reallocates windows (verbs); acquire, grant, revoke,
+/// complete and release allocate nothing.
+#pragma once
+
+#include "access.hpp"
+#include "detail/handle.hpp"
+#include "device.hpp"
+#include "error.hpp"
+#include "memory_region.hpp"
+#include "memory_window.hpp"
+#include "protection_domain.hpp"
+#include "queue_pair.hpp"
+#include "remote_descriptor.hpp"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace rdmaxx {
+
+/// Where a leased slot stands.
+enum class lease_state : std::uint8_t {
+  ready,    ///< not granted and no revocation in flight: the buffer is the caller's
+  granted,  ///< a bind was posted: the peer may use the descriptor
+  revoking, ///< a revocation was posted and is not confirmed yet (or a failed bind was not
+            ///< confirmed as failed): hand the pool its completions
+};
+
+/// What GrantPool::create needs.
+struct grant_pool_options {
+  /// Bytes per slot (one request buffer); 1 .. 2^32 - 1.
+  std::uint64_t slot_size = 4096;
+  /// Slots; 0: as many as fit in the region.
+  std::size_t slots = 0;
+  /// See grant_options (trusted_peers forces type-2 windows).
+  grant_options grant{};
+};
+
+/// What the owner of a pool lets its peer do, sent at connection setup (rdma_cm private data):
+/// kind 5 under the common descriptor header, 12 bytes:
+/// ```
+///        8    1 flags         bit 0: the peer may revoke with send-with-invalidate
+///        9    3 reserved      0
+/// ```
+struct grant_offer {
+  /// Encoded bytes.
+  static constexpr std::size_t encoded_size = descriptor_header::size + 4;
+  /// The peer may answer with send-with-invalidate naming a grant's rkey (type-2 windows on a
+  /// device where that is safe).
+  bool remote_invalidate = false;
+
+  /// The 12-byte encoding. Never fails.
+  [[nodiscard]] std::array<std::byte, encoded_size> encode() const noexcept {
+    std::array<std::byte, encoded_size> out{};
+    detail::wire_writer w(out);
+    descriptor_header{descriptor_version, std::uint8_t(descriptor_kind::grant_offer), 4}.write(w);
+    w.u8(remote_invalidate ? 1 : 0);
+    w.u8(0);
+    w.u16(0);
+    return out;
+  }
+  /// Decode from the front of `in` (private data arrives padded with zeros: bytes after the
+  /// offer are ignored).
+  /// \errors
+  /// - errc::malformed_input: truncated, wrong magic or body length, unknown flag or reserved bits.
+  /// - errc::wrong_version: another encoding version.
+  /// - errc::wrong_type: a valid header of another descriptor kind.
+  /// \mallocs None.
+  [[nodiscard]] static result<grant_offer> decode(std::span<const std::byte> in) noexcept {
+    RDMAXX_TRY(h, descriptor_header::peek(in));
+    if (h.kind != std::uint8_t(descriptor_kind::grant_offer)) return make_error_code(errc::wrong_type);
+    if (h.body_length != 4 || in.size() < encoded_size) return make_error_code(errc::malformed_input);
+    detail::wire_reader r(in.subspan(descriptor_header::size, 4));
+    const std::uint8_t fl = r.u8();
+    const std::uint8_t r1 = r.u8();
+    const std::uint16_t r2 = r.u16();
+    if (r.failed() || (fl & ~0x1u) != 0 || r1 != 0 || r2 != 0) return make_error_code(errc::malformed_input);
+    return grant_offer{(fl & 1) != 0};
+  }
+};
+
+/// Counters of a pool (for tests and benchmarks; plain integers, never reset).
+struct grant_pool_stats {
+  std::uint64_t grants = 0;              ///< binds posted
+  std::uint64_t revokes = 0;             ///< unbinds / local invalidates posted
+  std::uint64_t remote_invalidations = 0; ///< grants the peer revoked (send-with-invalidate)
+  std::uint64_t failed_completions = 0;  ///< pool work requests that completed in error (flush too)
+  std::uint64_t revoked_by_dealloc = 0;  ///< windows revoke_all() deallocated
+};
+
+/// The top 16 bits of every work request id a GrantPool posts ("RG"): keep them out of yours.
+inline constexpr std::uint64_t grant_pool_wr_tag = 0x5247ull << 48;
+
+class GrantPool;
+
+namespace detail {
+struct grant_slot {
+  enum class use : std::uint8_t { free, leased, dropped, retired };
+  MemoryRegion region; // declared first: destroyed after the window
+  MemoryWindow window;
+  std::byte *data = nullptr;
+  use in_use = use::free;
+};
+// The pool's state lives apart from the GrantPool object so that moving the pool keeps its
+// leases valid, and a lease that outlives its pool finds it closed instead of dangling.
+struct grant_pool_state {
+  std::vector<grant_slot> slots;
+  std::vector<std::uint32_t> free;                            // capacity slots.size()
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> index; // (rkey >> 8, slot), sorted
+  child_link pd_link;                                         // windows are reallocated on it
+  ibv_pd *pd = nullptr;
+  std::uint64_t tag = 0;
+  std::uint64_t slot_size = 0;
+  mw_type type = mw_type::type1;
+  grant_pool_stats stats;
+  std::size_t refs = 1; // the pool and every live lease
+  bool open = true;
+
+  [[nodiscard]] lease_state state_of(std::uint32_t s) const noexcept {
+    if (!open) return lease_state::ready; // the pool deallocated every window
+    const MemoryWindow &w = slots[s].window;
+    if (!w) return lease_state::ready; // deallocated: no key is alive
+    if (w.state() == mw_state::bound) return lease_state::granted;
+    return w.pending() != 0 ? lease_state::revoking : lease_state::ready;
+  }
+  void put_back(std::uint32_t s) noexcept {
+    slots[s].in_use = grant_slot::use::free;
+    free.push_back(s); // never reallocates: capacity is slots.size()
+  }
+  // A dropped lease's slot returns to the free list once nothing can reach it.
+  void settle(std::uint32_t s) noexcept {
+    if (slots[s].in_use == grant_slot::use::dropped && state_of(s) == lease_state::ready)
+      slots[s].window ? put_back(s) : void(slots[s].in_use = grant_slot::use::retired);
+  }
+  void rebuild_index() noexcept {
+    index.clear();
+    for (std::uint32_t s = 0; s < slots.size(); ++s)
+      if (slots[s].window) index.emplace_back(slots[s].window.native_handle()->rkey >> 8, s);
+    std::sort(index.begin(), index.end());
+  }
+  [[nodiscard]] const grant_slot *find_key(std::uint32_t rkey) const noexcept {
+    const auto it = std::lower_bound(index.begin(), index.end(), std::pair{rkey >> 8, 0u});
+    if (it == index.end() || it->first != (rkey >> 8)) return nullptr;
+    return &slots[it->second];
+  }
+  static void unref(grant_pool_state *p) noexcept {
+    if (p && --p->refs == 0) delete p;
+  }
+};
+} // namespace detail
+
+/// One leased buffer slot of a GrantPool: the only way to the slot's bytes. Move-only, null after
+/// move. Destroying a lease gives its slot back once nothing can reach it (at once when ready;
+/// after its revocation is confirmed, or at revoke_all(), otherwise).
+class GrantLease {
+public:
+  /// A null lease.
+  GrantLease() noexcept = default;
+  /// Takes over `o`'s slot; `o` is left null.
+  GrantLease(GrantLease &&o) noexcept
+      : st_(std::exchange(o.st_, nullptr)), slot_(std::exchange(o.slot_, 0)) {}
+  /// Gives up this lease's slot (as the destructor does), takes over `o`'s.
+  GrantLease &operator=(GrantLease &&o) noexcept {
+    if (this != &o) {
+      drop();
+      st_ = std::exchange(o.st_, nullptr);
+      slot_ = std::exchange(o.slot_, 0);
+    }
+    return *this;
+  }
+  ~GrantLease() { drop(); }
+
+  /// True unless null (default-constructed, moved from or released).
+  [[nodiscard]] explicit operator bool() const noexcept { return st_ != nullptr; }
+  /// Where the slot stands (ready when null or when the pool was destroyed: no key is alive).
+  [[nodiscard]] lease_state state() const noexcept {
+    return st_ ? st_->state_of(slot_) : lease_state::ready;
+  }
+  /// The slot's bytes while ready; empty while granted or revoking, when null, and once the pool
+  /// is destroyed.
+  [[nodiscard]] std::span<std::byte> buffer() const noexcept {
+    if (!st_ || !st_->open || state() != lease_state::ready) return {};
+    return {st_->slots[slot_].data, std::size_t(st_->slot_size)};
+  }
+  /// The grant as the peer must use it (meaningful while granted).
+  [[nodiscard]] remote_descriptor descriptor() const noexcept {
+    if (!st_ || !st_->open) return {};
+    return st_->slots[slot_].window.descriptor();
+  }
+  /// The slot's index in its pool.
+  [[nodiscard]] std::uint32_t slot() const noexcept { return slot_; }
+
+private:
+  friend class GrantPool;
+  GrantLease(detail::grant_pool_state *st, std::uint32_t s) noexcept : st_(st), slot_(s) { ++st_->refs; }
+  void drop() noexcept {
+    detail::grant_pool_state *st = std::exchange(st_, nullptr);
+    if (!st) return;
+    if (st->open) {
+      st->slots[slot_].in_use = detail::grant_slot::use::dropped;
+      st->settle(slot_);
+    }
+    detail::grant_pool_state::unref(st);
+  }
+  detail::grant_pool_state *st_ = nullptr;
+  std::uint32_t slot_ = 0;
+};
+
+/// A pool of request-scoped grants over fixed buffer slots of one MemoryRegion, for one
+/// connection (see the top of this header). Move-only, null after move; destruction deallocates
+/// every window (ibv_dealloc_mw: every key is dead when it returns) and deregisters the exact
+/// regions. Not thread-safe.
+class GrantPool {
+public:
+  /// A null pool.
+  GrantPool() noexcept = default;
+  /// Takes over `o`'s slots (its leases stay valid); `o` is left null.
+  GrantPool(GrantPool &&o) noexcept : st_(std::exchange(o.st_, nullptr)) {}
+  /// Closes this pool (as the destructor does), takes over `o`'s.
+  GrantPool &operator=(GrantPool &&o) noexcept {
+    if (this != &o) {
+      close();
+      st_ = std::exchange(o.st_, nullptr);
+    }
+    return *this;
+  }
+  /// Deallocates the windows, deregisters the exact regions (failures go to the destroy-failure
+  /// hook). Leases still held become null-like: empty buffer, state ready.
+  ~GrantPool() { close(); }
+
+  /// Cut `buffers` into o.slots slots of o.slot_size bytes from its start and, per slot, register
+  /// its bytes again alone on `pd` (ibv_reg_mr with MW_BIND and the region's LOCAL_WRITE; `pd`
+  /// may be another PD of the same device: the connection's) and allocate a window of the type
+  /// the device's grant mechanism calls for (detail::grant_for: one ibv_query_device_ex).
+  /// The memory of `buffers` must outlive the pool (the exact regions pin it; `buffers` itself
+  /// may be deregistered).
+  /// \errors
+  /// - errc::null_handle: `pd` or `buffers` is null.
+  /// - errc::unusable: `buffers` is unusable.
+  /// - errc::context_mismatch: `pd` of another device.
+  /// - errc::zero_length: o.slot_size is 0, or no slot fits.
+  /// - errc::out_of_range: o.slot_size of 2^32 or more, or o.slots slots do not fit `buffers`.
+  /// - errc::unsupported: no memory windows here.
+  /// - errc::unsafe_grant: only type-2 windows on a device where a peer could panic the kernel
+  ///   with them (opt in with grant_options::trusted_peers).
+  /// - the errno of ibv_query_device_ex, ibv_reg_mr (ENOMEM: too many pinned pages, see
+  ///   `ulimit -l`) and ibv_alloc_mw; ENOMEM when the vectors cannot be allocated. Nothing is
+  ///   left allocated.
+  /// \mallocs The state, three vectors of o.slots entries, each exact region's node, and what
+  /// verbs allocates.
+  [[nodiscard]] static result<GrantPool> create(const ProtectionDomain &pd, const MemoryRegion &buffers,
+                                                grant_pool_options o = {}) noexcept {
+    if (!pd) return make_error_code(errc::null_handle);
+    if (auto ec = buffers.usable()) return ec;
+    if (buffers.native_handle()->context != pd.context()) return make_error_code(errc::context_mismatch);
+    if (o.slot_size == 0) return make_error_code(errc::zero_length);
+    if (o.slot_size > 0xFFFFFFFFull) return make_error_code(errc::out_of_range);
+    const std::size_t fit = std::size_t(buffers.length() / o.slot_size);
+    const std::size_t n = o.slots == 0 ? fit : o.slots;
+    if (n == 0) return make_error_code(errc::zero_length);
+    if (n > fit || n > 0x7FFFFFFFu) return make_error_code(errc::out_of_range);
+    RDMAXX_TRY(g, detail::grant_for(pd.context(), o.grant));
+    if (g.mechanism == grant_mechanism::none)
+      return make_error_code(g.unsafe ? errc::unsafe_grant : errc::unsupported);
+
+    GrantPool p;
+    p.st_ = new (std::nothrow) detail::grant_pool_state;
+    if (!p.st_) return std::make_error_code(std::errc::not_enough_memory);
+    detail::grant_pool_state &st = *p.st_;
+    st.type = g.mechanism == grant_mechanism::type1_exact_region ? mw_type::type1 : mw_type::type2;
+    st.slot_size = o.slot_size;
+    st.pd = pd.native_handle();
+    st.pd_link = detail::child_link(detail::handle_access::node(pd));
+    st.tag = grant_pool_wr_tag | (std::uint64_t(next_id()) << 32);
+    try {
+      st.slots.resize(n);
+      st.free.reserve(n);
+      st.index.reserve(n);
+    } catch (...) {
+      return std::make_error_code(std::errc::not_enough_memory);
+    }
+    const access_flags acc = (buffers.access() & access::local_write) | access::mw_bind;
+    for (std::size_t i = 0; i < n; ++i) {
+      detail::grant_slot &s = st.slots[i];
+      s.data = buffers.data() + i * o.slot_size;
+      RDMAXX_TRY(region, MemoryRegion::reg(pd, s.data, std::size_t(o.slot_size), acc));
+      RDMAXX_TRY(window, MemoryWindow::alloc(pd, st.type));
+      s.region = std::move(region);
+      s.window = std::move(window);
+    }
+    for (std::size_t i = n; i-- > 0;) st.free.push_back(std::uint32_t(i)); // slot 0 first out
+    st.rebuild_index();
+    return p;
+  }
+
+  // ---- accessors ----
+  /// True unless null (default-constructed or moved from).
+  [[nodiscard]] explicit operator bool() const noexcept { return st_ != nullptr; }
+  /// Slots in all.
+  [[nodiscard]] std::size_t size() const noexcept { return st_ ? st_->slots.size() : 0; }
+  /// Slots not leased.
+  [[nodiscard]] std::size_t available() const noexcept { return st_ ? st_->free.size() : 0; }
+  /// Bytes per slot.
+  [[nodiscard]] std::uint64_t slot_size() const noexcept { return st_ ? st_->slot_size : 0; }
+  /// The mechanism the pool's grants use (none when null).
+  [[nodiscard]] grant_mechanism mechanism() const noexcept {
+    if (!st_) return grant_mechanism::none;
+    return st_->type == mw_type::type1 ? grant_mechanism::type1_exact_region
+                                       : grant_mechanism::type2_window;
+  }
+  /// What to offer the peer at connection setup: send-with-invalidate only with type-2 windows
+  /// (the library chose them where that is safe, or the caller trusts the peers).
+  [[nodiscard]] grant_offer offer() const noexcept {
+    return {mechanism() == grant_mechanism::type2_window};
+  }
+  /// The pool's counters.
+  [[nodiscard]] const grant_pool_stats &stats() const noexcept {
+    static const grant_pool_stats none{};
+    return st_ ? st_->stats : none;
+  }
+  /// True when `wc` is the completion of one of this pool's work requests.
+  [[nodiscard]] bool owns(const ibv_wc &wc) const noexcept {
+    return st_ && (wc.wr_id & ~0xFFFFFFFFull) == st_->tag;
+  }
+
+  // ---- the request path (inline, allocation-free) ----
+
+  /// Lease a free slot (ready: its buffer is the caller's).
+  /// \errors
+  /// - errc::null_handle: a null pool.
+  /// - errc::pool_exhausted: every slot is leased or waits for its revocation.
+  /// \mallocs None.
+  [[nodiscard]] result<GrantLease> acquire() noexcept {
+    if (!st_) return make_error_code(errc::null_handle);
+    if (st_->free.empty()) return make_error_code(errc::pool_exhausted);
+    const std::uint32_t s = st_->free.back();
+    st_->free.pop_back();
+    st_->slots[s].in_use = detail::grant_slot::use::leased;
+    return GrantLease(st_, s);
+  }
+
+  /// Add the grant of `l`'s whole slot with `rights` to an open batch of `qp` (a window bind,
+  /// unsignaled, with this pool's wr_id; MemoryWindow::bind's batch form). Add the request's
+  /// send after it in the same batch with send_flag::fence, so that the peer cannot see the
+  /// request before the grant works. If the batch is then dropped or its submit() fails, call
+  /// cancel(l). Inline.
+  /// \errors
+  /// - errc::null_handle: a null pool, lease or QP.
+  /// - errc::invalid_argument: a lease of another pool.
+  /// - errc::grant_outstanding: the slot is granted or its revocation is not confirmed.
+  /// - errc::unusable: the slot lost its window (a failed revoke_all()).
+  /// - those of MemoryWindow::bind (batch form): pd_mismatch (the QP is not on the pool's PD),
+  ///   invalid_argument (rights), qp_mismatch, wrong_state, too_many_pending.
+  /// \mallocs None.
+  [[nodiscard]] result<remote_descriptor> grant(SendBatch &batch, QueuePair &qp, GrantLease &l,
+                                                access_flags rights) noexcept {
+    RDMAXX_TRY(s, slot_of(l));
+    if (st_->state_of(l.slot_) != lease_state::ready) return make_error_code(errc::grant_outstanding);
+    RDMAXX_TRY(d, s->window.bind(batch, qp, s->region, {0, st_->slot_size}, rights,
+                                 {st_->tag | l.slot_, {}}));
+    ++st_->stats.grants;
+    return d;
+  }
+
+  /// Revoke `l`'s grant, posted now (signaled, this pool's wr_id): type 1 an unbind
+  /// (ibv_bind_mw, length 0), type 2 a local invalidate. Nothing is posted when the grant is
+  /// already revoked or revoking (the peer's send-with-invalidate, an earlier revoke) or was never
+  /// made: a second revoke is harmless. The buffer is ready again once the completion was handed
+  /// to complete().
+  /// \errors
+  /// - errc::null_handle: a null pool, lease or QP.
+  /// - errc::invalid_argument: a lease of another pool.
+  /// - those of MemoryWindow::unbind / invalidate (posting forms): wrong_state (the QP is not at
+  ///   RTS: after a disconnect use revoke_all()), qp_mismatch (type 2: another QP than the one
+  ///   bound through), too_many_pending, the errno of the post.
+  /// \mallocs None.
+  result<void> revoke(QueuePair &qp, GrantLease &l) noexcept {
+    RDMAXX_TRY(s, slot_of(l));
+    if (s->window.state() != mw_state::bound) return success();
+    const wr w{st_->tag | l.slot_, send_flag::signaled};
+    if (st_->type == mw_type::type1) {
+      RDMAXX_TRYV(s->window.unbind(qp, w));
+    } else {
+      RDMAXX_TRYV(s->window.invalidate(qp, w));
+    }
+    ++st_->stats.revokes;
+    return success();
+  }
+  /// As above, added to an open batch of `qp` (e.g. the next request's): if the batch is dropped
+  /// or its submit() fails, call cancel(l).
+  /// \errors
+  /// - those of revoke(QueuePair&, GrantLease&), with the batch-form checks of MemoryWindow
+  ///   (qp_mismatch: a batch of another QP; wrong_state: the batch is not open).
+  /// \mallocs None.
+  result<void> revoke(SendBatch &batch, QueuePair &qp, GrantLease &l) noexcept {
+    RDMAXX_TRY(s, slot_of(l));
+    if (s->window.state() != mw_state::bound) return success();
+    const wr w{st_->tag | l.slot_, send_flag::signaled};
+    if (st_->type == mw_type::type1) {
+      RDMAXX_TRYV(s->window.unbind(batch, qp, w));
+    } else {
+      RDMAXX_TRYV(s->window.invalidate(batch, qp, w));
+    }
+    ++st_->stats.revokes;
+    return success();
+  }
+
+  /// Undo the grant and revoke operations of `l` that were added to a batch which was dropped or
+  /// whose submit() failed (MemoryWindow::cancel_pending): nothing of them reached the device.
+  void cancel(GrantLease &l) noexcept {
+    if (auto s = slot_of(l)) s.value()->window.cancel_pending();
+  }
+
+  /// Hand the pool every completion polled from the CQ(s) of its QP, in bulk: the pool's own
+  /// (its wr_ids, success or error) confirm or roll back its slots; a successful receive whose
+  /// send-with-invalidate named a granted key (type 2) revokes that grant. Returns the
+  /// completions that are not the pool's, moved to the front of `wcs` in their order: the
+  /// caller's, receives included. Inline, allocation-free.
+  std::span<ibv_wc> complete(std::span<ibv_wc> wcs) noexcept {
+    if (!st_) return wcs;
+    std::size_t k = 0;
+    for (ibv_wc &wc : wcs) {
+      if (owns(wc)) {
+        const std::uint32_t s = std::uint32_t(wc.wr_id & 0x7FFFFFFFu);
+        if (s < st_->slots.size()) {
+          if (wc.status != IBV_WC_SUCCESS) ++st_->stats.failed_completions;
+          st_->slots[s].window.complete(wc);
+          st_->settle(s);
+        }
+        continue;
+      }
+      if (st_->type == mw_type::type2 && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV &&
+          !(wc.wc_flags & IBV_WC_WITH_IMM) && wc.invalidated_rkey != 0)
+        remote_invalidated(wc);
+      if (&wcs[k] != &wc) wcs[k] = wc;
+      ++k;
+    }
+    return wcs.first(k);
+  }
+
+  /// Give a ready slot back to the pool; `l` becomes null.
+  /// \errors
+  /// - errc::null_handle: a null pool or lease.
+  /// - errc::invalid_argument: a lease of another pool.
+  /// - errc::grant_outstanding: granted or revoking: revoke it and hand the pool the completion,
+  ///   or revoke_all() after a disconnect; `l` is unchanged.
+  /// \mallocs None.
+  result<void> release(GrantLease &l) noexcept {
+    RDMAXX_TRY(s, slot_of(l));
+    (void)s;
+    if (st_->state_of(l.slot_) != lease_state::ready) return make_error_code(errc::grant_outstanding);
+    l = GrantLease{};
+    return success();
+  }
+
+  // ---- disconnect ----
+
+  /// Revoke every grant of the pool for good, synchronously: every window that is bound or has
+  /// unconfirmed operations is deallocated (ibv_dealloc_mw: its key is dead when it returns) and
+  /// a fresh one allocated for the slot. For a connection that went down (DISCONNECTED, a QP in
+  /// ERR): call it once the QP's completions were polled (so the QP no longer reads or writes the
+  /// buffers) and before reusing any buffer or reconnecting. Leases stay leased and become ready;
+  /// slots of dropped leases return to the pool.
+  /// \errors
+  /// - errc::null_handle: a null pool.
+  /// - the first errno of ibv_dealloc_mw or ibv_alloc_mw: every slot is still handled; a slot
+  ///   whose window could not be replaced keeps no live key and is retired (grant() on it answers
+  ///   errc::unusable; it does not return to the pool).
+  /// \mallocs What ibv_alloc_mw allocates.
+  result<void> revoke_all() noexcept {
+    if (!st_) return make_error_code(errc::null_handle);
+    std::error_code first;
+    for (std::uint32_t i = 0; i < st_->slots.size(); ++i) {
+      detail::grant_slot &s = st_->slots[i];
+      if (!s.window) continue;
+      if (s.window.state() != mw_state::bound && s.window.pending() == 0) continue;
+      if (auto r = s.window.dealloc(); !r) {
+        if (!first) first = r.error();
+        continue; // still allocated, key perhaps alive: the slot stays out of use
+      }
+      ++st_->stats.revoked_by_dealloc;
+      if (auto w = MemoryWindow::alloc_on(st_->pd_link.parent(), st_->pd, st_->type)) {
+        s.window = std::move(w).value();
+      } else if (!first) {
+        first = w.error();
+      }
+      st_->settle(i);
+    }
+    st_->rebuild_index();
+    if (first) return first;
+    return success();
+  }
+
+private:
+  [[nodiscard]] static std::uint32_t next_id() noexcept {
+    static std::atomic<std::uint32_t> n{0};
+    return (n.fetch_add(1, std::memory_order_relaxed) & 0xFFFFu);
+  }
+  [[nodiscard]] result<detail::grant_slot *> slot_of(const GrantLease &l) noexcept {
+    if (!st_ || !l) return make_error_code(errc::null_handle);
+    if (l.st_ != st_) return make_error_code(errc::invalid_argument);
+    detail::grant_slot &s = st_->slots[l.slot_];
+    if (!s.window) return make_error_code(errc::unusable);
+    return &s;
+  }
+  void remote_invalidated(const ibv_wc &wc) noexcept {
+    const detail::grant_slot *c = st_->find_key(wc.invalidated_rkey);
+    if (!c) return;
+    auto &s = const_cast<detail::grant_slot &>(*c);
+    if (s.window.complete(wc)) {
+      ++st_->stats.remote_invalidations;
+      st_->settle(std::uint32_t(&s - st_->slots.data()));
+    }
+  }
+  void close() noexcept {
+    detail::grant_pool_state *st = std::exchange(st_, nullptr);
+    if (!st) return;
+    st->open = false;
+    st->slots.clear(); // windows first, then regions (grant_slot's member order)
+    st->free.clear();
+    st->index.clear();
+    st->pd_link.drop();
+    detail::grant_pool_state::unref(st);
+  }
+
+  detail::grant_pool_state *st_ = nullptr;
+};
+
+} // namespace rdmaxx
