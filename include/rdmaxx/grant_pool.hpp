@@ -146,6 +146,7 @@ struct grant_pool_stats {
   std::uint64_t remote_invalidations = 0; ///< grants the peer revoked (send-with-invalidate)
   std::uint64_t failed_completions = 0;  ///< pool work requests that completed in error (flush too)
   std::uint64_t revoked_by_dealloc = 0;  ///< windows revoke_all() deallocated
+  std::uint64_t rotations = 0;           ///< windows replaced because their keys were used up
 };
 
 /// The top 16 bits of every work request id a GrantPool posts ("RG"): keep them out of yours.
@@ -159,6 +160,7 @@ struct grant_slot {
   MemoryRegion region; // declared first: destroyed after the window
   MemoryWindow window;
   std::byte *data = nullptr;
+  std::uint32_t key_changes = 0; // since the window was allocated (binds, type-1 unbinds)
   use in_use = use::free;
 };
 // The pool's state lives apart from the GrantPool object so that moving the pool keeps its
@@ -197,6 +199,13 @@ struct grant_pool_state {
     for (std::uint32_t s = 0; s < slots.size(); ++s)
       if (slots[s].window) index.emplace_back(slots[s].window.native_handle()->rkey >> 8, s);
     std::sort(index.begin(), index.end());
+  }
+  void reindex(std::uint32_t old_key, std::uint32_t s) noexcept {
+    const auto old = std::lower_bound(index.begin(), index.end(), std::pair{old_key >> 8, s});
+    if (old != index.end() && old->second == s) index.erase(old);
+    if (!slots[s].window) return;
+    const std::pair e{slots[s].window.native_handle()->rkey >> 8, s};
+    index.insert(std::lower_bound(index.begin(), index.end(), e), e); // capacity: slots.size()
   }
   [[nodiscard]] const grant_slot *find_key(std::uint32_t rkey) const noexcept {
     const auto it = std::lower_bound(index.begin(), index.end(), std::pair{rkey >> 8, 0u});
@@ -411,13 +420,17 @@ public:
   /// - errc::unusable: the slot lost its window (a failed revoke_all()).
   /// - those of MemoryWindow::bind (batch form): pd_mismatch (the QP is not on the pool's PD),
   ///   invalid_argument (rights), qp_mismatch, wrong_state, too_many_pending.
-  /// \mallocs None.
+  /// - the errno of ibv_dealloc_mw / ibv_alloc_mw when the slot's window is replaced first (see
+  ///   max_key_changes; after a failed ibv_alloc_mw the slot is retired: errc::unusable next).
+  /// \mallocs None (what ibv_alloc_mw allocates when the window is replaced).
   [[nodiscard]] result<remote_descriptor> grant(SendBatch &batch, QueuePair &qp, GrantLease &l,
                                                 access_flags rights) noexcept {
     RDMAXX_TRY(s, slot_of(l));
     if (st_->state_of(l.slot_) != lease_state::ready) return make_error_code(errc::grant_outstanding);
+    if (s->key_changes + 2 > max_key_changes) RDMAXX_TRYV(rotate(l.slot_));
     RDMAXX_TRY(d, s->window.bind(batch, qp, s->region, {0, st_->slot_size}, rights,
                                  {st_->tag | l.slot_, {}}));
+    ++s->key_changes;
     ++st_->stats.grants;
     return d;
   }
@@ -440,6 +453,7 @@ public:
     const wr w{st_->tag | l.slot_, send_flag::signaled};
     if (st_->type == mw_type::type1) {
       RDMAXX_TRYV(s->window.unbind(qp, w));
+      ++s->key_changes; // a type-1 unbind takes the next key too
     } else {
       RDMAXX_TRYV(s->window.invalidate(qp, w));
     }
@@ -458,6 +472,7 @@ public:
     const wr w{st_->tag | l.slot_, send_flag::signaled};
     if (st_->type == mw_type::type1) {
       RDMAXX_TRYV(s->window.unbind(batch, qp, w));
+      ++s->key_changes;
     } else {
       RDMAXX_TRYV(s->window.invalidate(batch, qp, w));
     }
@@ -539,6 +554,7 @@ public:
         continue; // still allocated, key perhaps alive: the slot stays out of use
       }
       ++st_->stats.revoked_by_dealloc;
+      s.key_changes = 0;
       if (auto w = MemoryWindow::alloc_on(st_->pd_link.parent(), st_->pd, st_->type)) {
         s.window = std::move(w).value();
       } else if (!first) {
@@ -551,7 +567,27 @@ public:
     return success();
   }
 
+  /// Keys one window takes before the pool replaces it: only the low 8 bits of a window's key
+  /// change from bind to bind, so after 256 changes an old key would come back and a very late
+  /// access could reach a later request's buffer. Each grant takes one key (and a type-1 revoke
+  /// another); before a grant would reach this, the slot's window is deallocated and a fresh one
+  /// allocated (a new key index): two verbs calls every 127 requests of a slot (type 1).
+  static constexpr std::uint32_t max_key_changes = 255;
+
 private:
+  // A fresh window for a ready slot whose keys are used up (see max_key_changes).
+  [[gnu::cold]] result<void> rotate(std::uint32_t i) noexcept {
+    detail::grant_slot &s = st_->slots[i];
+    const std::uint32_t old_key = s.window.native_handle()->rkey;
+    RDMAXX_TRYV(s.window.dealloc());
+    ++st_->stats.rotations;
+    s.key_changes = 0;
+    auto w = MemoryWindow::alloc_on(st_->pd_link.parent(), st_->pd, st_->type);
+    if (w) s.window = std::move(w).value();
+    st_->reindex(old_key, i);
+    if (!w) return w.error(); // the slot is retired: grant() answers errc::unusable from now on
+    return success();
+  }
   [[nodiscard]] static std::uint32_t next_id() noexcept {
     static std::atomic<std::uint32_t> n{0};
     return (n.fetch_add(1, std::memory_order_relaxed) & 0xFFFFu);

@@ -40,32 +40,6 @@ tally &totals() {
   return t;
 }
 
-// The peer: plain libibverbs on its QP. Returns the status of the operation's completion.
-ibv_wc_status peer_post(QueuePair &peer, CompletionQueue &cq, ibv_wr_opcode op, ibv_sge sge,
-                        std::uint64_t raddr, std::uint32_t rkey, std::uint64_t id = 77) {
-  ibv_send_wr w{};
-  w.wr_id = id;
-  w.opcode = op;
-  w.send_flags = IBV_SEND_SIGNALED;
-  w.sg_list = &sge;
-  w.num_sge = 1;
-  if (op == IBV_WR_SEND_WITH_INV) {
-    w.invalidate_rkey = rkey;
-  } else if (op == IBV_WR_ATOMIC_FETCH_AND_ADD || op == IBV_WR_ATOMIC_CMP_AND_SWP) {
-    w.wr.atomic.remote_addr = raddr;
-    w.wr.atomic.rkey = rkey;
-    w.wr.atomic.compare_add = 0; // fetch-add 0 / compare-swap: never changes a byte if refused
-    w.wr.atomic.swap = 0x4141414141414141ull;
-  } else {
-    w.wr.rdma.remote_addr = raddr;
-    w.wr.rdma.rkey = rkey;
-  }
-  ibv_send_wr *bad = nullptr;
-  REQUIRE(::ibv_post_send(peer.native_handle(), &w, &bad) == 0);
-  return wait_wc(cq, 1, 20s).front().status;
-}
-
-bool is_denial(ibv_wc_status s) { return s == IBV_WC_REM_ACCESS_ERR || s == IBV_WC_REM_INV_REQ_ERR; }
 
 // Owner memory with a shadow copy: everything outside live grants must stay equal to it.
 struct owner_mem {
