@@ -85,9 +85,9 @@ TEST_CASE("grant_list: the decoder refuses every malformed input", "[unit][grant
   CHECK(bad([](auto &v) { v[26] = std::byte{0}; }).error() == errc::malformed_input);       // no rights
   CHECK(bad([](auto &v) { v[26] = std::byte{8}; }).error() == errc::malformed_input);       // unknown right
   CHECK(bad([](auto &v) { v[27] = std::byte{2}; }).error() == errc::malformed_input);       // unknown flag
-  CHECK(bad([](auto &v) { for (int i = 18; i < 22; ++i) v[i] = std::byte{0}; }).error() ==
+  CHECK(bad([](auto &v) { for (int i = 18; i < 22; ++i) v.at(std::size_t(i)) = std::byte{0}; }).error() ==
         errc::malformed_input);                                                             // zero length
-  CHECK(bad([](auto &v) { for (int i = 10; i < 18; ++i) v[i] = std::byte{0xFF}; }).error() ==
+  CHECK(bad([](auto &v) { for (int i = 10; i < 18; ++i) v.at(std::size_t(i)) = std::byte{0xFF}; }).error() ==
         errc::malformed_input);                                                             // wraps
   // Nine grants: the count and the body length agree, and still refused.
   std::vector<std::byte> nine(grant_list::encoded_size(9));
