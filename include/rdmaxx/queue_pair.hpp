@@ -30,11 +30,6 @@ namespace rdmaxx {
 namespace mlx5 {
 struct qp_factory; // mlx5/umr_qp.hpp: builds UMR QPs on QueuePair's construction path
 } // namespace mlx5
-namespace detail {
-// Declared, never defined by the library: a contract test defines it to build a QueuePair or
-// IndirectKey over stand-in C objects (no device), whose calls it records.
-struct test_access;
-} // namespace detail
 
 /// Send operations a QP is created with (IBV_QP_EX_WITH_*).
 enum class send_op : std::uint64_t {

@@ -643,6 +643,24 @@ struct test_access {
   static void disown(IndirectKey &k) {
     if (k) k.st().mkey = nullptr;
   }
+  // A PD and a CQ over stand-ins (no node: a QP made on them registers with nothing).
+  static ProtectionDomain pd(ibv_pd &p) {
+    ProtectionDomain r;
+    r.h_ = decltype(r.h_)(&p, nullptr, nullptr);
+    return r;
+  }
+  static void disown(ProtectionDomain &p) { p.h_.replace(nullptr); }
+  static CompletionQueue cq(ibv_cq &c) {
+    CompletionQueue r;
+    r.h_ = decltype(r.h_)(&c, nullptr, nullptr);
+    return r;
+  }
+  static void disown(CompletionQueue &c) { c.h_.replace(nullptr); }
+  // A QueuePair made by a stand-in verb: its node is freed, ibv_destroy_qp never called.
+  static void disown_created(QueuePair &q) {
+    (void)q.h_.release();
+    q.qpx_.release();
+  }
 };
 } // namespace rdmaxx::detail
 
@@ -904,6 +922,82 @@ TEST_CASE("mlx5 contract: IndirectKey rolls back on a failed, flushed or dropped
     CHECK(g.key.complete(wc_of(0x76, umr_qpn)));
     CHECK_FALSE(g.key.configured());
   }
+}
+
+
+namespace {
+// mlx5dv_create_qp as the provider behaves (rdma-core v44.0, verbs.c:1667-1669): it writes the
+// granted caps back into the attributes, the inline size rounded up to what the WQE holds.
+int verb_calls = 0;
+ibv_qp_init_attr_ex verb_attr{};
+mlx5dv_qp_init_attr verb_dv{};
+std::uint32_t granted_inline = 0;
+struct standin_qp {
+  ibv_qp_ex qpx{};
+  unsigned char verbs_qp_tail[256]{}; // verbs_qp's comp_mask reads 0: ibv_qp_to_qp_ex gives NULL
+} made_qp;
+ibv_qp *granting_verb(ibv_context *c, ibv_qp_init_attr_ex *a, mlx5dv_qp_init_attr *dv) {
+  ++verb_calls;
+  verb_attr = *a;
+  verb_dv = *dv;
+  a->cap.max_inline_data = granted_inline;
+  a->cap.max_send_wr = 128; // rounded up too
+  made_qp.qpx.qp_base.context = c;
+  made_qp.qpx.qp_base.pd = a->pd;
+  made_qp.qpx.qp_base.qp_num = 0x66;
+  return &made_qp.qpx.qp_base;
+}
+ibv_qp *refusing_verb(ibv_context *, ibv_qp_init_attr_ex *, mlx5dv_qp_init_attr *) {
+  ++verb_calls;
+  errno = EINVAL;
+  return nullptr;
+}
+} // namespace
+
+TEST_CASE("mlx5 contract: create_umr_qp keeps the inline size the provider granted", "[unit][mlx5][ikey]") {
+  ibv_pd raw_pd{};
+  ibv_cq raw_cq{};
+  ProtectionDomain pd = test_access::pd(raw_pd);
+  CompletionQueue cq = test_access::cq(raw_cq);
+  verb_calls = 0;
+  granted_inline = 124; // asked 60: 4 list entries; granted 124: 8
+  auto r = mlx5::qp_factory::create_with(pd, cq, cq, {.max_send_wr = 100, .max_inline_data = 60},
+                                         send_op::rdma_write, granting_verb);
+  REQUIRE(r.has_value());
+  QueuePair qp = std::move(r.value());
+  CHECK(verb_calls == 1);
+  // what the verb was given: the request, the UMR attributes
+  CHECK(verb_attr.cap.max_inline_data == 60);
+  CHECK(verb_attr.cap.max_send_wr == 100);
+  CHECK(verb_attr.pd == &raw_pd);
+  CHECK(verb_attr.send_ops_flags == (IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_LOCAL_INV));
+  CHECK(verb_dv.comp_mask == mlx5::umr_dv_attr().comp_mask);
+  CHECK(verb_dv.create_flags == mlx5::umr_dv_attr().create_flags);
+  CHECK(verb_dv.send_ops_flags == mlx5::umr_send_ops);
+  // what the QueuePair keeps: the grant, not the request
+  CHECK(qp.caps().max_inline_data == 124);
+  CHECK(qp.caps().max_send_wr == 128);
+  CHECK(qp.mlx5_send_ops() == mlx5::umr_send_ops);
+  CHECK(qp.qp_num() == 0x66);
+  // and the key's limits through that QP follow the grant: (124 + 4) / 16 = 8 list entries
+  mlx5dv_mkey mkey{1, 1};
+  IndirectKey key = test_access::mlx5_key(&mkey, &raw_pd, 32, to_dv_recorder);
+  CHECK(key.limits(qp).max_entries == 8);
+  CHECK(key.limits(qp).max_repeat_entries == 7);
+  test_access::disown(key);
+  test_access::disown_created(qp);
+
+  // a refused creation: the verb's errno, nothing kept
+  auto bad = mlx5::qp_factory::create_with(pd, cq, cq, {}, all_send_ops, refusing_verb);
+  REQUIRE_FALSE(bad.has_value());
+  CHECK(bad.error() == std::errc::invalid_argument);
+  CHECK(verb_calls == 2);
+  // null handles are refused before any verb
+  CHECK(mlx5::create_umr_qp(ProtectionDomain{}, cq, cq).error() == errc::null_handle);
+  CHECK(mlx5::create_umr_qp(pd, CompletionQueue{}, cq).error() == errc::null_handle);
+  CHECK(verb_calls == 2);
+  test_access::disown(pd);
+  test_access::disown(cq);
 }
 
 #endif // RDMAXX_HAVE_MLX5
