@@ -262,6 +262,7 @@ private:
     static int destroy(native *c) noexcept { return ::ibv_destroy_cq(c); }
   };
   friend struct detail::handle_access; // children register with this object's node
+  friend struct detail::test_access;
   detail::handle<traits> h_; // parents: Context, completion channel
 };
 

@@ -116,6 +116,8 @@ struct ikey_state {
   ::mlx5dv_mkey *mkey = nullptr;
 #if RDMAXX_HAVE_MLX5
   mlx5::key_state mk; // mlx5: what the device did (mk.mkey == mkey)
+  // How configure() reaches the mlx5dv_qp_ex of a batch's QP; contract tests hand a recorder's.
+  mlx5::to_dv_qp to_dv = mlx5::dv_qp_of;
 #endif
 
   // Deallocating (not invalidating) the windows: never a local invalidate of a type-2 window
@@ -364,7 +366,7 @@ public:
 #if RDMAXX_HAVE_MLX5
     if (s.backend == umr_backend::mlx5) {
       RDMAXX_TRYV(mlx5::configure_key(s.mk, qp.mlx5_send_ops(), batch.native_handle(), s.pd, w, l,
-                                      acc, {qp.caps().max_inline_data, s.max_entries}));
+                                      acc, {qp.caps().max_inline_data, s.max_entries}, s.to_dv));
       s.length = l.total_length();
       s.access = acc;
       s.configured = s.mk.live();
@@ -617,6 +619,7 @@ private:
       return 0;
     }
   };
+  friend struct detail::test_access;
   IndirectKey(detail::ikey_state *s, const ProtectionDomain &pd) noexcept
       : h_(s, detail::handle_access::node(pd), nullptr) {}
   [[nodiscard]] detail::ikey_state &st() const noexcept { return *h_.get(); }

@@ -48,6 +48,7 @@
 #include "access.hpp"
 #include "completion_queue.hpp"
 #include "detail/handle.hpp"
+#include "detail/mw_log.hpp"
 #include "device.hpp"
 #include "error.hpp"
 #include "memory_region.hpp"
@@ -150,13 +151,6 @@ struct mw_binding {
   child_link mr_link;
   child_link qp_link;
 };
-// One posted, unconfirmed operation and the binding before it.
-struct mw_pending {
-  std::uint64_t wr_id = 0;
-  std::uint32_t qp_num = 0;
-  ibv_wc_opcode opcode = IBV_WC_BIND_MW; // what a successful completion of it reports
-  mw_binding before;
-};
 } // namespace detail
 
 /// A memory window (ibv_alloc_mw(3)): grants a peer remote access to a range of a MemoryRegion and
@@ -177,8 +171,7 @@ public:
       h_.reset();
       forget();
       cur_ = std::move(o.cur_);
-      for (std::size_t i = 0; i < o.npending_; ++i) pending_[i] = std::move(o.pending_[i]);
-      npending_ = o.npending_;
+      log_ = std::move(o.log_);
       type_ = o.type_;
       h_ = std::move(o.h_);
       o.forget();
@@ -213,7 +206,7 @@ public:
   /// The current key (the one a bound window's peers use).
   [[nodiscard]] std::uint32_t rkey() const noexcept { return cur_.rkey; }
   /// Posted operations whose completion was not handed to complete() yet.
-  [[nodiscard]] std::size_t pending() const noexcept { return npending_; }
+  [[nodiscard]] std::size_t pending() const noexcept { return log_.size(); }
   /// The grant as the peer must use it (meaningful while bound).
   [[nodiscard]] remote_descriptor descriptor() const noexcept {
     const bool zb = cur_.rights.any(access::zero_based);
@@ -391,33 +384,21 @@ public:
   /// completion carries no reliable opcode, so only wr_id and QP identify it); the convenience
   /// forms use window_wr_id by default. Inline, allocation-free.
   bool complete(const ibv_wc &wc) noexcept {
-    if (type_ == mw_type::type2 && cur_.state == mw_state::bound &&
-        invalidated_rkey(wc, cur_.rkey) == cur_.rkey) {
-      confirm(npending_);
-      set_unbound(mw_state::invalidated, cur_.rkey);
-      return true;
+    const bool peer_invalidated = type_ == mw_type::type2 && cur_.state == mw_state::bound &&
+                                  invalidated_rkey(wc, cur_.rkey) == cur_.rkey;
+    switch (log_.complete(wc, peer_invalidated, cur_, h_)) {
+    case detail::mw_outcome::ignored: return false;
+    case detail::mw_outcome::confirmed: return true;
+    case detail::mw_outcome::rolled_back: restore_key(); return true;
+    case detail::mw_outcome::invalidated: set_unbound(mw_state::invalidated, cur_.rkey); return true;
     }
-    if (npending_ == 0) return false;
-    if (wc.status == IBV_WC_SUCCESS) {
-      for (std::size_t i = npending_; i-- > 0;) // newest match: confirms it and all before it
-        if (matches(pending_[i], wc) && wc.opcode == pending_[i].opcode) {
-          confirm(i + 1);
-          return true;
-        }
-      return false;
-    }
-    for (std::size_t i = 0; i < npending_; ++i) // oldest match: undo it and all after it
-      if (matches(pending_[i], wc)) {
-        rollback(i);
-        return true;
-      }
     return false;
   }
 
   /// Undo every unconfirmed operation (restore the state before the oldest one). For a batch
   /// that was dropped or whose submit() failed: nothing of it reached the device.
   void cancel_pending() noexcept {
-    if (npending_ != 0) rollback(0);
+    if (log_.cancel(cur_, h_)) restore_key();
   }
 
 private:
@@ -443,9 +424,9 @@ private:
   }
 
   [[nodiscard]] std::error_code check_pending(const QueuePair &qp) const noexcept {
-    if (npending_ == max_pending) return make_error_code(errc::too_many_pending);
+    if (log_.full()) return make_error_code(errc::too_many_pending);
     // Operations of one window in flight on two QPs could execute out of order.
-    if (npending_ != 0 && pending_[0].qp_num != qp.qp_num()) return make_error_code(errc::wrong_state);
+    if (!log_.empty() && log_[0].qp_num != qp.qp_num()) return make_error_code(errc::wrong_state);
     return {};
   }
 
@@ -481,14 +462,7 @@ private:
 
   // Record a posted operation: the current binding (with its counted MR/QP) moves into the log.
   void push(std::uint64_t wr_id, const QueuePair &qp, ibv_wc_opcode op = IBV_WC_BIND_MW) noexcept {
-    detail::mw_pending &p = pending_[npending_++];
-    p.wr_id = wr_id;
-    p.qp_num = qp.qp_num();
-    p.opcode = op;
-    p.before = std::move(cur_);
-    p.before.mr_link = h_.take_link<detail::parent_slot::second>();
-    p.before.qp_link = h_.take_link<detail::parent_slot::third>();
-    cur_ = detail::mw_binding{};
+    log_.push(wr_id, qp.qp_num(), op, cur_, h_);
   }
   void set_bound(const QueuePair &qp, const MemoryRegion &mr, window_range r, access_flags rights,
                  std::uint32_t key) noexcept {
@@ -510,28 +484,12 @@ private:
     cur_.state = s;
     cur_.rkey = key;
   }
-  [[nodiscard]] static bool matches(const detail::mw_pending &p, const ibv_wc &wc) noexcept {
-    return p.wr_id == wc.wr_id && p.qp_num == wc.qp_num;
-  }
-  // Drop the first n entries (their operations are done): releases what they kept counted.
-  void confirm(std::size_t n) noexcept {
-    std::size_t k = 0;
-    for (std::size_t i = n; i < npending_; ++i) pending_[k++] = std::move(pending_[i]);
-    for (std::size_t i = k; i < npending_; ++i) pending_[i] = detail::mw_pending{};
-    npending_ = k;
-  }
-  // Entry i and all after it did not happen: back to the binding before entry i.
-  void rollback(std::size_t i) noexcept {
-    cur_ = std::move(pending_[i].before);
-    h_.set_link<detail::parent_slot::second>(std::move(cur_.mr_link));
-    h_.set_link<detail::parent_slot::third>(std::move(cur_.qp_link));
-    if (h_) h_.get()->rkey = cur_.rkey; // the kernel still holds the old key
-    for (std::size_t j = i; j < npending_; ++j) pending_[j] = detail::mw_pending{};
-    npending_ = i;
+  // After a rollback: the kernel still holds the restored binding's key.
+  void restore_key() noexcept {
+    if (h_) h_.get()->rkey = cur_.rkey;
   }
   void forget() noexcept {
-    for (std::size_t j = 0; j < npending_; ++j) pending_[j] = detail::mw_pending{};
-    npending_ = 0;
+    log_.clear();
     cur_ = detail::mw_binding{};
     unlink();
   }
@@ -558,8 +516,7 @@ private:
   friend class GrantPool;
   // Declaration order: h_ last, so the window is deallocated before the MR/QP counts drop.
   detail::mw_binding cur_;
-  detail::mw_pending pending_[max_pending];
-  std::size_t npending_ = 0;
+  detail::mw_log<detail::mw_binding, max_pending> log_; // the unconfirmed operations
   mw_type type_ = mw_type::type1;
   detail::handle<traits> h_;
 };

@@ -62,6 +62,7 @@ private:
     static int destroy(native *p) noexcept { return ::ibv_dealloc_pd(p); }
   };
   friend struct detail::handle_access; // children register with this object's node
+  friend struct detail::test_access;
   detail::handle<traits> h_;
 };
 

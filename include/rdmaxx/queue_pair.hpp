@@ -830,6 +830,7 @@ private:
   friend class IndirectKey;
   friend struct detail::handle_access; // children register with this object's node
   friend struct mlx5::qp_factory;
+  friend struct detail::test_access;
   detail::handle<traits> h_; // parents: PD, send CQ, receive CQ
   detail::moved_ptr<ibv_qp_ex> qpx_;
   qp_caps caps_{};

@@ -48,6 +48,7 @@ struct recorder {
   recorder();
 };
 recorder *current = nullptr;
+int wr_complete_rc = 0; // what the recorder's ibv_wr_complete answers
 
 call &record(const char *name) {
   call c;
@@ -91,6 +92,20 @@ recorder::recorder() {
     record("local_inv").key = k;
   };
   qpx.wr_rdma_write = [](ibv_qp_ex *, uint32_t, uint64_t) { record("rdma_write"); };
+  // the batch verbs, for the IndirectKey wrappers (SendBatch: ibv_wr_start, _complete, _abort)
+  qpx.wr_start = [](ibv_qp_ex *q) {
+    REQUIRE(q == &current->qpx);
+    record("wr_start");
+  };
+  qpx.wr_complete = [](ibv_qp_ex *q) {
+    REQUIRE(q == &current->qpx);
+    record("wr_complete");
+    return wr_complete_rc;
+  };
+  qpx.wr_abort = [](ibv_qp_ex *q) {
+    REQUIRE(q == &current->qpx);
+    record("wr_abort");
+  };
 }
 
 constexpr access_flags rw = access::local_write | access::remote_read | access::remote_write;
@@ -587,6 +602,402 @@ TEST_CASE("mlx5 contract: Context::open falls back to ibv_open_device when DEVX 
   CHECK(context_options{}.mlx5_devx);
   CHECK(probe_options{}.mlx5_umr);
   CHECK_FALSE(mlx5::probe_umr(nullptr));
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// The IndirectKey wrappers on the mlx5 path. The seam: detail::test_access (declared in
+// queue_pair.hpp, defined only here) builds a QueuePair over a recorder's ibv_qp_ex and an
+// mlx5 IndirectKey over a stand-in mkey, with the recorder's mlx5dv_qp_ex as the key's
+// to_dv conversion; SendBatch then drives the recorder's wr_start / wr_complete / wr_abort.
+
+namespace rdmaxx::detail {
+struct test_access {
+  // No node and no parents: nothing here can become the stand-in QP's child.
+  static QueuePair qp(ibv_qp_ex &q, qp_caps caps, std::uint64_t mlx5_ops) {
+    QueuePair r;
+    r.h_ = decltype(r.h_)(&q.qp_base, nullptr, nullptr);
+    r.qpx_.reset(&q);
+    r.caps_ = caps;
+    r.mlx5_send_ops_ = mlx5_ops;
+    return r;
+  }
+  // The stand-in is not the provider's: never reaches ibv_destroy_qp.
+  static void disown(QueuePair &q) {
+    q.h_.replace(nullptr);
+    q.qpx_.release();
+  }
+  static IndirectKey mlx5_key(mlx5dv_mkey *mkey, ibv_pd *pd, std::uint32_t max_entries,
+                              mlx5::to_dv_qp to_dv) {
+    auto *st = new ikey_state;
+    st->backend = umr_backend::mlx5;
+    st->pd = pd;
+    st->max_entries = max_entries;
+    st->mkey = mkey;
+    st->mk.mkey = mkey;
+    st->to_dv = to_dv;
+    return IndirectKey(st, ProtectionDomain{});
+  }
+  static const mlx5::key_state &mk(const IndirectKey &k) { return k.st().mk; }
+  // Never mlx5dv_destroy_mkey on the stand-in mkey.
+  static void disown(IndirectKey &k) {
+    if (k) k.st().mkey = nullptr;
+  }
+  // A PD and a CQ over stand-ins (no node: a QP made on them registers with nothing).
+  static ProtectionDomain pd(ibv_pd &p) {
+    ProtectionDomain r;
+    r.h_ = decltype(r.h_)(&p, nullptr, nullptr);
+    return r;
+  }
+  static void disown(ProtectionDomain &p) { p.h_.replace(nullptr); }
+  static CompletionQueue cq(ibv_cq &c) {
+    CompletionQueue r;
+    r.h_ = decltype(r.h_)(&c, nullptr, nullptr);
+    return r;
+  }
+  static void disown(CompletionQueue &c) { c.h_.replace(nullptr); }
+  // A QueuePair made by a stand-in verb: its node is freed, ibv_destroy_qp never called.
+  static void disown_created(QueuePair &q) {
+    (void)q.h_.release();
+    q.qpx_.release();
+  }
+};
+} // namespace rdmaxx::detail
+
+namespace {
+using detail::test_access;
+
+ibv_pd *const pd2 = reinterpret_cast<ibv_pd *>(0x2000);
+constexpr std::uint32_t umr_qpn = 0x44;
+
+// A recorder-backed UMR QP (connected: RTS) and an mlx5 key of 32 entries on pd1.
+struct mlx5_rig {
+  recorder rec;
+  mlx5dv_mkey mkey{0x7700, 0x7701};
+  QueuePair qp;
+  IndirectKey key;
+  explicit mlx5_rig(qp_caps caps = {.max_inline_data = 512}, std::uint64_t ops = mlx5::umr_send_ops) {
+    rec.qpx.qp_base.qp_num = umr_qpn;
+    rec.qpx.qp_base.pd = pd1;
+    rec.qpx.qp_base.state = IBV_QPS_RTS;
+    qp = test_access::qp(rec.qpx, caps, ops);
+    key = test_access::mlx5_key(&mkey, pd1, 32, to_dv_recorder);
+    to_dv_calls = 0;
+    wr_complete_rc = 0;
+  }
+  ~mlx5_rig() {
+    test_access::disown(key);
+    test_access::disown(qp);
+    wr_complete_rc = 0;
+  }
+  [[nodiscard]] std::vector<std::string> names() const {
+    std::vector<std::string> v;
+    for (const call &c : rec.calls) v.push_back(c.name);
+    return v;
+  }
+  [[nodiscard]] mlx5::key_phase phase() const { return test_access::mk(key).phase; }
+};
+using names = std::vector<std::string>;
+const names configure_calls = {"mkey_configure", "set_mkey_access_flags", "set_mkey_layout_list"};
+names with(names a, const names &b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+} // namespace
+
+TEST_CASE("mlx5 contract: IndirectKey::configure checks everything before any mlx5dv call", "[unit][mlx5][ikey]") {
+  const layout one = layout::list({{mr(0x10000, 4096, 7), 0, 64}});
+  layout five;
+  for (int i = 0; i < 5; ++i) five.add(layout_entry{mr(0x10000, 4096, 7), std::uint64_t(i), 1});
+  const layout over_2g = layout::list({{mr(0x100000000, std::uint64_t(1) << 33, 7), 0, std::uint64_t(1) << 31}});
+  struct row {
+    const char *what;
+    qp_caps caps;
+    std::uint64_t ops;
+    ibv_pd *qp_pd;
+    const layout *l;
+    access_flags acc;
+    errc expect;
+  };
+  const row rows[] = {
+      {"QP on another PD", {.max_inline_data = 512}, mlx5::umr_send_ops, pd2, &one, rw, errc::pd_mismatch},
+      {"QP without the UMR send ops", {.max_inline_data = 512}, 0, pd1, &one, rw, errc::not_umr_qp},
+      {"QP with other mlx5 ops only", {.max_inline_data = 512}, MLX5DV_QP_EX_WITH_RAW_WQE, pd1, &one, rw,
+       errc::not_umr_qp},
+      // the limit is the QP's granted max_inline_data (caps()): 60 bytes hold 4 list entries
+      {"5 entries, 60 inline bytes granted", {.max_inline_data = 60}, mlx5::umr_send_ops, pd1, &five, rw,
+       errc::too_many_entries},
+      {"a list entry of 2 GiB", {.max_inline_data = 512}, mlx5::umr_send_ops, pd1, &over_2g, rw,
+       errc::provider_limit},
+      {"mw_bind is no mkey right", {.max_inline_data = 512}, mlx5::umr_send_ops, pd1, &one,
+       rw | access::mw_bind, errc::unknown_access_flag},
+  };
+  for (const row &r : rows) {
+    INFO(r.what);
+    mlx5_rig g(r.caps, r.ops);
+    g.rec.qpx.qp_base.pd = r.qp_pd;
+    auto batch = g.qp.start_send();
+    auto res = g.key.configure(g.qp, batch, *r.l, r.acc, {5, send_flag::signaled});
+    REQUIRE_FALSE(res.has_value());
+    INFO(res.error().message());
+    const bool layout_code = res.error().category() == layout_category();
+    CHECK((layout_code ? layout_errc(res.error()) : errc(res.error().value())) == r.expect);
+    CHECK(g.names() == names{"wr_start"}); // the batch opened, nothing added to it
+    CHECK(to_dv_calls == (r.expect == errc::not_umr_qp || r.expect == errc::pd_mismatch ? 0 : 1));
+    CHECK(g.phase() == mlx5::key_phase::idle);
+    CHECK_FALSE(g.key.configured());
+    CHECK_FALSE(g.key.pending());
+  }
+  SECTION("null key, null QP, a batch not open or of another QP") {
+    mlx5_rig g;
+    auto batch = g.qp.start_send();
+    IndirectKey none;
+    CHECK(none.configure(g.qp, batch, one, rw).error() == errc::null_handle);
+    QueuePair no_qp;
+    CHECK(g.key.configure(no_qp, batch, one, rw).error() == errc::null_handle);
+    auto closed = no_qp.start_send(); // a batch of no QP: never the key's QP's
+    CHECK(g.key.configure(g.qp, closed, one, rw).error() == errc::qp_mismatch);
+    ibv_qp_ex other{};
+    other.qp_base.pd = pd1;
+    other.qp_base.qp_num = 0x45;
+    other.wr_start = [](ibv_qp_ex *) {};
+    other.wr_abort = [](ibv_qp_ex *) {};
+    QueuePair other_qp = test_access::qp(other, {.max_inline_data = 512}, mlx5::umr_send_ops);
+    auto other_batch = other_qp.start_send();
+    CHECK(g.key.configure(g.qp, other_batch, one, rw).error() == errc::qp_mismatch);
+    REQUIRE(batch.submit().has_value());
+    CHECK(g.key.configure(g.qp, batch, one, rw).error() == errc::wrong_state); // submitted
+    CHECK(g.names() == (names{"wr_start", "wr_complete"})); // the other batches are not its QP's
+    CHECK(to_dv_calls == 0);
+    CHECK(g.phase() == mlx5::key_phase::idle);
+    (void)other_batch.submit(); // before RTS: aborted, not completed
+    test_access::disown(other_qp);
+  }
+}
+
+TEST_CASE("mlx5 contract: IndirectKey posts the configure, then follows its completion", "[unit][mlx5][ikey]") {
+  mlx5_rig g;
+  const layout l = layout::list({{mr(0x10000, 4096, 7), 8, 100}, {mr(0x20000, 4096, 9), 0, 28}});
+  CHECK(g.key.backend() == umr_backend::mlx5);
+  CHECK(g.key.limits(g.qp).max_entries == 32);
+  auto batch = g.qp.start_send();
+  REQUIRE(g.key.configure(g.qp, batch, l, rw, {0x51, send_flag::signaled}).has_value());
+  REQUIRE(g.names() == with({"wr_start"}, configure_calls));
+  const call &c = g.rec.calls[1];
+  CHECK(c.mkey == &g.mkey);
+  CHECK(c.wr_id == 0x51);
+  CHECK(c.wr_flags == (IBV_SEND_SIGNALED | IBV_SEND_INLINE));
+  CHECK(g.rec.calls[2].access == unsigned(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE));
+  REQUIRE(g.rec.calls[3].sges.size() == 2);
+  CHECK((g.rec.calls[3].sges[0].addr == 0x10008 && g.rec.calls[3].sges[0].length == 100 &&
+         g.rec.calls[3].sges[0].lkey == 7));
+  CHECK((g.rec.calls[3].sges[1].addr == 0x20000 && g.rec.calls[3].sges[1].length == 28 &&
+         g.rec.calls[3].sges[1].lkey == 9));
+  CHECK(to_dv_calls == 1);
+  // queued, not confirmed: live for local use, no descriptor for a peer yet
+  CHECK(g.phase() == mlx5::key_phase::configuring);
+  CHECK(g.key.pending());
+  CHECK(g.key.configured());
+  CHECK(g.key.length() == 128);
+  CHECK(g.key.lkey() == 0x7700);
+  CHECK(g.key.rkey() == 0x7701);
+  CHECK(g.key.descriptor().error() == errc::wrong_state);
+  ibv_sge sge[1];
+  CHECK(g.key.sges(0, 128, sge).value() == 1u);
+  // a second operation while one is unconfirmed: busy, before already_bound, nothing added
+  CHECK(g.key.configure(g.qp, batch, l, rw).error() == errc::busy);
+  CHECK(g.key.invalidate(batch).error() == errc::busy);
+  REQUIRE(batch.submit().has_value());
+  CHECK(g.names() == with(with({"wr_start"}, configure_calls), {"wr_complete"}));
+
+  // completions of another QP, a receive, another WR's failure: ignored
+  CHECK_FALSE(g.key.complete(wc_of(0x51, 0x99)));
+  CHECK_FALSE(g.key.complete(wc_of(0x51, umr_qpn, IBV_WC_SUCCESS, IBV_WC_RECV)));
+  CHECK_FALSE(g.key.complete(wc_of(0x52, umr_qpn, IBV_WC_REM_ACCESS_ERR)));
+  CHECK(g.key.pending());
+  CHECK(g.key.complete(wc_of(0x51, umr_qpn))); // MLX5DV_WC_UMR
+  CHECK(g.phase() == mlx5::key_phase::configured);
+  CHECK_FALSE(g.key.pending());
+  CHECK(g.key.configured());
+  auto d = g.key.descriptor();
+  REQUIRE(d.has_value());
+  REQUIRE(d.value().segments().size() == 1);
+  CHECK(d.value().segments()[0].rkey == 0x7701);
+  CHECK(d.value().segments()[0].length == 128);
+  CHECK(d.value().length() == 128);
+
+  // configured: another configure is refused before the QP is looked at
+  g.rec.calls.clear();
+  auto b2 = g.qp.start_send();
+  CHECK(g.key.configure(g.qp, b2, l, rw).error() == errc::already_bound);
+  CHECK(g.names() == names{"wr_start"});
+
+  // the invalidate: a local invalidate of the mkey's lkey; live until its completion
+  REQUIRE(g.key.invalidate(b2, {0x61, send_flag::signaled}).has_value());
+  REQUIRE(g.names() == (names{"wr_start", "local_inv"}));
+  CHECK(g.rec.calls[1].key == 0x7700);
+  CHECK(g.rec.calls[1].wr_id == 0x61);
+  CHECK(g.rec.calls[1].wr_flags == unsigned(IBV_SEND_SIGNALED));
+  CHECK(g.phase() == mlx5::key_phase::invalidating);
+  CHECK(g.key.configured()); // it may still work
+  CHECK(g.key.descriptor().error() == errc::wrong_state);
+  CHECK(g.key.sges(0, 1, sge).error() == errc::wrong_state);
+  REQUIRE(b2.submit().has_value());
+  CHECK(g.key.complete(wc_of(0x61, umr_qpn, IBV_WC_LOC_PROT_ERR))); // failed: still configured
+  CHECK(g.phase() == mlx5::key_phase::configured);
+  CHECK(g.key.configured());
+  CHECK_FALSE(g.key.pending());
+  auto b3 = g.qp.start_send();
+  REQUIRE(g.key.invalidate(b3, {0x62}).has_value()); // unsignaled
+  REQUIRE(b3.submit().has_value());
+  CHECK(g.key.complete(wc_of(0x63, umr_qpn, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE))); // a later WR
+  CHECK(g.phase() == mlx5::key_phase::idle);
+  CHECK_FALSE(g.key.configured());
+  CHECK(g.key.length() == 0);
+  auto b4 = g.qp.start_send();
+  CHECK(g.key.invalidate(b4).error() == errc::not_bound);
+  CHECK(g.key.invalidate().error() == errc::wrong_type); // the software form
+}
+
+TEST_CASE("mlx5 contract: IndirectKey rolls back on a failed, flushed or dropped configure", "[unit][mlx5][ikey]") {
+  const layout l = layout::list({{mr(0x10000, 4096, 7), 0, 64}});
+  SECTION("completed in error, then flushed") {
+    mlx5_rig g;
+    REQUIRE(g.key.configure(g.qp, l, rw, {0x71, send_flag::signaled}).has_value());
+    CHECK(g.names() == with(with({"wr_start"}, configure_calls), {"wr_complete"}));
+    CHECK(g.key.complete(wc_of(0x71, umr_qpn, IBV_WC_MW_BIND_ERR)));
+    CHECK(g.phase() == mlx5::key_phase::idle);
+    CHECK_FALSE(g.key.configured());
+    CHECK(g.key.length() == 0);
+    REQUIRE(g.key.configure(g.qp, l, rw, {0x72, send_flag::signaled}).has_value());
+    CHECK(g.key.complete(wc_of(0x72, umr_qpn, IBV_WC_WR_FLUSH_ERR)));
+    CHECK_FALSE(g.key.configured());
+    CHECK_FALSE(g.key.complete(wc_of(0x72, umr_qpn, IBV_WC_WR_FLUSH_ERR))); // nothing pending
+  }
+  SECTION("the posting form's submit fails: cancelled, the error returned") {
+    mlx5_rig g;
+    wr_complete_rc = ENOMEM; // send queue full
+    auto r = g.key.configure(g.qp, l, rw, {0x73, send_flag::signaled});
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error() == std::errc::not_enough_memory);
+    CHECK(g.names() == with(with({"wr_start"}, configure_calls), {"wr_complete"}));
+    CHECK(g.phase() == mlx5::key_phase::idle);
+    CHECK_FALSE(g.key.pending());
+    CHECK_FALSE(g.key.configured());
+  }
+  SECTION("the QP has not reached RTS: the batch is aborted, the key cancelled") {
+    mlx5_rig g;
+    g.rec.qpx.qp_base.state = IBV_QPS_RTR;
+    CHECK(g.key.configure(g.qp, l, rw).error() == errc::wrong_state);
+    CHECK(g.names() == with(with({"wr_start"}, configure_calls), {"wr_abort"}));
+    CHECK(g.phase() == mlx5::key_phase::idle);
+  }
+  SECTION("a dropped batch: cancel_pending") {
+    mlx5_rig g;
+    {
+      auto batch = g.qp.start_send();
+      REQUIRE(g.key.configure(g.qp, batch, l, rw).has_value());
+      CHECK(g.key.pending());
+    } // aborted
+    CHECK(g.names() == with(with({"wr_start"}, configure_calls), {"wr_abort"}));
+    g.key.cancel_pending();
+    CHECK(g.phase() == mlx5::key_phase::idle);
+    CHECK_FALSE(g.key.configured());
+    g.key.cancel_pending(); // nothing pending: no effect
+    CHECK(g.phase() == mlx5::key_phase::idle);
+  }
+  SECTION("the posting invalidate's submit fails: still configured") {
+    mlx5_rig g;
+    REQUIRE(g.key.configure(g.qp, l, rw, {0x74, send_flag::signaled}).has_value());
+    REQUIRE(g.key.complete(wc_of(0x74, umr_qpn)));
+    g.rec.calls.clear();
+    wr_complete_rc = EINVAL;
+    CHECK(g.key.invalidate(g.qp, {0x75, send_flag::signaled}).error() == std::errc::invalid_argument);
+    CHECK(g.names() == (names{"wr_start", "local_inv", "wr_complete"}));
+    CHECK(g.phase() == mlx5::key_phase::configured);
+    CHECK(g.key.configured());
+    CHECK(g.key.descriptor().has_value());
+    wr_complete_rc = 0;
+    REQUIRE(g.key.invalidate(g.qp, {0x76, send_flag::signaled}).has_value());
+    CHECK(g.key.complete(wc_of(0x76, umr_qpn)));
+    CHECK_FALSE(g.key.configured());
+  }
+}
+
+
+namespace {
+// mlx5dv_create_qp as the provider behaves (rdma-core v44.0, verbs.c:1667-1669): it writes the
+// granted caps back into the attributes, the inline size rounded up to what the WQE holds.
+int verb_calls = 0;
+ibv_qp_init_attr_ex verb_attr{};
+mlx5dv_qp_init_attr verb_dv{};
+std::uint32_t granted_inline = 0;
+struct standin_qp {
+  ibv_qp_ex qpx{};
+  unsigned char verbs_qp_tail[256]{}; // verbs_qp's comp_mask reads 0: ibv_qp_to_qp_ex gives NULL
+} made_qp;
+ibv_qp *granting_verb(ibv_context *c, ibv_qp_init_attr_ex *a, mlx5dv_qp_init_attr *dv) {
+  ++verb_calls;
+  verb_attr = *a;
+  verb_dv = *dv;
+  a->cap.max_inline_data = granted_inline;
+  a->cap.max_send_wr = 128; // rounded up too
+  made_qp.qpx.qp_base.context = c;
+  made_qp.qpx.qp_base.pd = a->pd;
+  made_qp.qpx.qp_base.qp_num = 0x66;
+  return &made_qp.qpx.qp_base;
+}
+ibv_qp *refusing_verb(ibv_context *, ibv_qp_init_attr_ex *, mlx5dv_qp_init_attr *) {
+  ++verb_calls;
+  errno = EINVAL;
+  return nullptr;
+}
+} // namespace
+
+TEST_CASE("mlx5 contract: create_umr_qp keeps the inline size the provider granted", "[unit][mlx5][ikey]") {
+  ibv_pd raw_pd{};
+  ibv_cq raw_cq{};
+  ProtectionDomain pd = test_access::pd(raw_pd);
+  CompletionQueue cq = test_access::cq(raw_cq);
+  verb_calls = 0;
+  granted_inline = 124; // asked 60: 4 list entries; granted 124: 8
+  auto r = mlx5::qp_factory::create_with(pd, cq, cq, {.max_send_wr = 100, .max_inline_data = 60},
+                                         send_op::rdma_write, granting_verb);
+  REQUIRE(r.has_value());
+  QueuePair qp = std::move(r.value());
+  CHECK(verb_calls == 1);
+  // what the verb was given: the request, the UMR attributes
+  CHECK(verb_attr.cap.max_inline_data == 60);
+  CHECK(verb_attr.cap.max_send_wr == 100);
+  CHECK(verb_attr.pd == &raw_pd);
+  CHECK(verb_attr.send_ops_flags == (IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_LOCAL_INV));
+  CHECK(verb_dv.comp_mask == mlx5::umr_dv_attr().comp_mask);
+  CHECK(verb_dv.create_flags == mlx5::umr_dv_attr().create_flags);
+  CHECK(verb_dv.send_ops_flags == mlx5::umr_send_ops);
+  // what the QueuePair keeps: the grant, not the request
+  CHECK(qp.caps().max_inline_data == 124);
+  CHECK(qp.caps().max_send_wr == 128);
+  CHECK(qp.mlx5_send_ops() == mlx5::umr_send_ops);
+  CHECK(qp.qp_num() == 0x66);
+  // and the key's limits through that QP follow the grant: (124 + 4) / 16 = 8 list entries
+  mlx5dv_mkey mkey{1, 1};
+  IndirectKey key = test_access::mlx5_key(&mkey, &raw_pd, 32, to_dv_recorder);
+  CHECK(key.limits(qp).max_entries == 8);
+  CHECK(key.limits(qp).max_repeat_entries == 7);
+  test_access::disown(key);
+  test_access::disown_created(qp);
+
+  // a refused creation: the verb's errno, nothing kept
+  auto bad = mlx5::qp_factory::create_with(pd, cq, cq, {}, all_send_ops, refusing_verb);
+  REQUIRE_FALSE(bad.has_value());
+  CHECK(bad.error() == std::errc::invalid_argument);
+  CHECK(verb_calls == 2);
+  // null handles are refused before any verb
+  CHECK(mlx5::create_umr_qp(ProtectionDomain{}, cq, cq).error() == errc::null_handle);
+  CHECK(mlx5::create_umr_qp(pd, CompletionQueue{}, cq).error() == errc::null_handle);
+  CHECK(verb_calls == 2);
+  test_access::disown(pd);
+  test_access::disown(cq);
 }
 
 #endif // RDMAXX_HAVE_MLX5

@@ -23,6 +23,10 @@
 
 namespace rdmaxx::detail {
 
+// Declared, never defined by the library: a contract test defines it to build handles over
+// stand-in C objects (no device) whose calls it records; the handle classes it needs befriend it.
+struct test_access;
+
 /// A pointer that becomes null when moved from, so that handles can default their moves.
 template <class T>
 class moved_ptr {
@@ -187,6 +191,14 @@ public:
   }
   /// Replace the owned object without destroying the old one (the caller destroyed it).
   void replace(native *p) noexcept { p_.reset(p); }
+  /// Give the object up without destroying it (the caller owns it now): its parents' counts and
+  /// its own children counter are released. Only for an object without live children.
+  [[nodiscard]] native *release() noexcept {
+    native *p = p_.release();
+    delete node_.release();
+    drop_links();
+    return p;
+  }
 
   /// Destroy now and report the outcome (the destructor does the same and reports through the
   /// destroy-failure hook). On failure the handle keeps the object and its parents.

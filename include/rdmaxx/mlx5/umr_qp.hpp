@@ -67,6 +67,9 @@ inline constexpr std::uint64_t umr_send_ops =
 /// Default queue sizes of a UMR QP: max_inline_data 512 (32 inline list entries, as pyverbs).
 inline constexpr qp_caps umr_default_caps = {.max_inline_data = 512};
 
+/// The signature of mlx5dv_create_qp(3).
+using create_qp_verb = ibv_qp *(*)(ibv_context *, ibv_qp_init_attr_ex *, mlx5dv_qp_init_attr *);
+
 /// Builds UMR QPs through QueuePair's private construction path.
 struct qp_factory {
   /// See create_umr_qp().
@@ -75,10 +78,18 @@ struct qp_factory {
                                                 send_ops ops) noexcept {
     if (!pd || !send_cq || !recv_cq) return make_error_code(errc::null_handle);
     if (!::mlx5dv_is_supported(pd.context()->device)) return make_error_code(errc::unsupported);
+    return create_with(pd, send_cq, recv_cq, caps, ops, &::mlx5dv_create_qp);
+  }
+  /// create() past its device check, through `verb` (mlx5dv_create_qp; contract tests hand one
+  /// that records what it is given and writes back caps as the provider does). The QueuePair
+  /// records the caps `verb` left in the attributes: what the provider granted.
+  [[nodiscard]] static result<QueuePair> create_with(const ProtectionDomain &pd, const CompletionQueue &send_cq,
+                                                     const CompletionQueue &recv_cq, qp_caps caps,
+                                                     send_ops ops, create_qp_verb verb) noexcept {
     mlx5dv_qp_init_attr dv = umr_dv_attr();
     return QueuePair::create_with(pd, send_cq, recv_cq, caps, umr_verbs_ops(ops), dv.send_ops_flags,
-                                  [&dv](ibv_context *c, ibv_qp_init_attr_ex &a) noexcept {
-                                    return ::mlx5dv_create_qp(c, &a, &dv);
+                                  [&dv, verb](ibv_context *c, ibv_qp_init_attr_ex &a) noexcept {
+                                    return verb(c, &a, &dv);
                                   });
   }
 };
