@@ -23,6 +23,9 @@
 /// (or that of a later operation of the window) is handed to complete(): a failed one rolls state,
 /// key and parent counts back to what they were before it. Unconfirmed operations keep the MR and
 /// QP they used counted, so those cannot be destroyed under an operation still in flight.
+/// An operation added to a SendBatch that is then dropped, or whose submit() fails, is rolled
+/// back by the batch itself (SendBatch keeps an undo per window operation; cancel_pending() is
+/// not needed for that).
 ///
 /// Revoking for good: dealloc() (synchronous: ibv_dealloc_mw unbinds and frees). Prefer it to
 /// invalidate() when the peer keeps the old key: a peer's send-with-invalidate of a type-2 window
@@ -33,6 +36,9 @@
 /// close on rxe (both paths reach the same kernel bug); dealloc() has no such race.
 ///
 /// Not thread-safe: one thread at a time per window (like the QP it posts on).
+///
+/// A window with an operation in an open batch must stay alive, at its address, until that batch
+/// is submitted or dropped (the batch's undo points to it).
 ///
 /// Lifetime: a window borrows its ProtectionDomain; while bound it also counts as a child of its
 /// MemoryRegion and (type 2) of the QueuePair it was bound through. Keys: only the low 8 bits of a
@@ -155,6 +161,7 @@ struct mw_pending {
   std::uint64_t wr_id = 0;
   std::uint32_t qp_num = 0;
   ibv_wc_opcode opcode = IBV_WC_BIND_MW; // what a successful completion of it reports
+  std::uint32_t seq = 0; // names it for the undo of its batch (indexes shift on confirm)
   mw_binding before;
 };
 } // namespace detail
@@ -179,6 +186,7 @@ public:
       cur_ = std::move(o.cur_);
       for (std::size_t i = 0; i < o.npending_; ++i) pending_[i] = std::move(o.pending_[i]);
       npending_ = o.npending_;
+      seq_ = o.seq_;
       type_ = o.type_;
       h_ = std::move(o.h_);
       o.forget();
@@ -234,7 +242,8 @@ public:
   /// does not. Checks first (see check_window_bind), and refuses to rebind a bound type-2 window.
   /// Returns the descriptor for the peer; it is valid once the bind executes, so send it on the
   /// same QP or after the bind's completion. If the batch is then dropped or its submit() fails,
-  /// call cancel_pending(). Inline.
+  /// the batch rolls the window back (key, state, counted MR and QP): keep the window alive and
+  /// in place until then. Inline.
   /// \errors
   /// - errc::null_handle: a null window, QP or MR.
   /// - errc::qp_mismatch: a batch of another QP.
@@ -242,17 +251,18 @@ public:
   /// - the check_window_bind codes.
   /// - errc::already_bound: a bound type-2 window.
   /// - errc::wrong_state: unconfirmed operations on another QP, or the batch is not open.
-  /// - errc::too_many_pending: max_pending unconfirmed operations.
+  /// - errc::too_many_pending: max_pending unconfirmed operations, or the batch already carries
+  ///   SendBatch::max_undo window and key operations.
   /// \mallocs None.
   [[nodiscard]] result<remote_descriptor> bind(SendBatch &batch, QueuePair &qp, const MemoryRegion &mr,
                                                window_range r, access_flags rights, wr w = {}) noexcept {
     if (auto ec = check_bind(qp, mr, r, rights)) return ec;
-    if (auto ec = detail::check_batch_of(batch, qp)) return ec;
+    if (auto ec = check_batch(batch, qp)) return ec;
     const std::uint32_t key = ::ibv_inc_rkey(cur_.rkey);
     const ibv_mw_bind_info info{mr.native_handle(), mr.iova() + r.offset, r.length,
                                 static_cast<unsigned>(rights.native())};
     batch.bind_mw(w, h_.get(), key, info);
-    push(w.id, qp);
+    push(w.id, qp, batch);
     h_.get()->rkey = key; // what the kernel will hold once the bind executes
     set_bound(qp, mr, r, rights, key);
     return descriptor();
@@ -274,10 +284,7 @@ public:
       if (!qp) return make_error_code(errc::null_handle);
       auto batch = qp.start_send();
       RDMAXX_TRY(d, bind(batch, qp, mr, r, rights, w));
-      if (auto s = batch.submit(); !s) {
-        cancel_pending();
-        return s.error();
-      }
+      RDMAXX_TRYV(batch.submit()); // a failed submit rolled the bind back
       return d;
     }
     if (auto ec = check_bind(qp, mr, r, rights)) return ec;
@@ -317,19 +324,22 @@ public:
     set_unbound(mw_state::unbound, h_.get()->rkey);
     return success();
   }
-  /// Type 1: add an unbind to an open batch of `qp` (ibv_wr_bind_mw, bound MR, length 0).
+  /// Type 1: add an unbind to an open batch of `qp` (ibv_wr_bind_mw, bound MR, length 0). A
+  /// dropped batch or a failed submit() rolls it back (as for bind).
   /// \errors
   /// - those of unbind(QueuePair&).
   /// - errc::qp_mismatch: a batch of another QP.
   /// - errc::wrong_state: also when the batch is not open.
+  /// - errc::too_many_pending: also when the batch carries SendBatch::max_undo window and key
+  ///   operations.
   /// \mallocs None.
   result<void> unbind(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept {
     if (auto ec = check_unbind(qp)) return ec;
-    if (auto ec = detail::check_batch_of(batch, qp)) return ec;
+    if (auto ec = check_batch(batch, qp)) return ec;
     const std::uint32_t key = ::ibv_inc_rkey(cur_.rkey);
     const ibv_mw_bind_info info{cur_.mr, 0, 0, 0};
     batch.bind_mw(w, h_.get(), key, info);
-    push(w.id, qp);
+    push(w.id, qp, batch);
     h_.get()->rkey = key;
     set_unbound(mw_state::unbound, key);
     return success();
@@ -338,7 +348,8 @@ public:
   /// Type 2: add a local invalidate of the current key to an open batch (ibv_wr_local_inv) of the
   /// QP the window was bound through. Posted only when the window is bound: invalidating an
   /// unbound type-2 window panics rxe. A bind and its invalidate can share one batch and one
-  /// completion (signal only the invalidate).
+  /// completion (signal only the invalidate). A dropped batch or a failed submit() rolls it back
+  /// (as for bind).
   /// \errors
   /// - errc::null_handle: a null window or QP.
   /// - errc::wrong_type: type 1.
@@ -349,10 +360,10 @@ public:
   /// \mallocs None.
   result<void> invalidate(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept {
     if (auto ec = check_invalidate(qp)) return ec;
-    if (auto ec = detail::check_batch_of(batch, qp)) return ec;
+    if (auto ec = check_batch(batch, qp)) return ec;
     const std::uint32_t key = cur_.rkey;
     batch.local_inv(w, key);
-    push(w.id, qp, IBV_WC_LOCAL_INV);
+    push(w.id, qp, batch, IBV_WC_LOCAL_INV);
     set_unbound(mw_state::invalidated, key); // the key stays; the next bind advances it
     return success();
   }
@@ -366,11 +377,7 @@ public:
     if (auto ec = check_invalidate(qp)) return ec;
     auto batch = qp.start_send();
     RDMAXX_TRYV(invalidate(batch, qp, w));
-    if (auto s = batch.submit(); !s) {
-      cancel_pending();
-      return s.error();
-    }
-    return success();
+    return batch.submit(); // a failed submit rolled the invalidate back
   }
 
   /// ibv_dealloc_mw now: unbinds (if bound) and frees the window, synchronously; the old key is
@@ -420,8 +427,10 @@ public:
     return false;
   }
 
-  /// Undo every unconfirmed operation (restore the state before the oldest one). For a batch
-  /// that was dropped or whose submit() failed: nothing of it reached the device.
+  /// Undo every unconfirmed operation (restore the state before the oldest one), whatever batch
+  /// posted it. Not needed after a dropped batch or a failed submit(): the batch rolls back the
+  /// operations it carried itself (and only those). For a caller that knows none of the
+  /// unconfirmed operations will execute (e.g. its QP was reset before they ran).
   void cancel_pending() noexcept {
     if (npending_ != 0) rollback(0);
   }
@@ -485,12 +494,37 @@ private:
     return check_pending(qp);
   }
 
+  // check_batch_of, and room for the undo push() registers.
+  [[nodiscard]] static std::error_code check_batch(const SendBatch &batch, const QueuePair &qp) noexcept {
+    if (auto ec = detail::check_batch_of(batch, qp)) return ec;
+    if (batch.undo_.full()) return make_error_code(errc::too_many_pending);
+    return {};
+  }
+  // Record an operation added to `batch`: the current binding (with its counted MR/QP) moves into
+  // the log, and the batch gets an undo for it in case nothing of it is posted.
+  void push(std::uint64_t wr_id, const QueuePair &qp, SendBatch &batch,
+            ibv_wc_opcode op = IBV_WC_BIND_MW) noexcept {
+    push(wr_id, qp, op);
+    batch.undo_.add(&undo_op, this, pending_[npending_ - 1].seq);
+  }
+  // The batch's undo: roll back the operation named `seq` and any later one (all in that batch:
+  // one open batch per QP, and a window's unconfirmed operations share one QP). Gone already
+  // (confirmed, or the window deallocated or moved from): nothing to do.
+  static void undo_op(void *window, std::uint64_t seq) noexcept {
+    auto *self = static_cast<MemoryWindow *>(window);
+    for (std::size_t i = 0; i < self->npending_; ++i)
+      if (self->pending_[i].seq == seq) {
+        self->rollback(i);
+        return;
+      }
+  }
   // Record a posted operation: the current binding (with its counted MR/QP) moves into the log.
   void push(std::uint64_t wr_id, const QueuePair &qp, ibv_wc_opcode op = IBV_WC_BIND_MW) noexcept {
     detail::mw_pending &p = pending_[npending_++];
     p.wr_id = wr_id;
     p.qp_num = qp.qp_num();
     p.opcode = op;
+    p.seq = ++seq_;
     p.before = std::move(cur_);
     p.before.mr_link = h_.take_link<detail::parent_slot::second>();
     p.before.qp_link = h_.take_link<detail::parent_slot::third>();
@@ -552,6 +586,7 @@ private:
   detail::mw_binding cur_;
   detail::mw_pending pending_[max_pending];
   std::size_t npending_ = 0;
+  std::uint32_t seq_ = 0; // the last mw_pending::seq handed out
   mw_type type_ = mw_type::type1;
   detail::handle<traits> h_;
 };
