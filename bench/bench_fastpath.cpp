@@ -6,8 +6,12 @@
 // SendBatch / CompletionQueue::poll / QueuePair::post_recv.
 //
 // `bench_fastpath count raw|rdmaxx N` runs only the instruction-count bodies (for callgrind with
-// --toggle-collect=count_*): N rounds of {post 16 writes; wait until all completed; poll 16}, so
-// that every counted poll finds the same completions ready and the count is deterministic.
+// --toggle-collect=count_*): N rounds of {post 1 write, then 16 writes in one batch; each waited
+// for, then polled once}, so that every counted poll finds the same completions ready and the
+// count is deterministic.
+// `bench_fastpath count1 raw|rdmaxx N` counts one work request per batch: N rounds of {start,
+// one signalled 64 B write, submit; wait until it completed; poll 1}. Post and poll are separate
+// count_* functions, so callgrind_annotate splits the figure between them.
 #include "common.hpp"
 #include "harness.hpp"
 
@@ -66,6 +70,16 @@ constexpr std::uint32_t len = 64;
   }
   if (ibv_wr_complete(qpx)) std::abort();
 }
+// One signalled write per batch: what a latency-bound caller posts.
+[[gnu::noinline]] void count_raw_post1(ibv_qp_ex *qpx, ibv_sge sge, std::uint64_t raddr,
+                                       std::uint32_t rkey, std::uint64_t id) {
+  ibv_wr_start(qpx);
+  qpx->wr_id = id;
+  qpx->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_rdma_write(qpx, rkey, raddr);
+  ibv_wr_set_sge(qpx, sge.lkey, sge.addr, sge.length);
+  if (ibv_wr_complete(qpx)) std::abort();
+}
 // Both poll bodies hand back the count, or -1 when the provider reports an error: the check any
 // real caller of ibv_poll_cq makes.
 [[gnu::noinline]] int count_raw_poll(ibv_cq *cq, ibv_wc *wc, int n) {
@@ -119,6 +133,12 @@ constexpr std::uint32_t len = 64;
   auto batch = qp.start_send();
   for (int i = 0; i < k; ++i)
     batch.write({std::uint64_t(i), i == k - 1 ? send_flags(send_flag::signaled) : send_flags{}}, r, sge);
+  if (!batch.submit()) std::abort();
+}
+[[gnu::noinline]] void count_rdmaxx_post1(QueuePair &qp, const ibv_sge &sge, remote_addr r,
+                                          std::uint64_t id) {
+  auto batch = qp.start_send();
+  batch.write({id, send_flag::signaled}, r, sge);
   if (!batch.submit()) std::abort();
 }
 [[gnu::noinline]] int count_rdmaxx_poll(CompletionQueue &cq, std::span<ibv_wc> wc) {
@@ -179,6 +199,24 @@ int main(int argc, char **argv) {
       }
     }
     std::printf("counted %ld rounds of {1 write, 16 writes} (%s)\n", rounds, raw ? "raw" : "rdmaxx");
+    return 0;
+  }
+
+  if (argc == 4 && std::strcmp(argv[1], "count1") == 0) {
+    const bool raw = std::strcmp(argv[2], "raw") == 0;
+    const long rounds = std::atol(argv[3]);
+    ibv_wc wc[1];
+    for (long i = 0; i < rounds; ++i) {
+      if (raw) count_raw_post1(qpx, sge, dst.addr, dst.rkey, std::uint64_t(i));
+      else count_rdmaxx_post1(s.a, sge, dst, std::uint64_t(i));
+      settle();
+      const int got = raw ? count_raw_poll(cq, wc, 1) : count_rdmaxx_poll(s.cq_a, wc);
+      if (got != 1 || wc[0].status != IBV_WC_SUCCESS) {
+        std::fprintf(stderr, "count1: unexpected completion (%d)\n", got);
+        return 1;
+      }
+    }
+    std::printf("counted %ld rounds of {1 write per batch} (%s)\n", rounds, raw ? "raw" : "rdmaxx");
     return 0;
   }
 

@@ -118,9 +118,9 @@ enum class errc : int {
   /// 2 GiB or more in total on rdma-core before 61, an mlx5 layout entry over 2 GiB): split the
   /// request (several keys, shorter entries).
   provider_limit,
-  /// A window already has MemoryWindow::max_pending operations posted and not yet confirmed:
-  /// hand their completions to complete() (or, for a batch that was never posted,
-  /// cancel_pending()) before posting another.
+  /// A window already has MemoryWindow::max_pending operations posted and not yet confirmed
+  /// (hand their completions to complete() before posting another), or a SendBatch already
+  /// carries SendBatch::max_undo window and key operations (submit it and start another).
   too_many_pending,
   /// The request would hand a peer a key it could use to crash this host's kernel (a type-2
   /// window on a device with Capabilities::remote_inv_unbound_mw_panics): use the grant

@@ -411,8 +411,8 @@ public:
   /// Add the grant of `l`'s whole slot with `rights` to an open batch of `qp` (a window bind,
   /// unsignaled, with this pool's wr_id; MemoryWindow::bind's batch form). Add the request's
   /// send after it in the same batch with send_flag::fence, so that the peer cannot see the
-  /// request before the grant works. If the batch is then dropped or its submit() fails, call
-  /// cancel(l). Inline.
+  /// request before the grant works. If the batch is then dropped or its submit() fails, the
+  /// batch rolls the grant back itself (lease ready again). Inline.
   /// \errors
   /// - errc::null_handle: a null pool, lease or QP.
   /// - errc::invalid_argument: a lease of another pool.
@@ -461,7 +461,7 @@ public:
     return success();
   }
   /// As above, added to an open batch of `qp` (e.g. the next request's): if the batch is dropped
-  /// or its submit() fails, call cancel(l).
+  /// or its submit() fails, the batch rolls the revoke back itself (lease granted again).
   /// \errors
   /// - those of revoke(QueuePair&, GrantLease&), with the batch-form checks of MemoryWindow
   ///   (qp_mismatch: a batch of another QP; wrong_state: the batch is not open).
@@ -480,8 +480,9 @@ public:
     return success();
   }
 
-  /// Undo the grant and revoke operations of `l` that were added to a batch which was dropped or
-  /// whose submit() failed (MemoryWindow::cancel_pending): nothing of them reached the device.
+  /// Undo every unconfirmed grant and revoke operation of `l` (MemoryWindow::cancel_pending), for
+  /// a caller that knows none of them will execute (e.g. its QP was reset before they ran). Not
+  /// needed after a dropped batch or a failed submit(): the batch undoes its own.
   void cancel(GrantLease &l) noexcept {
     if (auto s = slot_of(l)) s.value()->window.cancel_pending();
   }

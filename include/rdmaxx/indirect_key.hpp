@@ -39,6 +39,9 @@
 /// Lifetime: borrows its ProtectionDomain (destroy the key first). While configured with remote
 /// rights it counts as a child of the QP its windows were bound through (destroy or invalidate
 /// the key before that QP: rxe blocks for tens of seconds destroying a QP with bound type-2 windows: README).
+/// A key with a configure (or mlx5 invalidate) in an open batch must stay alive, at its address,
+/// until that batch is submitted or dropped: a dropped batch or a failed submit() undoes the
+/// operation through it.
 ///
 /// Allocation: IndirectKey::create() allocates the key's state (new(nothrow)) and, software, its
 /// segment table and window table; mlx5dv_create_mkey allocates inside the provider. configure()
@@ -256,8 +259,7 @@ public:
   /// mlx5: until the invalidate is confirmed (the key may work until then), see pending().
   [[nodiscard]] bool configured() const noexcept { return h_ && st().configured; }
   /// mlx5: a configure or invalidate added to a batch is not confirmed yet (hand its completion
-  /// to complete(), or call cancel_pending() when its batch was dropped or failed to submit).
-  /// Software: false.
+  /// to complete(); a dropped batch or a failed submit() undoes it). Software: false.
   [[nodiscard]] bool pending() const noexcept {
 #if RDMAXX_HAVE_MLX5
     return h_ && st().mkey && st().mk.pending();
@@ -334,8 +336,9 @@ public:
   /// remote rights also need IBV_ACCESS_MW_BIND on the MRs).
   /// mlx5: `qp` must come from mlx5::create_umr_qp (or create_indirect_key_qp); the key is then
   /// pending until the configure's completion is handed to complete() (descriptor() refuses
-  /// until then); if the batch is dropped or its submit() fails, call cancel_pending(). The
-  /// posting form configure(qp, l, acc, w) does the submit and the cancel itself.
+  /// until then). If the batch is dropped or its submit() fails, the batch undoes the configure
+  /// (mlx5: as cancel_pending(); software: the windows and exact regions are destroyed, the key
+  /// is not configured): keep the key alive and in place until then.
   /// \errors Nothing is then added to the batch:
   /// - errc::null_handle: a null key or QP.
   /// - errc::already_bound: configured (invalidate first).
@@ -343,6 +346,8 @@ public:
   /// - errc::not_umr_qp: mlx5: `qp` lacks the mlx5 UMR send operations.
   /// - errc::qp_mismatch: batch not of `qp`.
   /// - errc::wrong_state: batch submitted.
+  /// - errc::too_many_pending: the batch already carries SendBatch::max_undo window and key
+  ///   operations.
   /// - errc::pd_mismatch: `qp` is on another PD than the key.
   /// - errc::unsafe_grant: remote rights where the only window type would let a peer panic the
   ///   kernel (see ikey_options::trusted_peers).
@@ -362,6 +367,7 @@ public:
 #endif
     if (s.configured) return make_error_code(errc::already_bound);
     if (auto ec = detail::check_batch_of(batch, qp)) return ec;
+    if (batch.undo_.full()) return make_error_code(errc::too_many_pending);
     if (qp.pd() != s.pd) return make_error_code(errc::pd_mismatch);
 #if RDMAXX_HAVE_MLX5
     if (s.backend == umr_backend::mlx5) {
@@ -370,6 +376,7 @@ public:
       s.length = l.total_length();
       s.access = acc;
       s.configured = s.mk.live();
+      batch.undo_.add(&undo_op, this, 0);
       return success();
     }
 #endif
@@ -414,19 +421,22 @@ public:
     s.access = acc;
     s.all_mw_bind = all_bind;
     s.configured = true;
+    batch.undo_.add(&undo_op, this, 0);
     return success();
   }
 
   /// Invalidate: the key stops working. mlx5: a local invalidate of the mkey added to `batch`
   /// (ibv_wr_local_inv); the key stays configured() (it may still work) and pending() until the
-  /// invalidate's completion is handed to complete(); cancel_pending() if the batch is dropped
-  /// or its submit() fails. Software: the windows are deallocated now (ibv_dealloc_mw), so
+  /// invalidate's completion is handed to complete(); a dropped batch or a failed submit() undoes
+  /// it (the key stays configured). Software: the windows are deallocated now (ibv_dealloc_mw), so
   /// peers' rkeys fail at once; nothing is added to the batch. Either way the key can be
   /// configured again.
   /// \errors
   /// - errc::null_handle: the key is null.
   /// - errc::not_bound: not configured.
   /// - errc::wrong_state: mlx5: batch submitted.
+  /// - errc::too_many_pending: mlx5: the batch already carries SendBatch::max_undo window and key
+  ///   operations.
   /// - errc::busy: mlx5: an operation is unconfirmed.
   /// - the errno of ibv_dealloc_mw (the key is invalid regardless).
   /// \mallocs None.
@@ -436,7 +446,9 @@ public:
 #if RDMAXX_HAVE_MLX5
     if (st().backend == umr_backend::mlx5) {
       if (!batch.native_handle()) return make_error_code(errc::wrong_state);
+      if (batch.undo_.full()) return make_error_code(errc::too_many_pending);
       RDMAXX_TRYV(mlx5::invalidate_key(st().mk, batch.native_handle(), w));
+      batch.undo_.add(&undo_op, this, 0);
       return success();
     }
 #endif
@@ -552,8 +564,8 @@ public:
     return false;
 #endif
   }
-  /// mlx5: undo the unconfirmed operation (its batch was dropped, or submit() failed: nothing
-  /// was posted). No effect otherwise.
+  /// mlx5: undo the unconfirmed operation. Not needed after a dropped batch or a failed submit():
+  /// the batch undoes the operations it carried itself. No effect otherwise.
   void cancel_pending() noexcept {
 #if RDMAXX_HAVE_MLX5
     if (!h_ || !st().mkey) return;
@@ -564,8 +576,8 @@ public:
 
   /// Configure through a batch of its own on `qp` (start_send, configure, submit); the work
   /// request is signaled unless `w.flags` says otherwise. If the submit fails the key is left as
-  /// before (mlx5: cancel_pending(); software: the windows are deallocated). mlx5: hand the
-  /// completion to complete() before descriptor().
+  /// before (the batch's undo: mlx5 as cancel_pending(); software: the windows are deallocated).
+  /// mlx5: hand the completion to complete() before descriptor().
   /// \errors
   /// - those of the batch form.
   /// - errc::wrong_state: also when the QP has not reached RTS.
@@ -575,12 +587,7 @@ public:
                                        wr w = {0, send_flag::signaled}) noexcept {
     auto batch = qp.start_send();
     RDMAXX_TRYV(configure(qp, batch, l, acc, w));
-    if (auto r = batch.submit(); !r) {
-      if (backend() == umr_backend::mlx5) cancel_pending();
-      else (void)invalidate();
-      return r.error();
-    }
-    return success();
+    return batch.submit(); // a failed submit undid the configure
   }
   /// Invalidate through a batch of its own on `qp` (mlx5: signaled unless `w.flags` says
   /// otherwise; hand the completion to complete()); software: as invalidate(). If the submit
@@ -594,11 +601,7 @@ public:
     if (backend() != umr_backend::mlx5) return invalidate();
     auto batch = qp.start_send();
     RDMAXX_TRYV(invalidate(batch, w));
-    if (auto r = batch.submit(); !r) {
-      cancel_pending();
-      return r.error();
-    }
-    return success();
+    return batch.submit(); // a failed submit undid the invalidate
   }
 
 private:
@@ -623,6 +626,20 @@ private:
   IndirectKey(detail::ikey_state *s, const ProtectionDomain &pd) noexcept
       : h_(s, detail::handle_access::node(pd), nullptr) {}
   [[nodiscard]] detail::ikey_state &st() const noexcept { return *h_.get(); }
+  // The undo a batch-form configure or (mlx5) invalidate registers with its batch: nothing of the
+  // batch was posted. mlx5: the unconfirmed operation is dropped; software (a configure): the
+  // windows and exact regions go, the key is not configured.
+  static void undo_op(void *key, std::uint64_t) noexcept {
+    auto *self = static_cast<IndirectKey *>(key);
+    if (!self->h_) return;
+#if RDMAXX_HAVE_MLX5
+    if (self->st().mkey) {
+      self->cancel_pending();
+      return;
+    }
+#endif
+    if (self->st().configured) (void)self->invalidate();
+  }
   // mlx5: local use (sges(), nesting) is ordered after the configure on the QP, so it is allowed
   // while the configure is unconfirmed, not while an invalidate is.
   [[nodiscard]] bool usable_locally() const noexcept {

@@ -23,6 +23,9 @@
 /// (or that of a later operation of the window) is handed to complete(): a failed one rolls state,
 /// key and parent counts back to what they were before it. Unconfirmed operations keep the MR and
 /// QP they used counted, so those cannot be destroyed under an operation still in flight.
+/// An operation added to a SendBatch that is then dropped, or whose submit() fails, is rolled
+/// back by the batch itself (SendBatch keeps an undo per window operation; cancel_pending() is
+/// not needed for that).
 ///
 /// Revoking for good: dealloc() (synchronous: ibv_dealloc_mw unbinds and frees). Prefer it to
 /// invalidate() when the peer keeps the old key: a peer's send-with-invalidate of a type-2 window
@@ -33,6 +36,9 @@
 /// close on rxe (both paths reach the same kernel bug); dealloc() has no such race.
 ///
 /// Not thread-safe: one thread at a time per window (like the QP it posts on).
+///
+/// A window with an operation in an open batch must stay alive, at its address, until that batch
+/// is submitted or dropped (the batch's undo points to it).
 ///
 /// Lifetime: a window borrows its ProtectionDomain; while bound it also counts as a child of its
 /// MemoryRegion and (type 2) of the QueuePair it was bound through. Keys: only the low 8 bits of a
@@ -221,7 +227,8 @@ public:
   /// does not. Checks first (see check_window_bind), and refuses to rebind a bound type-2 window.
   /// Returns the descriptor for the peer; it is valid once the bind executes, so send it on the
   /// same QP or after the bind's completion. If the batch is then dropped or its submit() fails,
-  /// call cancel_pending(). Inline.
+  /// the batch rolls the window back (key, state, counted MR and QP): keep the window alive and
+  /// in place until then. Inline.
   /// \errors
   /// - errc::null_handle: a null window, QP or MR.
   /// - errc::qp_mismatch: a batch of another QP.
@@ -229,17 +236,18 @@ public:
   /// - the check_window_bind codes.
   /// - errc::already_bound: a bound type-2 window.
   /// - errc::wrong_state: unconfirmed operations on another QP, or the batch is not open.
-  /// - errc::too_many_pending: max_pending unconfirmed operations.
+  /// - errc::too_many_pending: max_pending unconfirmed operations, or the batch already carries
+  ///   SendBatch::max_undo window and key operations.
   /// \mallocs None.
   [[nodiscard]] result<remote_descriptor> bind(SendBatch &batch, QueuePair &qp, const MemoryRegion &mr,
                                                window_range r, access_flags rights, wr w = {}) noexcept {
     if (auto ec = check_bind(qp, mr, r, rights)) return ec;
-    if (auto ec = detail::check_batch_of(batch, qp)) return ec;
+    if (auto ec = check_batch(batch, qp)) return ec;
     const std::uint32_t key = ::ibv_inc_rkey(cur_.rkey);
     const ibv_mw_bind_info info{mr.native_handle(), mr.iova() + r.offset, r.length,
                                 static_cast<unsigned>(rights.native())};
     batch.bind_mw(w, h_.get(), key, info);
-    push(w.id, qp);
+    push(w.id, qp, batch);
     h_.get()->rkey = key; // what the kernel will hold once the bind executes
     set_bound(qp, mr, r, rights, key);
     return descriptor();
@@ -261,10 +269,7 @@ public:
       if (!qp) return make_error_code(errc::null_handle);
       auto batch = qp.start_send();
       RDMAXX_TRY(d, bind(batch, qp, mr, r, rights, w));
-      if (auto s = batch.submit(); !s) {
-        cancel_pending();
-        return s.error();
-      }
+      RDMAXX_TRYV(batch.submit()); // a failed submit rolled the bind back
       return d;
     }
     if (auto ec = check_bind(qp, mr, r, rights)) return ec;
@@ -304,19 +309,22 @@ public:
     set_unbound(mw_state::unbound, h_.get()->rkey);
     return success();
   }
-  /// Type 1: add an unbind to an open batch of `qp` (ibv_wr_bind_mw, bound MR, length 0).
+  /// Type 1: add an unbind to an open batch of `qp` (ibv_wr_bind_mw, bound MR, length 0). A
+  /// dropped batch or a failed submit() rolls it back (as for bind).
   /// \errors
   /// - those of unbind(QueuePair&).
   /// - errc::qp_mismatch: a batch of another QP.
   /// - errc::wrong_state: also when the batch is not open.
+  /// - errc::too_many_pending: also when the batch carries SendBatch::max_undo window and key
+  ///   operations.
   /// \mallocs None.
   result<void> unbind(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept {
     if (auto ec = check_unbind(qp)) return ec;
-    if (auto ec = detail::check_batch_of(batch, qp)) return ec;
+    if (auto ec = check_batch(batch, qp)) return ec;
     const std::uint32_t key = ::ibv_inc_rkey(cur_.rkey);
     const ibv_mw_bind_info info{cur_.mr, 0, 0, 0};
     batch.bind_mw(w, h_.get(), key, info);
-    push(w.id, qp);
+    push(w.id, qp, batch);
     h_.get()->rkey = key;
     set_unbound(mw_state::unbound, key);
     return success();
@@ -325,7 +333,8 @@ public:
   /// Type 2: add a local invalidate of the current key to an open batch (ibv_wr_local_inv) of the
   /// QP the window was bound through. Posted only when the window is bound: invalidating an
   /// unbound type-2 window panics rxe. A bind and its invalidate can share one batch and one
-  /// completion (signal only the invalidate).
+  /// completion (signal only the invalidate). A dropped batch or a failed submit() rolls it back
+  /// (as for bind).
   /// \errors
   /// - errc::null_handle: a null window or QP.
   /// - errc::wrong_type: type 1.
@@ -336,10 +345,10 @@ public:
   /// \mallocs None.
   result<void> invalidate(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept {
     if (auto ec = check_invalidate(qp)) return ec;
-    if (auto ec = detail::check_batch_of(batch, qp)) return ec;
+    if (auto ec = check_batch(batch, qp)) return ec;
     const std::uint32_t key = cur_.rkey;
     batch.local_inv(w, key);
-    push(w.id, qp, IBV_WC_LOCAL_INV);
+    push(w.id, qp, batch, IBV_WC_LOCAL_INV);
     set_unbound(mw_state::invalidated, key); // the key stays; the next bind advances it
     return success();
   }
@@ -353,11 +362,7 @@ public:
     if (auto ec = check_invalidate(qp)) return ec;
     auto batch = qp.start_send();
     RDMAXX_TRYV(invalidate(batch, qp, w));
-    if (auto s = batch.submit(); !s) {
-      cancel_pending();
-      return s.error();
-    }
-    return success();
+    return batch.submit(); // a failed submit rolled the invalidate back
   }
 
   /// ibv_dealloc_mw now: unbinds (if bound) and frees the window, synchronously; the old key is
@@ -395,8 +400,10 @@ public:
     return false;
   }
 
-  /// Undo every unconfirmed operation (restore the state before the oldest one). For a batch
-  /// that was dropped or whose submit() failed: nothing of it reached the device.
+  /// Undo every unconfirmed operation (restore the state before the oldest one), whatever batch
+  /// posted it. Not needed after a dropped batch or a failed submit(): the batch rolls back the
+  /// operations it carried itself (and only those). For a caller that knows none of the
+  /// unconfirmed operations will execute (e.g. its QP was reset before they ran).
   void cancel_pending() noexcept {
     if (log_.cancel(cur_, h_)) restore_key();
   }
@@ -460,9 +467,28 @@ private:
     return check_pending(qp);
   }
 
+  // check_batch_of, and room for the undo push() registers.
+  [[nodiscard]] static std::error_code check_batch(const SendBatch &batch, const QueuePair &qp) noexcept {
+    if (auto ec = detail::check_batch_of(batch, qp)) return ec;
+    if (batch.undo_.full()) return make_error_code(errc::too_many_pending);
+    return {};
+  }
+  // Record an operation added to `batch`: the current binding (with its counted MR/QP) moves into
+  // the log, and the batch gets an undo for it in case nothing of it is posted.
+  void push(std::uint64_t wr_id, const QueuePair &qp, SendBatch &batch,
+            ibv_wc_opcode op = IBV_WC_BIND_MW) noexcept {
+    batch.undo_.add(&undo_op, this, push(wr_id, qp, op));
+  }
+  // The batch's undo: roll back the operation named `seq` and any later one (all in that batch:
+  // one open batch per QP, and a window's unconfirmed operations share one QP). Gone already
+  // (confirmed, or the window deallocated or moved from): nothing to do.
+  static void undo_op(void *window, std::uint64_t seq) noexcept {
+    auto *self = static_cast<MemoryWindow *>(window);
+    if (self->log_.undo(std::uint32_t(seq), self->cur_, self->h_)) self->restore_key();
+  }
   // Record a posted operation: the current binding (with its counted MR/QP) moves into the log.
-  void push(std::uint64_t wr_id, const QueuePair &qp, ibv_wc_opcode op = IBV_WC_BIND_MW) noexcept {
-    log_.push(wr_id, qp.qp_num(), op, cur_, h_);
+  std::uint32_t push(std::uint64_t wr_id, const QueuePair &qp, ibv_wc_opcode op = IBV_WC_BIND_MW) noexcept {
+    return log_.push(wr_id, qp.qp_num(), op, cur_, h_);
   }
   void set_bound(const QueuePair &qp, const MemoryRegion &mr, window_range r, access_flags rights,
                  std::uint32_t key) noexcept {

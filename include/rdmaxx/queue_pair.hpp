@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 
 namespace rdmaxx {
 
@@ -274,9 +275,56 @@ namespace detail {
 }
 } // namespace detail
 
+namespace detail {
+// What the batch-form operations of a MemoryWindow or IndirectKey applied at post time, to take
+// back when nothing of the batch is posted (dropped, or submit() failed). Fixed capacity, no
+// allocation; entries stay uninitialised until added, so a batch without such operations pays
+// nothing for the list (inlined, its count is a known 0).
+class undo_list {
+public:
+  static constexpr std::size_t capacity = 8;
+  using undo_fn = void (*)(void *object, std::uint64_t tag) noexcept;
+
+  undo_list() noexcept = default;
+  // The moved-from batch no longer aborts, so it must not undo either.
+  undo_list(undo_list &&o) noexcept : n_(std::exchange(o.n_, 0)) {
+    for (std::size_t i = 0; i < n_; ++i) e_[i] = o.e_[i];
+  }
+  undo_list &operator=(undo_list &&) = delete;
+
+  [[nodiscard]] bool full() const noexcept { return n_ == capacity; }
+  // Precondition: !full() (callers check before adding their work request).
+  void add(undo_fn f, void *object, std::uint64_t tag) noexcept { e_[n_++] = {f, object, tag}; }
+  void clear() noexcept { n_ = 0; }
+  void run() noexcept {
+    if (n_ != 0) [[unlikely]] run_all();
+  }
+
+private:
+  // Newest first: a later operation of one object is undone before an earlier one.
+  [[gnu::cold, gnu::noinline]] void run_all() noexcept {
+    while (n_ != 0) {
+      --n_;
+      e_[n_].f(e_[n_].object, e_[n_].tag);
+    }
+  }
+  struct entry {
+    undo_fn f;
+    void *object;
+    std::uint64_t tag;
+  };
+  std::size_t n_ = 0;
+  entry e_[capacity];
+};
+} // namespace detail
+
 /// An open send batch (ibv_wr_start). Add operations, then submit() (ibv_wr_complete). A batch
 /// dropped without submit() is aborted (ibv_wr_abort): nothing of it is posted. Every member is
-/// inline, noexcept and allocation-free. A batch that is not open (submitted, moved from, or
+/// inline, noexcept and allocation-free. The batch-form operations of MemoryWindow (bind,
+/// unbind, invalidate) and IndirectKey (configure, mlx5 invalidate) apply their state at post
+/// time and register an undo with the batch: a dropped batch, or a failed submit(), rolls them
+/// back itself (at most max_undo of them per batch; keep those windows and keys alive, at their
+/// address, until the batch is submitted or dropped). A batch that is not open (submitted, moved from, or
 /// started on a null QueuePair) ignores further operations and its submit() answers
 /// errc::wrong_state, as it does on a QP that has not reached RTS (rxe would otherwise keep the
 /// refused work requests and run them once the QP is connected).
@@ -299,9 +347,14 @@ public:
   /// Moves the open batch; the moved-from batch no longer aborts.
   SendBatch(SendBatch &&) noexcept = default;
   SendBatch &operator=(SendBatch &&) = delete;
+  /// Aborts an open batch (ibv_wr_abort) and rolls back the window and key operations it carried.
   ~SendBatch() {
     if (ibv_qp_ex *q = qp_.release()) ::ibv_wr_abort(q);
+    undo_.run();
   }
+
+  /// Window and key operations (those that register an undo) one batch can carry.
+  static constexpr std::size_t max_undo = detail::undo_list::capacity;
 
   // Each operation: start the WR with its op verb (which takes id and flags), then its data.
   /// RDMA write of one local SGE to `r` (ibv_wr_rdma_write).
@@ -389,7 +442,8 @@ public:
     return *this;
   }
 
-  /// ibv_wr_complete: post everything added. Nothing of a failed batch is posted.
+  /// ibv_wr_complete: post everything added. Nothing of a failed batch is posted, and the window
+  /// and key operations it carried are rolled back before it returns.
   /// \errors
   /// - errc::wrong_state: the batch is not open (already submitted, or moved from); or the QP
   ///   has not reached RTS (the batch is aborted).
@@ -400,12 +454,20 @@ public:
   /// \mallocs None.
   result<void> submit() noexcept {
     ibv_qp_ex *qp = qp_.release();
-    if (!qp) [[unlikely]] return make_error_code(fault_ != errc{} ? fault_ : errc::wrong_state);
+    if (!qp) [[unlikely]] {
+      undo_.run();
+      return make_error_code(fault_ != errc{} ? fault_ : errc::wrong_state);
+    }
     if (detail::before_rts(qp->qp_base)) [[unlikely]] {
       ::ibv_wr_abort(qp);
+      undo_.run();
       return make_error_code(errc::wrong_state);
     }
-    if (const int rc = ::ibv_wr_complete(qp)) [[unlikely]] return errno_code(rc);
+    if (const int rc = ::ibv_wr_complete(qp)) [[unlikely]] {
+      undo_.run();
+      return errno_code(rc);
+    }
+    undo_.clear(); // posted: the operations stand
     return success();
   }
   /// The QP's ibv_qp_ex while the batch is open; nullptr after submit() or a move.
@@ -413,6 +475,8 @@ public:
 
 private:
   friend class QueuePair;
+  friend class MemoryWindow; // undo_
+  friend class IndirectKey;  // undo_
   SendBatch(ibv_qp_ex *q, bool sge_list_defect) noexcept : qp_(q), sge_list_defect_(sge_list_defect) {
     ::ibv_wr_start(q); // never null: a null QueuePair hands over detail::closed_qp()
   }
@@ -467,6 +531,7 @@ private:
   detail::moved_ptr<ibv_qp_ex> qp_;
   bool sge_list_defect_ = false;
   errc fault_{};
+  detail::undo_list undo_;
 };
 
 /// A reliable-connected queue pair (ibv_create_qp_ex(3)) with the extended send API.

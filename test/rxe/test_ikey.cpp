@@ -380,6 +380,36 @@ TEST_CASE("ikey: after invalidation the key no longer works; it can be configure
   CHECK(key.configure(lb.b, batch, layout::list({{t.m1, 0, 1}}), remote_rw).error() == errc::already_bound);
 }
 
+TEST_CASE("ikey: a dropped configure batch, or a failed submit, leaves the key unconfigured", "[ikey][undo]") {
+  loopback lb;
+  targets t(lb.pd);
+  auto key = need(IndirectKey::create(lb.pd, 4), "create");
+  const layout l = layout::list({{t.m1, 10, 20}, {t.m3, 30, 40}});
+  {
+    auto batch = lb.b.start_send();
+    need(key.configure(lb.b, batch, l, remote_rw, {901, send_flag::signaled}), "configure");
+    CHECK(key.configured());
+    CHECK(lb.b.live_children() == 1);
+  } // dropped: the batch undoes the configure
+  CHECK_FALSE(key.configured());
+  CHECK(lb.b.live_children() == 0);
+  CHECK(key.descriptor().error() == errc::wrong_state);
+  expect_no_completion(lb.cq_b, 100ms);
+  need(lb.b.to_reset(), "b to RESET");
+  CHECK(key.configure(lb.b, l, remote_rw).error() == errc::wrong_state); // posting form: submit refused
+  CHECK_FALSE(key.configured());
+  CHECK(lb.b.live_children() == 0);
+  lb.recover();
+  expect_no_completion(lb.cq_b, 100ms);
+  // configured for real afterwards: a peer's write lands
+  configure(lb, key, l, remote_rw);
+  std::vector<unsigned char> src(60, 0x6B);
+  auto msrc = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "reg src");
+  write_through(lb, exchange(key), 0, msrc, 60);
+  CHECK(all_equal(t.b1.data() + 10, 20, 0x6B));
+  CHECK(all_equal(t.b3.data() + 30, 40, 0x6B));
+}
+
 TEST_CASE("ikey: local use expands into SGEs, refused beyond max_sge", "[ikey]") {
   loopback lb;
   // the key lives on the initiator: a gather list for a local write, no windows

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 using namespace rxe;
@@ -233,23 +234,137 @@ TEST_CASE("a bind that completes with an error rolls state, key and counts back"
   invalidate_wait(mw, lb.b, lb.cq_b);
 }
 
-TEST_CASE("a batch dropped after a bind: cancel_pending restores the window", "[mw]") {
+TEST_CASE("a batch dropped after a bind rolls the window back by itself", "[mw][undo]") {
   loopback lb;
-  std::vector<unsigned char> mem(4096, 0);
+  std::vector<unsigned char> mem(4096, 0), other(4096, 0), src(64, 0x5A);
   auto mr = need(MemoryRegion::reg(lb.pd, mem.data(), mem.size(), owner_access), "reg owner");
+  auto mr_dropped = need(MemoryRegion::reg(lb.pd, other.data(), other.size(), owner_access), "reg other");
+  auto ms = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "reg src");
   auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2), "alloc_mw");
   const std::uint32_t k0 = mw.rkey();
   {
     auto batch = lb.b.start_send();
-    REQUIRE(mw.bind(batch, lb.b, mr, {0, 64}, rw_rights, {1, send_flag::signaled}).has_value());
-  } // aborted
-  mw.cancel_pending();
+    REQUIRE(mw.bind(batch, lb.b, mr_dropped, {0, 64}, rw_rights, {1, send_flag::signaled}).has_value());
+    CHECK(mw.state() == mw_state::bound); // as posted
+    CHECK(mr_dropped.bound_windows() == 1);
+  } // dropped: aborted, and the batch undoes the bind
   CHECK(mw.state() == mw_state::unbound);
   CHECK(mw.rkey() == k0);
-  CHECK(mr.bound_windows() == 0);
+  CHECK(mw.native_handle()->rkey == k0);
+  CHECK(mw.pending() == 0);
+  CHECK(mr_dropped.bound_windows() == 0);
+  CHECK(lb.b.live_children() == 0);
+  CHECK(mr_dropped.dereg().has_value()); // not busy: the window no longer counts on it
+  expect_no_completion(lb.cq_b, 100ms);
+  // A normal cycle still works, with the key after k0 (the kernel never saw the dropped one).
+  const auto d = bind_wait(mw, lb.b, lb.cq_b, mr, {0, 64}, rw_rights);
+  CHECK(d.rkey == ibv_inc_rkey(k0));
+  REQUIRE(lb.write(ms.sge(), d.at(0)) == IBV_WC_SUCCESS);
+  CHECK(all_equal(mem.data(), 64, 0x5A));
+  invalidate_wait(mw, lb.b, lb.cq_b);
+}
+
+TEST_CASE("a dropped batch undoes only its own window operations", "[mw][undo]") {
+  loopback lb;
+  std::vector<unsigned char> mem(4096, 0), src(64, 0x77);
+  auto mr = need(MemoryRegion::reg(lb.pd, mem.data(), mem.size(), owner_access), "reg owner");
+  auto ms = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "reg src");
+  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2), "alloc_mw");
+  const auto d = bind_wait(mw, lb.b, lb.cq_b, mr, {0, 64}, rw_rights);
+  {
+    // a bind confirmed before, then an invalidate in a batch that is dropped
+    auto batch = lb.b.start_send();
+    REQUIRE(mw.invalidate(batch, lb.b, {12, send_flag::signaled}).has_value());
+    CHECK(mw.state() == mw_state::invalidated);
+  }
+  CHECK(mw.state() == mw_state::bound);
+  CHECK(mw.rkey() == d.rkey);
+  CHECK(mw.pending() == 0);
+  CHECK(mr.bound_windows() == 1);
+  CHECK(lb.b.live_children() == 1);
+  REQUIRE(lb.write(ms.sge(), d.at(0)) == IBV_WC_SUCCESS); // the grant still works
+  CHECK(all_equal(mem.data(), 64, 0x77));
+  {
+    // bind and invalidate of one window in one dropped batch: back to before both
+    invalidate_wait(mw, lb.b, lb.cq_b);
+    const std::uint32_t k1 = mw.rkey();
+    std::optional<SendBatch> batch(lb.b.start_send()); // moved in: the undo list moves with it
+    REQUIRE(mw.bind(*batch, lb.b, mr, {0, 64}, rw_rights, {13}).has_value());
+    REQUIRE(mw.invalidate(*batch, lb.b, {14, send_flag::signaled}).has_value());
+    CHECK(mw.pending() == 2);
+    batch.reset(); // dropped
+    CHECK(mw.state() == mw_state::invalidated);
+    CHECK(mw.rkey() == k1);
+    CHECK(mw.pending() == 0);
+    CHECK(mr.bound_windows() == 0);
+  }
   expect_no_completion(lb.cq_b, 100ms);
   bind_wait(mw, lb.b, lb.cq_b, mr, {0, 64}, rw_rights);
   invalidate_wait(mw, lb.b, lb.cq_b);
+}
+
+TEST_CASE("a batch whose submit fails (QP not at RTS) rolls its window operations back", "[mw][undo]") {
+  loopback lb;
+  std::vector<unsigned char> mem(4096, 0), src(64, 0x19);
+  auto mr = need(MemoryRegion::reg(lb.pd, mem.data(), mem.size(), owner_access), "reg owner");
+  auto ms = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "reg src");
+  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2), "alloc_mw");
+  const std::uint32_t k0 = mw.rkey();
+  need(lb.b.to_reset(), "b to RESET");
+  {
+    auto batch = lb.b.start_send();
+    REQUIRE(mw.bind(batch, lb.b, mr, {0, 64}, rw_rights, {3, send_flag::signaled}).has_value());
+    CHECK(mw.pending() == 1);
+    const auto r = batch.submit();
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error() == errc::wrong_state);
+    // rolled back before submit() returned
+    CHECK(mw.state() == mw_state::unbound);
+    CHECK(mw.rkey() == k0);
+    CHECK(mw.native_handle()->rkey == k0);
+    CHECK(mw.pending() == 0);
+    CHECK(mr.bound_windows() == 0);
+    CHECK(lb.b.live_children() == 0);
+  }
+  // the posting form too: its failed submit leaves the window unchanged
+  CHECK(mw.bind(lb.b, mr, {0, 64}, rw_rights).error() == errc::wrong_state);
+  CHECK(mw.state() == mw_state::unbound);
+  CHECK(mw.pending() == 0);
+  CHECK(mw.rkey() == k0);
+  lb.recover();
+  expect_no_completion(lb.cq_b, 100ms); // nothing of the refused batches ran after reconnecting
+  const auto d = bind_wait(mw, lb.b, lb.cq_b, mr, {0, 64}, rw_rights);
+  CHECK(d.rkey == ibv_inc_rkey(k0));
+  REQUIRE(lb.write(ms.sge(), d.at(0)) == IBV_WC_SUCCESS);
+  CHECK(all_equal(mem.data(), 64, 0x19));
+  invalidate_wait(mw, lb.b, lb.cq_b);
+}
+
+TEST_CASE("a batch holds SendBatch::max_undo window operations; one more is refused cleanly", "[mw][undo]") {
+  loopback lb;
+  std::vector<unsigned char> mem(4096, 0);
+  auto mr = need(MemoryRegion::reg(lb.pd, mem.data(), mem.size(), owner_access), "reg owner");
+  std::vector<MemoryWindow> ws;
+  for (std::size_t i = 0; i <= SendBatch::max_undo; ++i)
+    ws.push_back(need(MemoryWindow::alloc(lb.pd, mw_type::type2), "alloc_mw"));
+  const std::uint32_t last_key = ws.back().rkey();
+  {
+    auto batch = lb.b.start_send();
+    for (std::size_t i = 0; i < SendBatch::max_undo; ++i)
+      REQUIRE(ws[i].bind(batch, lb.b, mr, {64 * i, 64}, rw_rights, {20 + i}).has_value());
+    CHECK(ws.back().bind(batch, lb.b, mr, {0, 64}, rw_rights, {30}).error() == errc::too_many_pending);
+    CHECK(ws.back().state() == mw_state::unbound);
+    CHECK(ws.back().pending() == 0);
+    CHECK(ws.back().rkey() == last_key);
+    CHECK(mr.bound_windows() == SendBatch::max_undo);
+  }
+  for (const auto &w : ws) {
+    CHECK(w.state() == mw_state::unbound);
+    CHECK(w.pending() == 0);
+  }
+  CHECK(mr.bound_windows() == 0);
+  CHECK(lb.b.live_children() == 0);
+  expect_no_completion(lb.cq_b, 100ms);
 }
 
 TEST_CASE("remote invalidate: the peer's send-with-invalidate, the owner learns it from its receive", "[mw]") {

@@ -121,6 +121,46 @@ TEST_CASE("an empty window refuses every operation and ignores completions", "[u
   CHECK(StrictGrant::create(pd, mr, {0, 64}, mw_type::type2).error() == errc::null_handle);
 }
 
+TEST_CASE("a batch's undo list: newest first, moved with the batch, bounded", "[unit][mw][undo]") {
+  struct log {
+    int order[detail::undo_list::capacity + 1] = {};
+    int n = 0;
+  } lg;
+  auto note = [](void *o, std::uint64_t tag) noexcept {
+    auto *l = static_cast<log *>(o);
+    l->order[l->n++] = int(tag);
+  };
+  {
+    detail::undo_list u;
+    for (std::uint64_t i = 0; i < detail::undo_list::capacity; ++i) {
+      CHECK_FALSE(u.full());
+      u.add(note, &lg, i);
+    }
+    CHECK(u.full()); // callers refuse one more with errc::too_many_pending
+    detail::undo_list moved(std::move(u));
+    u.run(); // the moved-from list undoes nothing
+    CHECK(lg.n == 0);
+    moved.run();
+    REQUIRE(lg.n == int(detail::undo_list::capacity));
+    for (int i = 0; i < lg.n; ++i) CHECK(lg.order[i] == lg.n - 1 - i);
+    moved.run(); // each undo runs once
+    CHECK(lg.n == int(detail::undo_list::capacity));
+  }
+  detail::undo_list c;
+  c.add(note, &lg, 99);
+  c.clear(); // submitted: nothing to undo
+  c.run();
+  CHECK(lg.n == int(detail::undo_list::capacity));
+  STATIC_REQUIRE(SendBatch::max_undo == detail::undo_list::capacity);
+  // A batch of a null QP is not open: window operations on it are refused before any undo.
+  QueuePair qp;
+  auto b = qp.start_send();
+  MemoryWindow mw;
+  MemoryRegion mr;
+  CHECK(mw.bind(b, qp, mr, {0, 64}, access::remote_read).error() == errc::null_handle);
+  CHECK(b.submit().error() == errc::wrong_state);
+}
+
 TEST_CASE("the descriptor of a window is the grant as the peer must use it", "[unit][mw]") {
   MemoryWindow mw; // unbound: an empty grant
   const auto d = mw.descriptor();

@@ -40,6 +40,7 @@ public:
     std::uint64_t wr_id = 0;
     std::uint32_t qp_num = 0;
     ibv_wc_opcode opcode = IBV_WC_BIND_MW; // what a successful completion of it reports
+    std::uint32_t seq = 0; // names it for the undo of its batch (indexes shift on confirm)
     Binding before;
   };
 
@@ -55,16 +56,32 @@ public:
   /// Record a posted operation (the log must not be full): `cur`, with the MR and QP links
   /// taken out of `h`'s slots, becomes the entry's binding-before; `cur` is left empty and `h`'s
   /// slots null, for the caller to fill with the new binding.
+  /// Returns the entry's sequence number (for undo()).
   template <class H>
-  void push(std::uint64_t wr_id, std::uint32_t qp_num, ibv_wc_opcode op, Binding &cur, H &h) noexcept {
+  std::uint32_t push(std::uint64_t wr_id, std::uint32_t qp_num, ibv_wc_opcode op, Binding &cur,
+                     H &h) noexcept {
     entry &p = e_[n_++];
     p.wr_id = wr_id;
     p.qp_num = qp_num;
     p.opcode = op;
+    p.seq = ++seq_;
     p.before = std::move(cur);
     p.before.mr_link = h.template take_link<parent_slot::second>();
     p.before.qp_link = h.template take_link<parent_slot::third>();
     cur = Binding{};
+    return p.seq;
+  }
+
+  /// Undo the entry numbered `seq` and every later one (a dropped batch's undo). Returns false
+  /// when no entry has that number (confirmed already, or cleared).
+  template <class H>
+  bool undo(std::uint32_t seq, Binding &cur, H &h) noexcept {
+    for (std::size_t i = 0; i < n_; ++i)
+      if (e_[i].seq == seq) {
+        rollback(i, cur, h);
+        return true;
+      }
+    return false;
   }
 
   /// Hand a completion to the log. `peer_invalidated`: the owner found that `wc` is a receive
@@ -134,6 +151,7 @@ private:
 
   entry e_[N];
   std::size_t n_ = 0;
+  std::uint32_t seq_ = 0; // the last entry::seq handed out
 };
 
 } // namespace rdmaxx::detail
