@@ -1,7 +1,8 @@
 /// \file
 /// rdmaxx/grant_pool.hpp: GrantPool and GrantLease, request-scoped grants at service scale: "let
 /// the peer reach this buffer for one request, and never after", one call on the request path,
-/// no allocation and no system call of its own, safe under timeouts, aborts and disconnects.
+/// no allocation and no system call of its own (but two every 128 grants of one slot, see
+/// below), safe under timeouts, aborts and disconnects.
 ///
 /// How a request goes (client side; the server only uses the descriptors it receives):
 /// ```
@@ -36,6 +37,12 @@
 ///     slots out of use; they never make a granted buffer reusable.
 ///   - The grant always covers the whole slot (the exact region): a smaller grant would, on rxe,
 ///     still expose the slot's other bytes.
+///   - No key comes back: only the low 8 bits of a window's key change from bind to bind, so a
+///     window's 129th grant (type 1: bind and unbind spend a key each; type 2: its 257th) would
+///     hand out a key a peer held before, and a late access with that old key would reach the
+///     slot again. Before that grant the pool replaces the slot's window (ibv_alloc_mw, then
+///     ibv_dealloc_mw of the old one: a new key index), in grant(): the request path's only system
+///     calls of the pool's own.
 ///
 /// Per device: rxe (Capabilities::remote_inv_unbound_mw_panics) type-1 windows over the exact
 /// regions, revoked by the owner (a peer's send-with-invalidate is refused with
@@ -146,6 +153,7 @@ struct grant_pool_stats {
   std::uint64_t remote_invalidations = 0; ///< grants the peer revoked (send-with-invalidate)
   std::uint64_t failed_completions = 0;  ///< pool work requests that completed in error (flush too)
   std::uint64_t revoked_by_dealloc = 0;  ///< windows revoke_all() deallocated
+  std::uint64_t windows_renewed = 0;     ///< windows grant() replaced before their keys repeat
 };
 
 /// The top 16 bits of every work request id a GrantPool posts ("RG"): keep them out of yours.
@@ -159,6 +167,7 @@ struct grant_slot {
   MemoryRegion region; // declared first: destroyed after the window
   MemoryWindow window;
   std::byte *data = nullptr;
+  std::uint32_t grants = 0; // binds posted through this window since it was allocated
   use in_use = use::free;
 };
 // The pool's state lives apart from the GrantPool object so that moving the pool keeps its
@@ -378,6 +387,12 @@ public:
     static const grant_pool_stats none{};
     return st_ ? st_->stats : none;
   }
+  /// Grants one window makes before grant() replaces it, so that no key repeats: 128 (type 1:
+  /// each grant and its unbind advance the 8-bit key), 256 (type 2). 0 when null.
+  [[nodiscard]] std::uint32_t grants_per_window() const noexcept {
+    if (!st_) return 0;
+    return st_->type == mw_type::type1 ? 128 : 256;
+  }
   /// True when `wc` is the completion of one of this pool's work requests.
   [[nodiscard]] bool owns(const ibv_wc &wc) const noexcept {
     return st_ && (wc.wr_id & ~0xFFFFFFFFull) == st_->tag;
@@ -409,16 +424,20 @@ public:
   /// - errc::invalid_argument: a lease of another pool.
   /// - errc::grant_outstanding: the slot is granted or its revocation is not confirmed.
   /// - errc::unusable: the slot lost its window (a failed revoke_all()).
+  /// - the errno of ibv_alloc_mw / ibv_dealloc_mw when the slot's window is due for renewal
+  ///   (grants_per_window() grants): nothing is added to the batch, the slot keeps its window.
   /// - those of MemoryWindow::bind (batch form): pd_mismatch (the QP is not on the pool's PD),
   ///   invalid_argument (rights), qp_mismatch, wrong_state, too_many_pending.
-  /// \mallocs None.
+  /// \mallocs None (what ibv_alloc_mw allocates, at a renewal).
   [[nodiscard]] result<remote_descriptor> grant(SendBatch &batch, QueuePair &qp, GrantLease &l,
                                                 access_flags rights) noexcept {
     RDMAXX_TRY(s, slot_of(l));
     if (st_->state_of(l.slot_) != lease_state::ready) return make_error_code(errc::grant_outstanding);
+    if (s->grants >= grants_per_window()) RDMAXX_TRYV(renew(*s));
     RDMAXX_TRY(d, s->window.bind(batch, qp, s->region, {0, st_->slot_size}, rights,
                                  {st_->tag | l.slot_, {}}));
     ++st_->stats.grants;
+    ++s->grants;
     return d;
   }
 
@@ -541,6 +560,7 @@ public:
       ++st_->stats.revoked_by_dealloc;
       if (auto w = MemoryWindow::alloc_on(st_->pd_link.parent(), st_->pd, st_->type)) {
         s.window = std::move(w).value();
+        s.grants = 0;
       } else if (!first) {
         first = w.error();
       }
@@ -562,6 +582,17 @@ private:
     detail::grant_slot &s = st_->slots[l.slot_];
     if (!s.window) return make_error_code(errc::unusable);
     return &s;
+  }
+  // A new window for a ready slot (no grant, nothing unconfirmed): allocated first (a new key
+  // index), then the old one deallocated; on failure the slot keeps its old window.
+  result<void> renew(detail::grant_slot &s) noexcept {
+    RDMAXX_TRY(w, MemoryWindow::alloc_on(st_->pd_link.parent(), st_->pd, st_->type));
+    RDMAXX_TRYV(s.window.dealloc());
+    s.window = std::move(w);
+    s.grants = 0;
+    ++st_->stats.windows_renewed;
+    st_->rebuild_index();
+    return success();
   }
   void remote_invalidated(const ibv_wc &wc) noexcept {
     const detail::grant_slot *c = st_->find_key(wc.invalidated_rkey);
