@@ -25,6 +25,7 @@
 //   bench_grant_pool                     all arms, timed, then the counts and the late-read check
 //   bench_grant_pool only ARM N          N requests of one arm (a b b2 b3 c d) and nothing else, for
 //                                        strace -c -f (subtract a run with N = 0)
+//   bench_grant_pool late                the late-read check alone
 #include "common.hpp"
 #include "harness.hpp"
 
@@ -288,6 +289,7 @@ ibv_wc_status late_read(int which) {
   r.cnt = &c;
   bench::must(r.setup(), "late-read setup");
   remote_descriptor key{r.open_mr.iova(), slot, r.open_mr.rkey(), access::remote_read};
+  MemoryWindow bare; // (x): kept bound until the late read
   bool ok = true;
   if (which == 1) { // GrantPool: grant, request served, revoke confirmed
     auto l = bench::must(r.pool.acquire(), "acquire");
@@ -311,6 +313,28 @@ ibv_wc_status late_read(int which) {
     key = {m.iova(), slot, m.rkey(), access::remote_read};
     ok = r.request(key, [](SendBatch &) { return std::optional(remote_descriptor{}); }) && r.serve() &&
          r.take_reply() && m.dereg().has_value();
+  } else if (which == 4) { // GrantPool: the key of a grant 128 grants ago, the slot granted again
+    auto l = bench::must(r.pool.acquire(), "acquire");
+    for (std::uint32_t g = 0; ok && g <= r.pool.grants_per_window(); ++g) {
+      auto b = r.s.b.start_send();
+      auto d = r.pool.grant(b, r.s.b, l, access::remote_read);
+      ok = d && b.submit();
+      if (!ok) break;
+      if (g == 0) key = d.value();
+      if (g == r.pool.grants_per_window()) break; // stays granted: the late read comes now
+      ok = r.pool.revoke(r.s.b, l) && r.poll_until(r.s.cq_b, [&] { return l.state() == lease_state::ready; });
+    }
+  } else if (which == 5) { // the same with a bare type-1 window rebound as often: the key is back
+    bare = bench::must(MemoryWindow::alloc(r.s.pd, mw_type::type1), "alloc");
+    ibv_wc wc{};
+    for (std::uint32_t g = 0; ok && g <= 128; ++g) {
+      auto d = bare.bind(r.s.b, r.exact[0], {0, slot}, access::remote_read);
+      ok = d && bench::rdmaxx_wait(r.s.cq_b, wc) && bare.complete(wc);
+      if (!ok) break;
+      if (g == 0) key = d.value();
+      if (g == 128) break; // stays bound, with the 129th key
+      ok = bare.unbind(r.s.b) && bench::rdmaxx_wait(r.s.cq_b, wc) && bare.complete(wc);
+    }
   } else {
     ok = r.request(key, [](SendBatch &) { return std::optional(remote_descriptor{}); }) && r.serve() &&
          r.take_reply();
@@ -331,9 +355,31 @@ ibv_wc_status late_read(int which) {
   }
 }
 
+bool late_checks() {
+  // The late read: what each arm's protection is worth once a request is over.
+  const late_result late[] = {
+      {"(a) unprotected", late_read(0), "none: every slot stays readable by the peer, forever"},
+      {"(b) GrantPool", late_read(1), "this slot, this request, until the revoke completes"},
+      {"(c) window per request", late_read(2), "this slot, until dealloc returns"},
+      {"(d) reg+dereg per request", late_read(3), "this slot, until dereg returns"},
+      {"(b) GrantPool, key 128 grants old", late_read(4), "windows renewed before a key repeats"},
+      {"(x) bare type-1 window, 128 rebinds", late_read(5), "none: the 129th bind's key is the 1st's"},
+  };
+  bool ok = true;
+  for (const auto &l : late) {
+    const bool want_fail = l.arm[1] != 'a' && l.arm[1] != 'x';
+    const bool as_expected = want_fail ? l.status == IBV_WC_REM_ACCESS_ERR : l.status == IBV_WC_SUCCESS;
+    ok &= as_expected;
+    std::printf("late read after the request: %-28s %-22s %s  (protection: %s)\n", l.arm,
+                ibv_wc_status_str(l.status), as_expected ? "as expected" : "UNEXPECTED", l.protection);
+  }
+  return ok;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
+  if (argc == 2 && std::strcmp(argv[1], "late") == 0) return late_checks() ? 0 : 1;
   rig r;
   bench::must(r.setup(), "setup");
   std::vector<arm> arms;
@@ -407,20 +453,6 @@ int main(int argc, char **argv) {
               static_cast<unsigned long long>(r.pool.stats().revokes),
               static_cast<unsigned long long>(r.pool.stats().windows_renewed));
 
-  // The late read: what each arm's protection is worth once a request is over.
-  const late_result late[] = {
-      {"(a) unprotected", late_read(0), "none: every slot stays readable by the peer, forever"},
-      {"(b) GrantPool", late_read(1), "this slot, this request, until the revoke completes"},
-      {"(c) window per request", late_read(2), "this slot, until dealloc returns"},
-      {"(d) reg+dereg per request", late_read(3), "this slot, until dereg returns"},
-  };
-  bool ok = true;
-  for (const auto &l : late) {
-    const bool want_fail = l.arm[1] != 'a';
-    const bool as_expected = want_fail ? l.status == IBV_WC_REM_ACCESS_ERR : l.status == IBV_WC_SUCCESS;
-    ok &= as_expected;
-    std::printf("late read after the request: %-28s %-22s %s  (protection: %s)\n", l.arm,
-                ibv_wc_status_str(l.status), as_expected ? "as expected" : "UNEXPECTED", l.protection);
-  }
-  return ok && r.pool.available() == r.pool.size() ? 0 : 1;
+  const bool late_ok = late_checks();
+  return late_ok && r.pool.available() == r.pool.size() ? 0 : 1;
 }
