@@ -370,7 +370,7 @@ bool late_checks() {
     const bool want_fail = l.arm[1] != 'a' && l.arm[1] != 'x';
     const bool as_expected = want_fail ? l.status == IBV_WC_REM_ACCESS_ERR : l.status == IBV_WC_SUCCESS;
     ok &= as_expected;
-    std::printf("late read after the request: %-28s %-22s %s  (protection: %s)\n", l.arm,
+    std::printf("late read after the request: %-36s %-22s %s  (protection: %s)\n", l.arm,
                 ibv_wc_status_str(l.status), as_expected ? "as expected" : "UNEXPECTED", l.protection);
   }
   return ok;
