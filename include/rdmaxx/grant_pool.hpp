@@ -146,7 +146,7 @@ struct grant_pool_stats {
   std::uint64_t remote_invalidations = 0; ///< grants the peer revoked (send-with-invalidate)
   std::uint64_t failed_completions = 0;  ///< pool work requests that completed in error (flush too)
   std::uint64_t revoked_by_dealloc = 0;  ///< windows revoke_all() deallocated
-  std::uint64_t rotations = 0;           ///< windows replaced because their keys were used up
+  std::uint64_t windows_renewed = 0;     ///< windows replaced before a key would repeat
 };
 
 /// The top 16 bits of every work request id a GrantPool posts ("RG"): keep them out of yours.
@@ -420,8 +420,8 @@ public:
   /// - errc::unusable: the slot lost its window (a failed revoke_all()).
   /// - those of MemoryWindow::bind (batch form): pd_mismatch (the QP is not on the pool's PD),
   ///   invalid_argument (rights), qp_mismatch, wrong_state, too_many_pending.
-  /// - the errno of ibv_dealloc_mw / ibv_alloc_mw when the slot's window is replaced first (see
-  ///   max_key_changes; after a failed ibv_alloc_mw the slot is retired: errc::unusable next).
+  /// - the errno of ibv_alloc_mw / ibv_dealloc_mw when the slot's window is replaced first (see
+  ///   max_key_changes; the slot then keeps its window, nothing is posted).
   /// \mallocs None (what ibv_alloc_mw allocates when the window is replaced).
   [[nodiscard]] result<remote_descriptor> grant(SendBatch &batch, QueuePair &qp, GrantLease &l,
                                                 access_flags rights) noexcept {
@@ -574,19 +574,26 @@ public:
   /// another); before a grant would reach this, the slot's window is deallocated and a fresh one
   /// allocated (a new key index): two verbs calls every 127 requests of a slot (type 1).
   static constexpr std::uint32_t max_key_changes = 255;
+  /// Grants a slot's window makes before it is replaced (127 with type-1 windows, whose revoke
+  /// takes a key too; 255 with type 2).
+  [[nodiscard]] std::uint32_t grants_per_window() const noexcept {
+    return st_ && st_->type == mw_type::type2 ? max_key_changes : max_key_changes / 2;
+  }
 
 private:
-  // A fresh window for a ready slot whose keys are used up (see max_key_changes).
+  // A fresh window for a ready slot whose keys are used up (see max_key_changes). The new one is
+  // allocated while the old one still holds its index, so the device cannot hand the same index
+  // (and so a key of the old window) back; on failure the slot keeps its window and nothing is
+  // posted.
   [[gnu::cold]] result<void> rotate(std::uint32_t i) noexcept {
     detail::grant_slot &s = st_->slots[i];
     const std::uint32_t old_key = s.window.native_handle()->rkey;
-    RDMAXX_TRYV(s.window.dealloc());
-    ++st_->stats.rotations;
+    RDMAXX_TRY(fresh, MemoryWindow::alloc_on(st_->pd_link.parent(), st_->pd, st_->type));
+    RDMAXX_TRYV(s.window.dealloc()); // `fresh` is deallocated on this path
+    s.window = std::move(fresh);
     s.key_changes = 0;
-    auto w = MemoryWindow::alloc_on(st_->pd_link.parent(), st_->pd, st_->type);
-    if (w) s.window = std::move(w).value();
+    ++st_->stats.windows_renewed;
     st_->reindex(old_key, i);
-    if (!w) return w.error(); // the slot is retired: grant() answers errc::unusable from now on
     return success();
   }
   [[nodiscard]] static std::uint32_t next_id() noexcept {
