@@ -50,7 +50,7 @@
 ///
 /// Threads: one thread at a time per pool and its leases (like the QP it posts on).
 ///
-/// Allocation: create() allocates the slots, the free list and the key index (vectors) besides
+/// Allocation: create() allocates the slots, the free list and the key index (new(nothrow)) besides
 /// what verbs allocates; revoke_all() reallocates windows (verbs); acquire, grant, revoke,
 /// complete and release allocate nothing.
 #pragma once
@@ -74,7 +74,6 @@
 #include <new>
 #include <span>
 #include <utility>
-#include <vector>
 
 namespace rdmaxx {
 
@@ -155,6 +154,50 @@ inline constexpr std::uint64_t grant_pool_wr_tag = 0x5247ull << 48;
 class GrantPool;
 
 namespace detail {
+// A fixed-capacity array allocated once with new(nothrow) (no exception, no reallocation): the
+// pool's slots, free list and key index.
+template <class T>
+class fixed_vector {
+public:
+  // Capacity `cap`; `filled`: `cap` value-initialized elements, else none. False when out of memory.
+  [[nodiscard]] bool allocate(std::size_t cap, bool filled) noexcept {
+    p_.reset(new (std::nothrow) T[cap]());
+    cap_ = p_ ? cap : 0;
+    n_ = filled ? cap_ : 0;
+    return p_ != nullptr;
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+  [[nodiscard]] bool empty() const noexcept { return n_ == 0; }
+  [[nodiscard]] T *data() const noexcept { return p_.get(); }
+  [[nodiscard]] T *begin() const noexcept { return p_.get(); }
+  [[nodiscard]] T *end() const noexcept { return p_.get() + n_; }
+  [[nodiscard]] T &operator[](std::size_t i) const noexcept { return p_[i]; }
+  [[nodiscard]] T &back() const noexcept { return p_[n_ - 1]; }
+  void push_back(T v) noexcept { p_[n_++] = std::move(v); } // n_ < capacity: the caller's rule
+  void pop_back() noexcept { p_[--n_] = T{}; }
+  void clear() noexcept {
+    while (n_ != 0) pop_back();
+  }
+  void erase(T *at) noexcept {
+    std::move(at + 1, end(), at);
+    pop_back();
+  }
+  void insert(T *at, T v) noexcept {
+    std::move_backward(at, end(), end() + 1);
+    *at = std::move(v);
+    ++n_;
+  }
+  // Destroy the elements and the storage.
+  void release() noexcept {
+    p_.reset();
+    cap_ = n_ = 0;
+  }
+
+private:
+  std::unique_ptr<T[]> p_;
+  std::size_t cap_ = 0, n_ = 0;
+};
+
 struct grant_slot {
   enum class use : std::uint8_t { free, leased, dropped, retired };
   MemoryRegion region; // declared first: destroyed after the window
@@ -166,9 +209,9 @@ struct grant_slot {
 // The pool's state lives apart from the GrantPool object so that moving the pool keeps its
 // leases valid, and a lease that outlives its pool finds it closed instead of dangling.
 struct grant_pool_state {
-  std::vector<grant_slot> slots;
-  std::vector<std::uint32_t> free;                            // capacity slots.size()
-  std::vector<std::pair<std::uint32_t, std::uint32_t>> index; // (rkey >> 8, slot), sorted
+  fixed_vector<grant_slot> slots;
+  fixed_vector<std::uint32_t> free;                            // capacity slots.size()
+  fixed_vector<std::pair<std::uint32_t, std::uint32_t>> index; // (rkey >> 8, slot), sorted
   child_link pd_link;                                         // windows are reallocated on it
   ibv_pd *pd = nullptr;
   std::uint64_t tag = 0;
@@ -197,7 +240,7 @@ struct grant_pool_state {
   void rebuild_index() noexcept {
     index.clear();
     for (std::uint32_t s = 0; s < slots.size(); ++s)
-      if (slots[s].window) index.emplace_back(slots[s].window.native_handle()->rkey >> 8, s);
+      if (slots[s].window) index.push_back({slots[s].window.native_handle()->rkey >> 8, s});
     std::sort(index.begin(), index.end());
   }
   void reindex(std::uint32_t old_key, std::uint32_t s) noexcept {
@@ -313,9 +356,9 @@ public:
   /// - errc::unsafe_grant: only type-2 windows on a device where a peer could panic the kernel
   ///   with them (opt in with grant_options::trusted_peers).
   /// - the errno of ibv_query_device_ex, ibv_reg_mr (ENOMEM: too many pinned pages, see
-  ///   `ulimit -l`) and ibv_alloc_mw; ENOMEM when the vectors cannot be allocated. Nothing is
+  ///   `ulimit -l`) and ibv_alloc_mw; ENOMEM when the arrays cannot be allocated. Nothing is
   ///   left allocated.
-  /// \mallocs The state, three vectors of o.slots entries, each exact region's node, and what
+  /// \mallocs The state, three arrays of o.slots entries, each exact region's node, and what
   /// verbs allocates.
   [[nodiscard]] static result<GrantPool> create(const ProtectionDomain &pd, const MemoryRegion &buffers,
                                                 grant_pool_options o = {}) noexcept {
@@ -341,13 +384,8 @@ public:
     st.pd = pd.native_handle();
     st.pd_link = detail::child_link(detail::handle_access::node(pd));
     st.tag = grant_pool_wr_tag | (std::uint64_t(next_id()) << 32);
-    try {
-      st.slots.resize(n);
-      st.free.reserve(n);
-      st.index.reserve(n);
-    } catch (...) {
+    if (!st.slots.allocate(n, true) || !st.free.allocate(n, false) || !st.index.allocate(n, false))
       return std::make_error_code(std::errc::not_enough_memory);
-    }
     const access_flags acc = (buffers.access() & access::local_write) | access::mw_bind;
     for (std::size_t i = 0; i < n; ++i) {
       detail::grant_slot &s = st.slots[i];
@@ -620,9 +658,9 @@ private:
     detail::grant_pool_state *st = std::exchange(st_, nullptr);
     if (!st) return;
     st->open = false;
-    st->slots.clear(); // windows first, then regions (grant_slot's member order)
-    st->free.clear();
-    st->index.clear();
+    st->slots.release(); // per slot the window first, then the region (grant_slot's member order)
+    st->free.release();
+    st->index.release();
     st->pd_link.drop();
     detail::grant_pool_state::unref(st);
   }
