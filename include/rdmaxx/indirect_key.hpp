@@ -296,7 +296,9 @@ public:
     l.max_repeat_entries = l.max_entries;
     l.max_segments = st().max_segments;
     l.nested_software_only = true;
-    l.remote_needs_mw_bind = true;
+    // Exact regions: the key's own registrations carry the remote rights and MW_BIND.
+    l.remote_rights_own = st().grant == grant_mechanism::type1_exact_region;
+    l.remote_needs_mw_bind = !l.remote_rights_own;
     return l;
   }
 
@@ -330,10 +332,12 @@ public:
   /// Configure the key with layout `l` and rights `acc`, as operations of `batch` (opened on
   /// `qp`; they take effect when it is submitted, in order with what follows on that QP).
   /// mlx5: one mkey-configure work request (IBV_SEND_INLINE added to w.flags). Software: the
-  /// layout is flattened now; with remote rights, one type-2 window per segment is allocated and
-  /// bound (ibv_wr_bind_mw; w.flags' signaled bit on the last bind only). Rights: local_write,
-  /// remote_read, remote_write, remote_atomic, each granted by every underlying region (software
-  /// remote rights also need IBV_ACCESS_MW_BIND on the MRs).
+  /// layout is flattened now; with remote rights, one window per segment is allocated and bound
+  /// (ibv_wr_bind_mw; w.flags' signaled bit on the last bind only): on the exact-region mechanism
+  /// (the default on rxe) a type-1 window over a region of exactly the segment registered by the
+  /// key, so the underlying regions need no remote rights and no MW_BIND (remote write/atomic:
+  /// LOCAL_WRITE); type-2 windows over the underlying regions otherwise, which must then grant
+  /// the rights and have IBV_ACCESS_MW_BIND. mlx5: every underlying region grants the rights.
   /// mlx5: `qp` must come from mlx5::create_umr_qp (or create_indirect_key_qp); the key is then
   /// pending until the configure's completion is handed to complete() (descriptor() refuses
   /// until then). If the batch is dropped or its submit() fails, the batch undoes the configure

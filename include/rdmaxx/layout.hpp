@@ -180,6 +180,11 @@ struct layout_limits {
   bool nested_hardware_only = false;      ///< mlx5: nested keys must be hardware keys
   bool nested_software_only = false;      ///< software: nested keys must be software keys
   bool remote_needs_mw_bind = false;      ///< software: remote rights need MRs with mw_bind
+  /// Software over exact regions (grant_mechanism::type1_exact_region): the key registers its
+  /// own region per segment, so the sources need no remote rights and no mw_bind (and their own
+  /// rkeys, which reach the whole region, need not exist); remote write or atomic rights need
+  /// LOCAL_WRITE on the source.
+  bool remote_rights_own = false;
   /// Rights a key of this backend can be configured with.
   access_flags allowed_access = access::local_write | access::remote_read | access::remote_write |
                                 access::remote_atomic;
@@ -338,7 +343,12 @@ public:
       }
       if (e.offset > s.length || span > s.length - e.offset) return layout_error(errc::out_of_range, i);
       if (pd && s.pd && s.pd != pd) return layout_error(errc::pd_mismatch, i);
-      if (!s.access.has(rights) && !rights.empty()) return layout_error(errc::missing_access, i);
+      access_flags need = rights;
+      if (lim.remote_rights_own && !s.indirect) { // a nested key grants only what it has
+        need = rights & access::local_write;
+        if (rights.any(access::remote_write | access::remote_atomic)) need |= access::local_write;
+      }
+      if (!s.access.has(need) && !need.empty()) return layout_error(errc::missing_access, i);
       if (lim.remote_needs_mw_bind &&
           rights.any(access::remote_read | access::remote_write | access::remote_atomic) &&
           !s.access.any(access::mw_bind))

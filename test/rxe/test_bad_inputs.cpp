@@ -244,6 +244,7 @@ void bad_inputs(const std::string &only) {
   auto kc = need(IndirectKey::create(pd, 8), "configured key");
   auto kl = need(IndirectKey::create(pd, 8), "local-only key");
   auto k2 = need(IndirectKey::create(pd2, 8), "key on pd2");
+  auto kt = need(IndirectKey::create(pd, 8, {.trusted_peers = true}), "type-2 software key");
   {
     auto b = lb.b.start_send();
     need(kc.configure(lb.b, b, layout::list({{mt, 3000, 100}, {mt, 100, 50}}), remote_rw,
@@ -1280,9 +1281,9 @@ void bad_inputs(const std::string &only) {
   t.add("layout + configure", "remote write over an MR without it", layout_is(errc::missing_access, 1), [&] {
     return configure_with(k, lb.b, layout::list({{mt, 0, 8}, {m_nolw, 0, 8}}), remote_rw);
   });
-  t.add("layout + configure", "remote rights over an MR without MW_BIND (software backend)",
+  t.add("layout + configure", "remote rights over an MR without MW_BIND (type-2 software backend)",
         layout_is(errc::missing_access, 0), [&] {
-          return configure_with(k, lb.b, layout::list({{m_nobind, 0, 8}}), access::remote_read);
+          return configure_with(kt, lb.b, layout::list({{m_nobind, 0, 8}}), access::remote_read);
         });
   t.add("layout + configure", "remote rights over a raw region (no MR)",
         layout_is(errc::null_handle, no_entry), [&] {
@@ -1564,7 +1565,7 @@ void bad_inputs(const std::string &only) {
   // Everything is destroyable through the checked calls, children first.
   for (MemoryWindow *w : {&w1, &w2, &w1b, &w2b, &w2i, &w2x}) destroyed(w->dealloc(), "window");
   destroyed(g.revoke(), "strict grant");
-  for (IndirectKey *key : {&k, &kc, &kl, &k2}) destroyed(key->destroy(), "indirect key");
+  for (IndirectKey *key : {&k, &kc, &kl, &k2, &kt}) destroyed(key->destroy(), "indirect key");
   for (MemoryRegion *m : {&mt, &mt2, &mt_x, &ms, &md, &mrr, &ma, &m_nobind, &m_nolw, &mu})
     destroyed(m->dereg(), "memory region");
   for (QueuePair *q : {&lb.a, &lb.b, &p2.a, &p2.b, &vp.a, &vp.b}) destroyed(q->destroy(), "queue pair");

@@ -463,12 +463,12 @@ TEST_CASE("ikey: local use expands into SGEs, refused beyond max_sge", "[ikey]")
   CHECK(all_equal(dst.data() + 64, 64, 0xEE));
 }
 
-TEST_CASE("ikey: software remote rights need mw_bind on every region; PDs must match", "[ikey]") {
+TEST_CASE("ikey: type-2 software remote rights need mw_bind on every region; PDs must match", "[ikey]") {
   loopback lb;
   std::vector<unsigned char> a(64), b(64);
   auto ma = need(MemoryRegion::reg(lb.pd, a.data(), a.size(), target_rw), "reg a");
   auto mb = need(MemoryRegion::reg(lb.pd, b.data(), b.size(), remote_rw), "reg b (no mw_bind)");
-  auto key = need(IndirectKey::create(lb.pd, 4), "create");
+  auto key = need(IndirectKey::create(lb.pd, 4, {.trusted_peers = true}), "create (type-2 windows)");
   auto batch = lb.b.start_send();
   auto r = key.configure(lb.b, batch, layout::list({{ma, 0, 8}, {mb, 0, 8}}), remote_rw);
   REQUIRE_FALSE(r.has_value());
@@ -522,4 +522,34 @@ TEST_CASE("rxe defect: ibv_wr_set_sge_list miscounts unequal SGEs; ibv_post_send
   CHECK(std::memcmp(dst.data(), s2.data() + 17, 3) == 0);
   CHECK(std::memcmp(dst.data() + 3, s1.data() + 250, 50) == 0);
   CHECK(all_equal(dst.data() + 60, dst.size() - 60, 0xEE));
+}
+
+TEST_CASE("ikey: exact regions need no remote rights and no mw_bind on the underlying regions", "[ikey]") {
+  // The default on rxe: the key registers a region of exactly each segment, so the underlying
+  // regions' own rkeys (which reach all of them) need not exist with remote rights at all.
+  loopback lb;
+  std::vector<unsigned char> a(4096, 0x11), b(4096, 0x22);
+  auto ma = need(MemoryRegion::reg(lb.pd, a.data(), a.size(), access::local_write), "reg a (local only)");
+  auto mb = need(MemoryRegion::reg(lb.pd, b.data(), b.size(), access::local_write), "reg b (local only)");
+  auto mr_ro = need(MemoryRegion::reg(lb.pd, b.data(), b.size(), access_flags{}), "reg b (no rights)");
+  auto key = need(IndirectKey::create(lb.pd, 4), "create");
+  REQUIRE(key.limits(lb.b).remote_rights_own);
+  configure(lb, key, layout::list({{ma, 100, 8}, {mb, 200, 8}}), remote_rw);
+  const ikey_descriptor d = exchange(key);
+  std::vector<unsigned char> src(16, 0x5A);
+  auto ms = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "reg src");
+  CHECK(write_through(lb, d, 0, ms, src.size()) == 2); // one WR per segment
+  // each segment's 8 bytes got the write; nothing around them
+  CHECK(all_equal(a.data() + 100, 8, 0x5A));
+  CHECK(all_equal(a.data(), 100, 0x11));
+  CHECK(all_equal(a.data() + 108, a.size() - 108, 0x11));
+  CHECK(all_equal(b.data() + 200, 8, 0x5A));
+  CHECK(all_equal(b.data(), 200, 0x22));
+  CHECK(all_equal(b.data() + 208, b.size() - 208, 0x22));
+  // remote write still needs LOCAL_WRITE on the source
+  auto k2 = need(IndirectKey::create(lb.pd, 4), "create 2");
+  auto batch = lb.b.start_send();
+  auto r = k2.configure(lb.b, batch, layout::list({{mr_ro, 0, 8}}), remote_rw);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(layout_errc(r.error()) == errc::missing_access);
 }
