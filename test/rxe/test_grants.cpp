@@ -66,7 +66,7 @@ struct raw_server {
   unsigned char *block() { return mem.data(); }
   unsigned char *rx(unsigned i) { return mem.data() + slot_bytes + i * msg_bytes; }
   explicit raw_server(ibv_pd *p) : pd(p) {
-    mr = ::ibv_reg_mr(pd, mem.data(), mem.size(), IBV_ACCESS_LOCAL_WRITE);
+    mr = ::ibv_reg_mr(pd, mem.data(), mem.size(), int(IBV_ACCESS_LOCAL_WRITE));
     REQUIRE(mr != nullptr);
   }
   ~raw_server() { ::ibv_dereg_mr(mr); }
@@ -567,7 +567,7 @@ TEST_CASE("[grants] a server that disconnects or is killed mid-request (rdma_cm)
       auto c = Connection::connect(address::parse(to).value(), {.timeout_ms = 10000});
       if (!c) ::_exit(1);
       static unsigned char mem[slot_bytes + 8 * msg_bytes];
-      ibv_mr *m = ::ibv_reg_mr(c.value().pd().native_handle(), mem, sizeof mem, IBV_ACCESS_LOCAL_WRITE);
+      ibv_mr *m = ::ibv_reg_mr(c.value().pd().native_handle(), mem, sizeof mem, int(IBV_ACCESS_LOCAL_WRITE));
       if (!m) ::_exit(2);
       for (unsigned i = 0; i < 4; ++i) {
         ibv_sge s{reinterpret_cast<std::uint64_t>(mem + slot_bytes + i * msg_bytes), msg_bytes, m->lkey};
