@@ -182,22 +182,10 @@ result<bool> peer(const address &to) noexcept {
   return ok;
 }
 
-// "Loopback" for RDMA is the IPv4 address of the local device: rxe sits on a real (or dummy)
-// interface, not on lo. Read it from the first device's GID table (the IPv4-mapped RoCE GID).
-result<std::string> device_ipv4() noexcept {
+// "Loopback" for RDMA: the IPv4 address of the first device (address::of_device).
+result<address> device_ipv4() noexcept {
   RDMAXX_TRY(ctx, Context::open_first());
-  RDMAXX_TRY(port, ctx.query_port(1));
-  for (int i = 0; i < port.gid_tbl_len; ++i) {
-    auto g = ctx.query_gid(1, i);
-    if (!g) continue;
-    const auto &r = g.value().raw;
-    bool mapped = r[10] == 0xff && r[11] == 0xff;
-    for (int k = 0; k < 10; ++k) mapped = mapped && r[k] == 0;
-    if (mapped)
-      return std::to_string(r[12]) + "." + std::to_string(r[13]) + "." + std::to_string(r[14]) +
-             "." + std::to_string(r[15]);
-  }
-  return make_error_code(errc::no_device);
+  return address::of_device(ctx);
 }
 
 int report(const char *role, const result<bool> &r) {
@@ -249,7 +237,7 @@ int main(int argc, char **argv) {
     int rc = 1;
     auto ip = device_ipv4();
     if (!ip) rc = report("peer", ip.error());
-    else if (got) rc = report("peer", peer(address::parse(ip.value() + ":" + std::to_string(port)).value()));
+    else if (got) rc = report("peer", peer(ip.value().with_port(port)));
     std::fflush(stdout);
     ::_exit(rc);
   }

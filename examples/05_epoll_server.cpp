@@ -176,20 +176,10 @@ result<bool> client(const address &to, int id) noexcept {
   return got_reply;
 }
 
-result<std::string> device_ipv4() noexcept {
+// "Loopback" for RDMA: the IPv4 address of the first device (address::of_device).
+result<address> device_ipv4() noexcept {
   RDMAXX_TRY(ctx, Context::open_first());
-  RDMAXX_TRY(port, ctx.query_port(1));
-  for (int i = 0; i < port.gid_tbl_len; ++i) {
-    auto g = ctx.query_gid(1, i);
-    if (!g) continue;
-    const auto &r = g.value().raw;
-    bool mapped = r[10] == 0xff && r[11] == 0xff;
-    for (int k = 0; k < 10; ++k) mapped = mapped && r[k] == 0;
-    if (mapped)
-      return std::to_string(r[12]) + "." + std::to_string(r[13]) + "." + std::to_string(r[14]) +
-             "." + std::to_string(r[15]);
-  }
-  return make_error_code(errc::no_device);
+  return address::of_device(ctx);
 }
 
 int report(const char *role, const result<bool> &r) {
@@ -221,19 +211,19 @@ int main(int argc, char **argv) {
   constexpr int clients = 3;
   auto ip = device_ipv4();
   if (!ip) return report("server", ip.error());
-  const std::string at = ip.value() + ":7473";
+  const address at = ip.value().with_port(7473);
   std::fflush(stdout);
   std::vector<pid_t> kids;
   for (int i = 0; i < clients; ++i) {
     const pid_t p = ::fork();
     if (p == 0) {
-      const int rc = report("client", client(address::parse(at).value(), i));
+      const int rc = report("client", client(at, i));
       std::fflush(stdout);
       ::_exit(rc);
     }
     kids.push_back(p);
   }
-  const int server_rc = report("server", server(address::parse(at).value(), clients));
+  const int server_rc = report("server", server(at, clients));
   int bad = 0;
   for (pid_t p : kids) {
     int st = 0;

@@ -718,20 +718,10 @@ private:
   client_stats st_;
 };
 
-result<std::string> device_ipv4() noexcept {
+// "Loopback" for RDMA: the IPv4 address of the first device (address::of_device).
+result<address> device_ipv4() noexcept {
   RDMAXX_TRY(ctx, Context::open_first());
-  RDMAXX_TRY(port, ctx.query_port(1));
-  for (int i = 0; i < port.gid_tbl_len; ++i) {
-    auto g = ctx.query_gid(1, i);
-    if (!g) continue;
-    const auto &r = g.value().raw;
-    bool mapped = r[10] == 0xff && r[11] == 0xff;
-    for (int k = 0; k < 10; ++k) mapped = mapped && r[k] == 0;
-    if (mapped)
-      return std::to_string(r[12]) + "." + std::to_string(r[13]) + "." + std::to_string(r[14]) +
-             "." + std::to_string(r[15]);
-  }
-  return make_error_code(errc::no_device);
+  return address::of_device(ctx);
 }
 
 int report(const char *role, const result<bool> &r) {
@@ -796,7 +786,7 @@ int main(int argc, char **argv) {
     if (!ip) rc = report("client", ip.error());
     else if (got) {
       // 150 requests, every 25th stalled: late accesses land while later requests hold the slot.
-      client c(address::parse(ip.value() + ":" + std::to_string(port)).value(), 25);
+      client c(ip.value().with_port(port), 25);
       rc = report("client", c.run(150));
     }
     std::fflush(stdout);

@@ -304,6 +304,27 @@ public:
     return a;
   }
 
+  /// The IPv4 address of a device's port, port 0, read from its GID table (the first IPv4-mapped
+  /// RoCE GID): "loopback" for RDMA, since rxe sits on a real or dummy interface, not on lo.
+  /// \errors
+  /// - errc::null_handle: `ctx` is null.
+  /// - errc::no_device: the port has no IPv4 address (no IPv4-mapped GID).
+  /// - the errno of ibv_query_port.
+  /// \mallocs None.
+  [[nodiscard]] static result<address> of_device(const Context &ctx, std::uint8_t port_num = 1) noexcept {
+    if (!ctx) return make_error_code(errc::null_handle);
+    RDMAXX_TRY(pa, ctx.query_port(port_num));
+    for (int i = 0; i < pa.gid_tbl_len; ++i) {
+      auto g = ctx.query_gid(port_num, i);
+      if (!g || !detail::gid_is_v4_mapped(g.value())) continue;
+      address a;
+      a.s_.v4.sin_family = AF_INET;
+      std::memcpy(&a.s_.v4.sin_addr, g.value().raw + 12, 4);
+      return a;
+    }
+    return make_error_code(errc::no_device);
+  }
+
   /// The port (host byte order); 0 for "any".
   [[nodiscard]] std::uint16_t port() const noexcept {
     return ntohs(v6_ ? s_.v6.sin6_port : s_.v4.sin_port);

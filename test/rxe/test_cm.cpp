@@ -491,3 +491,15 @@ TEST_CASE("8 concurrent clients, each with its own QP, each doing verified write
   // Nothing leaked: the same resource counts as before.
   CHECK(resources() == before);
 }
+
+TEST_CASE("address::of_device: the device's IPv4 address from its GID table", "[cm]") {
+  auto ctx = open_device();
+  const auto a = need(address::of_device(ctx), "of_device");
+  CHECK(a.to_string() == std::string(local_ip) + ":0"); // rxe0 sits on dummy0, 192.0.2.1
+  CHECK_FALSE(a.is_v6());
+  CHECK(address::of_device(Context{}).error() == errc::null_handle);
+  CHECK_FALSE(address::of_device(ctx, 7)); // no such port: ibv_query_port's errno
+  // What the examples connect to: a listener there accepts.
+  auto l = need(Listener::listen(a), "listen on the device address");
+  CHECK(l.port() != 0);
+}
