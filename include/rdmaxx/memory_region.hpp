@@ -111,6 +111,11 @@ public:
   MemoryRegion() noexcept = default;
   /// Takes over `o`'s registration (and owned memory); `o` is left null.
   MemoryRegion(MemoryRegion &&) noexcept = default;
+  /// ibv_dereg_mr (withheld while windows or keys use the region: then deferred to the last of
+  /// them), then munmap of allocate()'s memory, after the deregistration even when deferred.
+  ~MemoryRegion() {
+    if (h_) h_.reset(pages_.hand_over());
+  }
   /// Deregisters the region this one held (then unmaps its memory), takes over `o`'s.
   /// Swap-based so that the old registration is destroyed in the right order (dereg, then unmap).
   MemoryRegion &operator=(MemoryRegion &&o) noexcept {

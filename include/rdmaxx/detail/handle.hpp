@@ -5,12 +5,16 @@
 /// does not keep its Context alive, a MemoryRegion does not keep its ProtectionDomain alive, a
 /// QueuePair does not keep its PD or CQs alive. Destroy children before parents.
 ///
-/// A parent counts its live children in a small node allocated once when the parent is created
-/// (never touched on the fast path). If a parent is destroyed while children are alive, its destroy
-/// verb is NOT called then (verbs would refuse, or, for a device context, tear the children down
-/// under the application's feet): the destroy-failure hook is told, and the destruction is
-/// deferred: the parent's C object stays valid, so the children remain usable and destroyable, and
-/// the last child to go destroys the parent. Nothing is leaked, nothing is silent.
+/// A parent's node holds ONE count: the owning handle's reference plus one per live child. Whoever
+/// takes it to zero finishes the object, and nobody touches the node after its own decrement (so
+/// a parent and its last child destroyed on two threads neither leak nor race). If a parent is
+/// destroyed while children are alive, its destroy verb is NOT called then (verbs would refuse,
+/// or, for a device context, tear the children down under the application's feet): the
+/// destroy-failure hook is told, and the destruction is deferred: the handle writes into the node
+/// everything the destruction needs (the C object, its verb, its own parents' registrations and
+/// what must be freed after it, e.g. an allocated region's pages) and drops its reference; the
+/// C object stays valid, so the children remain usable and destroyable, and the last child to go
+/// destroys the parent. Nothing is leaked, nothing is silent.
 #pragma once
 
 #include "../error.hpp"
@@ -52,41 +56,53 @@ private:
 /// the MR it is bound to and, type 2, the QP it was bound through).
 inline constexpr std::size_t max_parents = 3;
 
-/// Live-children counter of a parent object, and what to do with the parent if it is destroyed
-/// while children still use it (orphaned: destroyed by its last child). An orphan carries every
-/// parent it had, so each of them stays counted until the orphan is really destroyed.
+/// What a deferred destruction frees after the C object is gone (an allocate()d region's pages:
+/// they must stay mapped while windows and keys on the region are live).
+struct after_destroy {
+  void (*fn)(void *, std::size_t) noexcept = nullptr;
+  void *p = nullptr;
+  std::size_t n = 0;
+  void run() const noexcept {
+    if (fn) fn(p, n);
+  }
+};
+
+/// The count of a parent object (its owning handle + its live children) and, once the handle has
+/// let go while children remain (deferred destruction), what the last of them must do. An orphan
+/// carries every parent it had, so each of them stays counted until the orphan is destroyed.
 struct parent_node {
-  std::atomic<std::uint32_t> children{0};
-  std::atomic<bool> orphaned{false};
-  std::atomic<bool> claimed{false};   // whoever sets it first finishes the orphan
-  void *native = nullptr;              // the orphaned C object
+  std::atomic<std::uint32_t> refs{1}; // the owning handle's + one per live child
+  // Written by the owning handle before it drops its reference; read by whoever drops the last.
+  void *native = nullptr;              // the C object; null: released, only the node is freed
   int (*destroy)(void *) noexcept = nullptr;
   const char *object = nullptr;
   const char *verb = nullptr;
   parent_node *parents[max_parents] = {}; // the orphan's own registrations with its parents
+  after_destroy after;
 };
 
 void release_child(parent_node *p) noexcept;
 
-/// Destroy an orphaned parent now that its last child is gone, then release its own parents. If
-/// the verb fails the object is still alive in its parents: they stay counted (and so are
-/// reported, not destroyed under it, when they go).
+/// The last reference to `n` is gone: destroy the orphaned C object (if the handle did not
+/// release it), free what it carried, free the node, then release its own parents. If the verb
+/// fails the object is still alive in its parents: they stay counted (and so are reported, not
+/// destroyed under it, when they go), and what it carried (its memory) is kept.
 [[gnu::cold]] inline void finish_orphan(parent_node *n) noexcept {
-  const int rc = n->destroy(n->native);
+  const int rc = n->native ? n->destroy(n->native) : 0;
   parent_node *up[max_parents];
   for (std::size_t i = 0; i < max_parents; ++i) up[i] = n->parents[i];
+  const after_destroy after = n->after;
   if (rc != 0) report_destroy_failure({n->object, n->verb, errno_code(rc), 0});
   delete n;
   if (rc != 0) return;
+  after.run();
   for (parent_node *p : up)
     if (p) release_child(p);
 }
 
-/// One child of `p` is gone.
+/// Drop one reference (a child gone, or the deferring owner): whoever drops the last finishes.
 inline void release_child(parent_node *p) noexcept {
-  if (p->children.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
-      p->orphaned.load(std::memory_order_acquire) &&
-      !p->claimed.exchange(true, std::memory_order_acq_rel)) [[unlikely]]
+  if (p->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) [[unlikely]]
     finish_orphan(p);
 }
 
@@ -97,7 +113,7 @@ class child_link {
 public:
   constexpr child_link() noexcept = default;
   explicit child_link(parent_node *p) noexcept : p_(p) {
-    if (p) p->children.fetch_add(1, std::memory_order_relaxed);
+    if (p) p->refs.fetch_add(1, std::memory_order_relaxed);
   }
   child_link(child_link &&) noexcept = default;
   child_link &operator=(child_link &&o) noexcept {
@@ -170,7 +186,7 @@ public:
     return links_[index<S>()].parent();
   }
   [[nodiscard]] std::uint32_t live_children() const noexcept {
-    return node_.get() ? node_.get()->children.load(std::memory_order_acquire) : 0;
+    return node_.get() ? node_.get()->refs.load(std::memory_order_acquire) - 1 : 0;
   }
 
   /// Register with parent `p` in slot S (null: no parent there), releasing the one it replaces
@@ -191,11 +207,15 @@ public:
   }
   /// Replace the owned object without destroying the old one (the caller destroyed it).
   void replace(native *p) noexcept { p_.reset(p); }
-  /// Give the object up without destroying it (the caller owns it now): its parents' counts and
-  /// its own children counter are released. Only for an object without live children.
+  /// Give the object up without destroying it (the caller owns it now): its parents' counts are
+  /// released. If children still use it, the node stays until the last of them goes (it then
+  /// frees only the node: the object is the caller's).
   [[nodiscard]] native *release() noexcept {
     native *p = p_.release();
-    delete node_.release();
+    if (parent_node *node = node_.release()) {
+      node->native = nullptr;
+      release_child(node);
+    }
     drop_links();
     return p;
   }
@@ -205,7 +225,7 @@ public:
   result<void> destroy() noexcept {
     native *p = p_.get();
     if (!p) return success();
-    if (const auto n = live_children(); n != 0) return make_error_code(errc::busy);
+    if (live_children() != 0) return make_error_code(errc::busy);
     if (const int rc = Traits::destroy(p); rc != 0) return errno_code(rc);
     p_.release();
     delete node_.release();
@@ -213,32 +233,35 @@ public:
     return success();
   }
 
-  void reset() noexcept {
+  /// Destroy (or, while children live, defer the destruction to the last of them); `after` runs
+  /// once the object is destroyed (not if its verb fails: the object, and so its memory, stays).
+  void reset(after_destroy after = {}) noexcept {
     native *p = p_.release();
     if (!p) return;
-    if (const auto n = live_children(); n != 0) {
-      // Children still use it: defer the destruction to the last of them (see the rule above).
-      report_destroy_failure({Traits::object, Traits::verb, make_error_code(errc::busy), n});
-      parent_node *node = node_.release();
+    parent_node *node = node_.release();
+    if (node && node->refs.load(std::memory_order_acquire) != 1) {
+      // Children still use it: hand the destruction to whoever drops the last reference (it may
+      // be this thread, if the last child went in the meantime). The node is not touched after
+      // this thread's decrement.
       node->native = p;
       node->destroy = &destroy_erased;
       node->object = Traits::object;
       node->verb = Traits::verb;
+      node->after = after;
       for (std::size_t i = 0; i < parents; ++i) node->parents[i] = links_[i].transfer();
-      node->orphaned.store(true, std::memory_order_release);
-      // The last child may have gone in the meantime: then nobody else will finish it.
-      if (node->children.load(std::memory_order_acquire) == 0 &&
-          !node->claimed.exchange(true, std::memory_order_acq_rel))
-        finish_orphan(node);
+      const std::uint32_t was = node->refs.fetch_sub(1, std::memory_order_acq_rel);
+      if (was == 1) finish_orphan(node);
+      else report_destroy_failure({Traits::object, Traits::verb, make_error_code(errc::busy), was - 1});
       return;
     }
+    delete node;
     if (const int rc = Traits::destroy(p); rc != 0) {
       report_destroy_failure({Traits::object, Traits::verb, errno_code(rc), 0});
       for (auto &l : links_) l.keep(); // the object is still alive in its parents
     } else {
       drop_links();
+      after.run();
     }
-    delete node_.release();
   }
 
   void swap(handle &o) noexcept {

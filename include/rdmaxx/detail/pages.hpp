@@ -51,12 +51,20 @@ public:
     return owned_pages(p, len, false);
   }
 
+  /// Give the mapping up to whoever destroys the region that uses it (detail::handle::reset):
+  /// unmapped only after the region, which a deferred destruction may delay.
+  [[nodiscard]] after_destroy hand_over() noexcept {
+    if (!p_.get()) return {};
+    return {&unmap, p_.release(), len_};
+  }
+
   [[nodiscard]] void *data() const noexcept { return p_.get(); }
   [[nodiscard]] std::size_t mapped_length() const noexcept { return len_; }
   [[nodiscard]] bool huge() const noexcept { return huge_; }
   [[nodiscard]] explicit operator bool() const noexcept { return p_.get() != nullptr; }
 
 private:
+  static void unmap(void *p, std::size_t len) noexcept { ::munmap(p, len); }
   owned_pages(void *p, std::size_t len, bool huge) noexcept : p_(p), len_(len), huge_(huge) {}
   moved_ptr<void> p_;
   std::size_t len_ = 0;
