@@ -37,7 +37,7 @@ int main() {
   const access_flags owner = access::local_write | access::mw_bind;
   auto mr = bench::must(MemoryRegion::reg(s.pd, buf.data(), buf.size(), owner), "reg");
   auto ms = bench::must(MemoryRegion::reg(s.pd, src.data(), src.size(), access::local_write), "reg src");
-  auto w2 = bench::must(MemoryWindow::alloc(s.pd, mw_type::type2), "alloc type 2");
+  auto w2 = bench::must(MemoryWindow::alloc(s.pd, mw_type::type2, bench::accept_risk), "alloc type 2");
   auto safe = bench::must(StrictGrant::create(s.pd, mr, {8192, 4096}), "strict grant");
   const access_flags rights = access::remote_write | access::remote_read;
   ibv_wc wc{};
@@ -61,7 +61,7 @@ int main() {
   const layout l = layout::list({{m1, 3, 301}, {m2, 100, 333}, {m3, 7, 350},
                                  {m1, 4000, 299}, {m3, 5000, 360}, {m2, 6000, 355}});
   auto k_safe = bench::must(IndirectKey::create(s.pd, 8), "ikey default");
-  auto k_t2 = bench::must(IndirectKey::create(s.pd, 8, {.trusted_peers = true}), "ikey type 2");
+  auto k_t2 = bench::must(IndirectKey::create(s.pd, 8, {.trusted_peers = true, .type2 = bench::accept_risk}), "ikey type 2");
   auto ikey_cycle = [&](IndirectKey &k, long n) {
     for (long i = 0; i < n; ++i) {
       auto b = s.b.start_send();

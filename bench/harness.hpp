@@ -10,6 +10,8 @@
 // run uses a tiny one); RDMAXX_BENCH_JSON=path appends one JSON object per result line.
 #pragma once
 
+#include <rdmaxx/device.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,6 +21,9 @@
 #include <vector>
 
 namespace bench {
+
+// Type-2 windows measured on rxe accept the device-wide exposure (see type2_risk).
+inline constexpr rdmaxx::type2_risk accept_risk = rdmaxx::type2_risk::accept_kernel_panic_by_any_peer;
 
 inline double scale() {
   const char *s = std::getenv("RDMAXX_BENCH_SCALE");

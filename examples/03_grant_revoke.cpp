@@ -23,6 +23,7 @@
 // memory was untouched by it.
 #include <rdmaxx/connection.hpp>
 #include <rdmaxx/memory_window.hpp>
+#include <rdmaxx/strict_grant.hpp>
 #include <rdmaxx/rdmaxx.hpp>
 #include <rdmaxx/remote_descriptor.hpp>
 

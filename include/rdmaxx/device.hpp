@@ -107,12 +107,28 @@ enum class grant_mechanism : std::uint8_t {
   type1_exact_region,
 };
 
+/// The acknowledgement every public path that would allocate a type-2 window asks for on a device
+/// where a peer's send-with-invalidate of an unbound type-2 window panics the kernel
+/// (Capabilities::remote_inv_unbound_mw_panics, rxe). The exposure is DEVICE-WIDE, not per peer:
+/// rxe checks neither the PD nor the QP of a remote invalidation, and window keys are guessable
+/// (a sequential index and 8 bits), so once one type-2 window exists on the device, any peer that
+/// can reach it (another PD, another process, another host) can find its key and panic the
+/// kernel. Only the panic canaries and tests of type-2 behaviour pass the acceptance.
+enum class type2_risk : std::uint8_t {
+  refuse,                          ///< the default: errc::unsafe_grant on such a device
+  accept_kernel_panic_by_any_peer, ///< allocate anyway, knowing the whole device is exposed
+};
+
 /// Opt-ins for StrictGrant::create (and anything else that hands a peer a key).
 struct grant_options {
   /// The peers are trusted not to send a send-with-invalidate naming a key that is no longer bound
-  /// (or one twice): type-2 windows and remote invalidation are used even where the device panics
-  /// on them (rxe). Default false: the library chooses the mechanism (Capabilities::grant).
+  /// (or one twice): type-2 windows and remote invalidation are used where the device is not
+  /// known to panic on them. On a device known to panic (rxe) this is not enough (the exposure is
+  /// device-wide, see type2_risk): type 2 there needs `type2`. Default false: the library chooses
+  /// the mechanism (Capabilities::grant).
   bool trusted_peers = false;
+  /// Type-2 windows on a device where any peer could then panic the kernel (see type2_risk).
+  type2_risk type2 = type2_risk::refuse;
 };
 
 /// The vendor id rxe (Soft-RoCE) reports (ibv_device_attr::vendor_id).
@@ -188,8 +204,9 @@ struct Capabilities {
 
 namespace detail {
 /// The library's choice of grant mechanism (pure: no verbs). RDMAXX_GRANT=type2 (or type1) in
-/// the environment forces that mechanism where the device has the window type: the panic
-/// canaries use it to show the guard is needed; never set it for untrusted peers.
+/// the environment forces that mechanism where the device has the window type, except type 2 on
+/// a device known to panic (only grant_options::type2 allows that: the panic canaries pass it);
+/// never set it for untrusted peers.
 struct grant_choice {
   grant_mechanism mechanism = grant_mechanism::none;
   const char *reason = "";
@@ -199,27 +216,33 @@ struct grant_choice {
 [[nodiscard]] inline grant_choice choose_grant(bool type1, bool type2b, tristate panics,
                                                grant_options o, const char *forced) noexcept {
   const std::string_view f = forced ? forced : "";
-  if (f == "type2" && type2b)
+  const bool risk = o.type2 == type2_risk::accept_kernel_panic_by_any_peer;
+  const bool panics_yes = panics == tristate::yes;
+  // The environment never exposes a kernel known to panic: only the caller's type2_risk does.
+  if (f == "type2" && type2b && !panics_yes)
     return {grant_mechanism::type2_window, "forced by RDMAXX_GRANT=type2 (unsafe with untrusted peers)"};
   if (f == "type1" && type1)
     return {grant_mechanism::type1_exact_region, "forced by RDMAXX_GRANT=type1"};
   if (!type1 && !type2b) return {grant_mechanism::none, "the device has no memory windows"};
-  if (o.trusted_peers && type2b)
+  if (risk && type2b)
+    return {grant_mechanism::type2_window,
+            "type-2B windows accepted with type2_risk::accept_kernel_panic_by_any_peer"};
+  if (o.trusted_peers && type2b && !panics_yes)
     return {grant_mechanism::type2_window, "trusted peers (grant_options::trusted_peers): type-2B windows"};
   if (panics == tristate::no && type2b)
     return {grant_mechanism::type2_window,
             "the device handles remote invalidation of unbound windows: type-2B windows, fastest revoke"};
   if (type1)
     return {grant_mechanism::type1_exact_region,
-            panics == tristate::yes
+            panics_yes
                 ? "a peer's send-with-invalidate of an unbound type-2 window panics this kernel: "
                   "type-1 windows over exact regions (cannot be remotely invalidated)"
                 : "remote invalidation of unbound type-2 windows not known safe here: "
                   "type-1 windows over exact regions (cannot be remotely invalidated)"};
-  if (panics == tristate::yes)
+  if (panics_yes)
     return {grant_mechanism::none,
             "only type-2 windows, and a peer's send-with-invalidate of an unbound one panics this "
-            "kernel: no grants unless grant_options::trusted_peers",
+            "kernel: no grants unless type2_risk::accept_kernel_panic_by_any_peer",
             true};
   return {grant_mechanism::type2_window, "only type-2 windows (defect not known for this device)"};
 }
@@ -233,6 +256,23 @@ inline void known_invalidate_defect(std::uint32_t vendor_id, bool mlx5dv, trista
     panics = tristate::no;
     measured_on = "";
   }
+}
+/// Whether a type-2 window may be allocated on the device of `ctx` (one ibv_query_device_ex):
+/// refused with errc::unsafe_grant where the kernel is known to panic (see type2_risk) unless
+/// accepted; a failed query fails closed (its errno).
+[[nodiscard]] inline std::error_code check_type2(ibv_context *ctx, type2_risk r) noexcept {
+  if (r == type2_risk::accept_kernel_panic_by_any_peer) return {};
+  ibv_device_attr_ex ax{};
+  if (const int rc = ::ibv_query_device_ex(ctx, nullptr, &ax)) return errno_code(rc);
+  bool mlx5dv = false;
+#if RDMAXX_HAVE_MLX5
+  mlx5dv = ::mlx5dv_is_supported(ctx->device);
+#endif
+  tristate panics = tristate::unknown;
+  const char *measured = "";
+  known_invalidate_defect(ax.orig_attr.vendor_id, mlx5dv, panics, measured);
+  if (panics == tristate::yes) return make_error_code(errc::unsafe_grant);
+  return {};
 }
 /// The grant mechanism for the device of `ctx` (one ibv_query_device_ex, no probes).
 [[nodiscard]] inline result<grant_choice> grant_for(ibv_context *ctx, grant_options o) noexcept {

@@ -122,10 +122,11 @@ enum class errc : int {
   /// (hand their completions to complete() before posting another), or a SendBatch already
   /// carries SendBatch::max_undo window and key operations (submit it and start another).
   too_many_pending,
-  /// The request would hand a peer a key it could use to crash this host's kernel (a type-2
-  /// window on a device with Capabilities::remote_inv_unbound_mw_panics): use the grant
-  /// mechanism the library chose (StrictGrant::create without a type), or opt in for trusted
-  /// peers (grant_options::trusted_peers).
+  /// The request would allocate a type-2 window on a device where any peer could then crash the
+  /// host's kernel (Capabilities::remote_inv_unbound_mw_panics; the exposure is device-wide, see
+  /// type2_risk): use the grant mechanism the library chose (StrictGrant::create without a type,
+  /// GrantPool, IndirectKey), or a type-1 window. Retrying does not help. Only a test of type-2
+  /// behaviour passes type2_risk::accept_kernel_panic_by_any_peer.
   unsafe_grant,
   private_data_too_long,     ///< rdma_cm private data above the transport's limit (56 bytes on
                              ///< connect, 196 on accept, 148 on reject): send less, or send the
@@ -185,7 +186,8 @@ public:
     case errc::too_many_pending:
       return "too many unconfirmed operations: hand their completions to complete() first";
     case errc::unsafe_grant:
-      return "unsafe grant: a peer could crash this device's kernel with this key (trusted peers only)";
+      return "unsafe grant: a type-2 window here lets any peer that reaches this device crash its "
+             "kernel; use the library's default grant (StrictGrant, GrantPool) or a type-1 window";
     case errc::private_data_too_long:
       return "private data too long: at most 56 bytes on connect, 196 on accept, 148 on reject";
     case errc::bad_address: return "bad address: expected A.B.C.D:PORT, [IPV6]:PORT or PORT";

@@ -41,7 +41,8 @@
 /// regions, revoked by the owner (a peer's send-with-invalidate is refused with
 /// IBV_WC_REM_INV_REQ_ERR and breaks the connection, never the kernel); devices without the defect
 /// (mlx5) type-2B windows, revocable by the peer's send-with-invalidate when the offer (offer())
-/// said so. grant_options::trusted_peers forces type 2 everywhere.
+/// said so. grant_options::trusted_peers forces type 2 where the device is not known to panic;
+/// on rxe only grant_options::type2 (type2_risk::accept_kernel_panic_by_any_peer) does.
 ///
 /// A late access (the peer reads or writes after the revocation executed) fails on the peer with
 /// IBV_WC_REM_ACCESS_ERR and moves both QPs of the connection to ERR: call revoke_all() once the
@@ -56,6 +57,7 @@
 #pragma once
 
 #include "access.hpp"
+#include "detail/grant_slot.hpp"
 #include "detail/handle.hpp"
 #include "device.hpp"
 #include "error.hpp"
@@ -91,7 +93,7 @@ struct grant_pool_options {
   std::uint64_t slot_size = 4096;
   /// Slots; 0: as many as fit in the region.
   std::size_t slots = 0;
-  /// See grant_options (trusted_peers forces type-2 windows).
+  /// See grant_options (trusted_peers and type2 for type-2 windows).
   grant_options grant{};
 };
 
@@ -198,14 +200,6 @@ private:
   std::size_t cap_ = 0, n_ = 0;
 };
 
-struct grant_slot {
-  enum class use : std::uint8_t { free, leased, dropped, retired };
-  MemoryRegion region; // declared first: destroyed after the window
-  MemoryWindow window;
-  std::byte *data = nullptr;
-  std::uint32_t key_changes = 0; // since the window was allocated (binds, type-1 unbinds)
-  use in_use = use::free;
-};
 // The pool's state lives apart from the GrantPool object so that moving the pool keeps its
 // leases valid, and a lease that outlives its pool finds it closed instead of dangling.
 struct grant_pool_state {
@@ -354,7 +348,7 @@ public:
   /// - errc::out_of_range: o.slot_size of 2^32 or more, or o.slots slots do not fit `buffers`.
   /// - errc::unsupported: no memory windows here.
   /// - errc::unsafe_grant: only type-2 windows on a device where a peer could panic the kernel
-  ///   with them (opt in with grant_options::trusted_peers).
+  ///   with them (see type2_risk; grant_options::type2 accepts the risk).
   /// - the errno of ibv_query_device_ex, ibv_reg_mr (ENOMEM: too many pinned pages, see
   ///   `ulimit -l`) and ibv_alloc_mw; ENOMEM when the arrays cannot be allocated. Nothing is
   ///   left allocated.
@@ -388,12 +382,10 @@ public:
       return std::make_error_code(std::errc::not_enough_memory);
     const access_flags acc = (buffers.access() & access::local_write) | access::mw_bind;
     for (std::size_t i = 0; i < n; ++i) {
-      detail::grant_slot &s = st.slots[i];
-      s.data = buffers.data() + i * o.slot_size;
-      RDMAXX_TRY(region, MemoryRegion::reg(pd, s.data, std::size_t(o.slot_size), acc));
-      RDMAXX_TRY(window, MemoryWindow::alloc(pd, st.type));
-      s.region = std::move(region);
-      s.window = std::move(window);
+      // grant_for chose type 2 only where it is safe or accepted in `o.grant`.
+      RDMAXX_TRY(slot, detail::grant_slot::make(pd, buffers.data() + i * o.slot_size,
+                                                std::size_t(o.slot_size), acc, st.type));
+      st.slots[i] = std::move(slot);
     }
     for (std::size_t i = n; i-- > 0;) st.free.push_back(std::uint32_t(i)); // slot 0 first out
     st.rebuild_index();
@@ -465,10 +457,8 @@ public:
                                                 access_flags rights) noexcept {
     RDMAXX_TRY(s, slot_of(l));
     if (st_->state_of(l.slot_) != lease_state::ready) return make_error_code(errc::grant_outstanding);
-    if (s->key_changes + 2 > max_key_changes) RDMAXX_TRYV(rotate(l.slot_));
-    RDMAXX_TRY(d, s->window.bind(batch, qp, s->region, {0, st_->slot_size}, rights,
-                                 {st_->tag | l.slot_, {}}));
-    ++s->key_changes;
+    if (s->keys_used_up()) RDMAXX_TRYV(rotate(l.slot_));
+    RDMAXX_TRY(d, s->bind(batch, qp, rights, {st_->tag | l.slot_, {}}));
     ++st_->stats.grants;
     return d;
   }
@@ -488,13 +478,7 @@ public:
   result<void> revoke(QueuePair &qp, GrantLease &l) noexcept {
     RDMAXX_TRY(s, slot_of(l));
     if (s->window.state() != mw_state::bound) return success();
-    const wr w{st_->tag | l.slot_, send_flag::signaled};
-    if (st_->type == mw_type::type1) {
-      RDMAXX_TRYV(s->window.unbind(qp, w));
-      ++s->key_changes; // a type-1 unbind takes the next key too
-    } else {
-      RDMAXX_TRYV(s->window.invalidate(qp, w));
-    }
+    RDMAXX_TRYV(s->unbind(qp, {st_->tag | l.slot_, send_flag::signaled}));
     ++st_->stats.revokes;
     return success();
   }
@@ -507,13 +491,7 @@ public:
   result<void> revoke(SendBatch &batch, QueuePair &qp, GrantLease &l) noexcept {
     RDMAXX_TRY(s, slot_of(l));
     if (s->window.state() != mw_state::bound) return success();
-    const wr w{st_->tag | l.slot_, send_flag::signaled};
-    if (st_->type == mw_type::type1) {
-      RDMAXX_TRYV(s->window.unbind(batch, qp, w));
-      ++s->key_changes;
-    } else {
-      RDMAXX_TRYV(s->window.invalidate(batch, qp, w));
-    }
+    RDMAXX_TRYV(s->unbind(batch, qp, {st_->tag | l.slot_, send_flag::signaled}));
     ++st_->stats.revokes;
     return success();
   }
@@ -611,25 +589,20 @@ public:
   /// access could reach a later request's buffer. Each grant takes one key (and a type-1 revoke
   /// another); before a grant would reach this, the slot's window is deallocated and a fresh one
   /// allocated (a new key index): two verbs calls every 127 requests of a slot (type 1).
-  static constexpr std::uint32_t max_key_changes = 255;
+  static constexpr std::uint32_t max_key_changes = detail::grant_slot::max_key_changes;
   /// Grants a slot's window makes before it is replaced (127 with type-1 windows, whose revoke
   /// takes a key too; 255 with type 2).
   [[nodiscard]] std::uint32_t grants_per_window() const noexcept {
-    return st_ && st_->type == mw_type::type2 ? max_key_changes : max_key_changes / 2;
+    return st_ ? detail::grant_slot::grants_per_window(st_->type) : 0;
   }
 
 private:
-  // A fresh window for a ready slot whose keys are used up (see max_key_changes). The new one is
-  // allocated while the old one still holds its index, so the device cannot hand the same index
-  // (and so a key of the old window) back; on failure the slot keeps its window and nothing is
-  // posted.
+  // A fresh window for a ready slot whose keys are used up (detail::grant_slot::renew); on
+  // failure the slot keeps its window and nothing is posted.
   [[gnu::cold]] result<void> rotate(std::uint32_t i) noexcept {
     detail::grant_slot &s = st_->slots[i];
     const std::uint32_t old_key = s.window.native_handle()->rkey;
-    RDMAXX_TRY(fresh, MemoryWindow::alloc_on(st_->pd_link.parent(), st_->pd, st_->type));
-    RDMAXX_TRYV(s.window.dealloc()); // `fresh` is deallocated on this path
-    s.window = std::move(fresh);
-    s.key_changes = 0;
+    RDMAXX_TRYV(s.renew());
     ++st_->stats.windows_renewed;
     st_->reindex(old_key, i);
     return success();

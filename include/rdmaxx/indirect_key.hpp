@@ -14,7 +14,7 @@
 ///     create()): on rxe (grant_mechanism::type1_exact_region) a region of exactly the segment's
 ///     bytes at the same device address plus a type-1 window over all of it, so that every
 ///     segment key reaches exactly its segment's bytes and no peer's send-with-invalidate can
-///     panic the kernel; elsewhere (or with ikey_options::trusted_peers) one type-2 window per
+///     panic the kernel; elsewhere (or with ikey_options::trusted_peers/type2) one type-2 window per
 ///     segment over the underlying region. configure() adds the binds to the send batch; the
 ///     descriptor carries the segments' window rkeys, and the initiator splits a write or read
 ///     into one work request per touched segment (write_indirect / read_indirect). invalidate()
@@ -90,9 +90,12 @@ struct ikey_options {
   /// fails at the peer's side. Off by default: any peer holding the key could revoke it.
   bool remote_invalidate = false;
   /// Software: the peers are trusted (see grant_options::trusted_peers): type-2 windows over the
-  /// underlying regions even where a peer's send-with-invalidate of an unbound one panics the
-  /// kernel (rxe). Default false: the device's grant mechanism (Capabilities::grant).
+  /// underlying regions where the device is not known to panic on a peer's send-with-invalidate
+  /// of an unbound one. Default false: the device's grant mechanism (Capabilities::grant).
   bool trusted_peers = false;
+  /// Software: type-2 windows even on a device where any peer could then panic the kernel (rxe;
+  /// see type2_risk). Only tests of type-2 behaviour accept it.
+  type2_risk type2 = type2_risk::refuse;
 };
 
 namespace detail {
@@ -110,7 +113,7 @@ struct ikey_state {
   std::uint32_t nsegs = 0;
   std::uint32_t nwindows = 0;
   std::uint32_t nexact = 0;
-  grant_mechanism grant = grant_mechanism::type2_window;
+  grant_mechanism grant = grant_mechanism::none; // chosen by create(), which fails closed
   bool grant_unsafe = false; // no safe grant mechanism here (remote rights: errc::unsafe_grant)
   std::uint64_t length = 0;
   access_flags access{};
@@ -178,6 +181,8 @@ public:
   ///   of 4 would wrap its 16-bit field to 0).
   /// - errc::unsupported: backend mlx5 forced on a device or build without it.
   /// - the errno of mlx5dv_create_mkey when mlx5 is forced.
+  /// - software: the errno of ibv_query_device_ex (the grant mechanism is chosen from it; no key
+  ///   rather than a guess).
   /// - ENOMEM.
   /// \mallocs The key's state (new(nothrow)) and, software, its segment table and window table;
   /// mlx5dv_create_mkey allocates inside the provider.
@@ -233,10 +238,14 @@ public:
     st->windows = new (std::nothrow) ibv_mw *[segs]();
     st->exact = new (std::nothrow) ibv_mr *[segs]();
     st->links = new (std::nothrow) detail::child_link[segs];
-    if (auto g = detail::grant_for(pd.context(), {o.trusted_peers})) {
-      st->grant = g.value().mechanism;
-      st->grant_unsafe = g.value().unsafe;
+    // A failed device query fails closed: no key rather than a guess at the mechanism.
+    auto g = detail::grant_for(pd.context(), {o.trusted_peers, o.type2});
+    if (!g) {
+      delete st;
+      return g.error();
     }
+    st->grant = g.value().mechanism;
+    st->grant_unsafe = g.value().unsafe;
     if (!st->segs || !st->windows || !st->exact || !st->links) {
       delete st;
       return std::make_error_code(std::errc::not_enough_memory);
@@ -354,7 +363,8 @@ public:
   ///   operations.
   /// - errc::pd_mismatch: `qp` is on another PD than the key.
   /// - errc::unsafe_grant: remote rights where the only window type would let a peer panic the
-  ///   kernel (see ikey_options::trusted_peers).
+  ///   kernel (see ikey_options::type2).
+  /// - errc::unsupported: remote rights on a device without memory windows.
   /// - the layout_category() codes of layout::validate (naming the entry), expand and (mlx5)
   ///   mlx5::check_provider_limits (errc::provider_limit: a list entry over 2 GiB, a list of
   ///   2 GiB or more in total).
@@ -389,7 +399,8 @@ public:
     const access_flags remote = acc & ikey_descriptor::remote_rights;
     bool all_bind = true;
     for (const auto &e : l.entries()) all_bind = all_bind && e.source.access.any(access::mw_bind);
-    if (!remote.empty() && s.grant_unsafe) return make_error_code(errc::unsafe_grant);
+    if (!remote.empty() && s.grant == grant_mechanism::none)
+      return make_error_code(s.grant_unsafe ? errc::unsafe_grant : errc::unsupported);
     if (!remote.empty() && s.grant == grant_mechanism::type1_exact_region) {
       for (std::size_t i = 0; i < n; ++i)
         if (!s.segs[i].mr || !s.segs[i].data) return layout_error(errc::null_handle, no_entry);

@@ -1,7 +1,7 @@
 /// \file
 /// rdmaxx/memory_window.hpp: MemoryWindow (ibv_alloc_mw(3), ibv_bind_mw(3), ibv_wr_bind_mw(3),
-/// local and remote invalidation) and StrictGrant, the grant mechanism the library chooses
-/// (the window-bounds probe is in probe.hpp).
+/// local and remote invalidation). StrictGrant, the grant the library chooses, is in
+/// strict_grant.hpp; the window-bounds probe in probe.hpp.
 ///
 /// A window grants a peer remote access to a range of a registered region and can be revoked
 /// without touching the region. rdmaxx makes this safe on devices that get it wrong (rxe, measured
@@ -68,6 +68,9 @@
 #include <utility>
 
 namespace rdmaxx {
+namespace detail {
+struct grant_slot;
+}
 
 /// Window type (enum ibv_mw_type). Type 2 is 2B on devices that report IBV_DEVICE_MEM_WINDOW_TYPE_2B.
 /// type1: bound and unbound with ibv_bind_mw(3), the provider picks the key; type2: bound with a
@@ -188,15 +191,22 @@ public:
   /// window kept counted.
   ~MemoryWindow() = default;
 
-  /// ibv_alloc_mw of `type` on `pd`.
+  /// ibv_alloc_mw of `type` on `pd`. A type-2 window on a device where a peer's
+  /// send-with-invalidate of an unbound one panics the kernel (rxe) is refused unless `risk`
+  /// accepts that every peer that reaches the device can then do so (see type2_risk).
   /// \errors
   /// - errc::null_handle: `pd` is null.
+  /// - errc::unsafe_grant: type 2 on such a device, not accepted (one ibv_query_device_ex per
+  ///   type-2 allocation tells; a failed query fails closed with its errno).
   /// - errc::unsupported: the device lacks the type (checked with ibv_query_device_ex only after
   ///   a failed allocation).
   /// - the errno of ibv_alloc_mw (ENOMEM, max_mw reached).
   /// \mallocs Only what ibv_alloc_mw allocates.
-  [[nodiscard]] static result<MemoryWindow> alloc(const ProtectionDomain &pd, mw_type type) noexcept {
+  [[nodiscard]] static result<MemoryWindow> alloc(const ProtectionDomain &pd, mw_type type,
+                                                  type2_risk risk = type2_risk::refuse) noexcept {
     if (!pd) return make_error_code(errc::null_handle);
+    if (type == mw_type::type2)
+      if (auto ec = detail::check_type2(pd.context(), risk)) return ec;
     return alloc_on(detail::handle_access::node(pd), pd.native_handle(), type);
   }
 
@@ -538,163 +548,13 @@ private:
     return w;
   }
 
-  friend class StrictGrant;
+  friend struct detail::grant_slot; // StrictGrant's and GrantPool's windows
   friend class GrantPool;
   // Declaration order: h_ last, so the window is deallocated before the MR/QP counts drop.
   detail::mw_binding cur_;
   detail::mw_log<detail::mw_binding, max_pending> log_; // the unconfirmed operations
   mw_type type_ = mw_type::type1;
   detail::handle<traits> h_;
-};
-
-/// A grant: a window over a region registered for exactly the granted bytes, so that the grant's
-/// bounds hold even where the device checks only the bounds of the underlying MR (rxe, see
-/// probe_window_bounds in probe.hpp), and, in the library's default (create() without a window
-/// type), with a window type no peer can turn into a kernel panic:
-///   - create(pd, mr, range, grant_options) uses the mechanism the library chooses for the device
-///     (Capabilities::grant): on rxe, whose kernel panics when a peer's send-with-invalidate names
-///     an unbound type-2 window (a peer that holds a type-2 key can do that by sending two in a
-///     row), a type-1 window (grant_mechanism::type1_exact_region: cannot be remotely
-///     invalidated; a peer's send-with-invalidate is refused with IBV_WC_REM_INV_REQ_ERR); on
-///     mlx5 a type-2B window. grant_options::trusted_peers opts in to type 2 everywhere;
-///   - create(pd, mr, range, mw_type) is the explicit form: the caller chooses the type (type 2 on
-///     rxe is for trusted peers only).
-/// Isolation: a type-1 key works from every QP of the grant's PD while bound; a type-2 key only
-/// from the QP it was bound through. For per-peer isolation under the type-1 default, give each
-/// peer its own PD (its QPs on it) and create that peer's grants on it: the region may belong to
-/// another PD of the same device (the exact region is registered on the grant's PD).
-/// Any denied access (out of bounds, revoked key, wrong QP) moves the owner's QP to ERR as well
-/// as the peer's: reconnect it (the grant stays valid).
-/// Cost: one ibv_reg_mr + ibv_dereg_mr per StrictGrant (create/revoke) plus a pinned-page
-/// reference; a grant cycle on an existing StrictGrant (bind, unbind/invalidate, bind again)
-/// costs one window bind and one unbind: reuse one StrictGrant per buffer slot.
-class StrictGrant {
-public:
-  /// An empty grant (no region, no window).
-  StrictGrant() noexcept = default;
-
-  /// The library's grant (the default): register [r.offset, r.offset + r.length) of `mr` again,
-  /// alone, on `pd` (ibv_reg_mr with MW_BIND and the region's LOCAL_WRITE; `pd` may be another PD
-  /// of the same device, e.g. one per peer), and allocate a window of the type the grant
-  /// mechanism of the device calls for (detail::grant_for: one ibv_query_device_ex; see
-  /// grant_mechanism).
-  /// \errors
-  /// - errc::null_handle: `pd` or `mr` is null.
-  /// - errc::unusable: `mr` is unusable.
-  /// - errc::zero_length: `r` is empty.
-  /// - errc::out_of_range: `r` is not inside `mr`.
-  /// - errc::context_mismatch: `pd` of another device.
-  /// - errc::unsupported: no memory windows here.
-  /// - errc::unsafe_grant: only type-2 windows on a device where a peer could panic the kernel
-  ///   with them (opt in with grant_options::trusted_peers).
-  /// - the errno of ibv_query_device_ex and ibv_reg_mr.
-  /// - those of MemoryWindow::alloc.
-  /// \mallocs The exact region (MemoryRegion::reg: its node, besides what verbs allocates) and
-  /// what ibv_alloc_mw allocates.
-  [[nodiscard]] static result<StrictGrant> create(const ProtectionDomain &pd, const MemoryRegion &mr,
-                                                  window_range r, grant_options o = {}) noexcept {
-    if (!pd) return make_error_code(errc::null_handle);
-    if (auto ec = mr.usable()) return ec;
-    if (mr.native_handle()->context != pd.context()) return make_error_code(errc::context_mismatch);
-    RDMAXX_TRY(g, detail::grant_for(pd.context(), o));
-    if (g.mechanism == grant_mechanism::none)
-      return make_error_code(g.unsafe ? errc::unsafe_grant : errc::unsupported);
-    return make(pd, mr, r, g.mechanism == grant_mechanism::type1_exact_region ? mw_type::type1
-                                                                              : mw_type::type2);
-  }
-
-  /// The explicit form: as above with a window of `type` chosen by the caller, on the MR's PD.
-  /// A type-2 window on a device with Capabilities::remote_inv_unbound_mw_panics (rxe) is for
-  /// trusted peers only.
-  /// \errors
-  /// - errc::null_handle: `pd` or `mr` is null.
-  /// - errc::unusable: `mr` is unusable.
-  /// - errc::zero_length: `r` is empty.
-  /// - errc::out_of_range: `r` is not inside `mr`.
-  /// - errc::pd_mismatch: `mr` is not on `pd`.
-  /// - the errno of ibv_reg_mr.
-  /// - those of MemoryWindow::alloc.
-  /// \mallocs As the default form.
-  [[nodiscard]] static result<StrictGrant> create(const ProtectionDomain &pd, const MemoryRegion &mr,
-                                                  window_range r, mw_type type) noexcept {
-    if (!pd) return make_error_code(errc::null_handle);
-    if (auto ec = mr.usable()) return ec;
-    if (mr.pd() != pd.native_handle()) return make_error_code(errc::pd_mismatch);
-    return make(pd, mr, r, type);
-  }
-
-  /// Bind the window over the whole exact region (see MemoryWindow::bind).
-  /// \errors
-  /// - those of MemoryWindow::bind (the posting form).
-  /// \mallocs None.
-  [[nodiscard]] result<remote_descriptor> bind(QueuePair &qp, access_flags rights,
-                                               wr w = {window_wr_id, send_flag::signaled}) noexcept {
-    return window_.bind(qp, region_, {0, region_.length()}, rights, w);
-  }
-  /// Add a bind of the window over the whole exact region to an open batch of `qp` (see the batch
-  /// form of MemoryWindow::bind). Inline.
-  /// \errors
-  /// - those of the batch form of MemoryWindow::bind.
-  /// \mallocs None.
-  [[nodiscard]] result<remote_descriptor> bind(SendBatch &batch, QueuePair &qp, access_flags rights,
-                                               wr w = {}) noexcept {
-    return window_.bind(batch, qp, region_, {0, region_.length()}, rights, w);
-  }
-  /// End the current grant and keep the slot for the next bind: type 1, MemoryWindow::unbind
-  /// (ibv_bind_mw, length 0); type 2 (trusted peers), MemoryWindow::invalidate (a local
-  /// invalidate). The old key is dead once the operation executes (its completion, handed to
-  /// window().complete()).
-  /// \errors
-  /// - those of MemoryWindow::unbind / invalidate.
-  /// \mallocs None.
-  result<void> unbind(QueuePair &qp, wr w = {window_wr_id, send_flag::signaled}) noexcept {
-    if (window_.type() == mw_type::type1) return window_.unbind(qp, w);
-    return window_.invalidate(qp, w);
-  }
-  /// The window (for complete(), state(), descriptor(), rkey(), and type-2 invalidate()).
-  [[nodiscard]] MemoryWindow &window() noexcept { return window_; }
-  /// The window, read-only (state(), rkey(), descriptor()).
-  [[nodiscard]] const MemoryWindow &window() const noexcept { return window_; }
-  /// The region registered for exactly the granted bytes.
-  [[nodiscard]] const MemoryRegion &region() const noexcept { return region_; }
-  /// The grant mechanism in use (type1_exact_region or type2_window; none when empty).
-  [[nodiscard]] grant_mechanism mechanism() const noexcept {
-    if (!window_) return grant_mechanism::none;
-    return window_.type() == mw_type::type1 ? grant_mechanism::type1_exact_region
-                                            : grant_mechanism::type2_window;
-  }
-  /// True while the grant holds a window (false when empty, moved from or revoked).
-  [[nodiscard]] explicit operator bool() const noexcept { return bool(window_); }
-
-  /// Revoke for good and destroy: deallocate the window (ibv_dealloc_mw: the key is dead when it
-  /// returns, whatever the window's recorded state), then deregister the exact region
-  /// (ibv_dereg_mr).
-  /// \errors
-  /// - those of MemoryWindow::dealloc and MemoryRegion::dereg (the grant then keeps what was not
-  ///   destroyed).
-  /// \mallocs None.
-  result<void> revoke() noexcept {
-    RDMAXX_TRYV(window_.dealloc());
-    return region_.dereg();
-  }
-
-private:
-  [[nodiscard]] static result<StrictGrant> make(const ProtectionDomain &pd, const MemoryRegion &mr,
-                                                window_range r, mw_type type) noexcept {
-    if (r.length == 0) return make_error_code(errc::zero_length);
-    if (r.offset > mr.length() || r.length > mr.length() - r.offset)
-      return make_error_code(errc::out_of_range);
-    StrictGrant g;
-    RDMAXX_TRY(region, MemoryRegion::reg(pd, mr.data() + r.offset, std::size_t(r.length),
-                                         (mr.access() & access::local_write) | access::mw_bind));
-    RDMAXX_TRY(window, MemoryWindow::alloc(pd, type));
-    g.region_ = std::move(region);
-    g.window_ = std::move(window);
-    return g;
-  }
-
-  MemoryRegion region_; // declared first: destroyed after the window
-  MemoryWindow window_;
 };
 
 } // namespace rdmaxx

@@ -25,10 +25,13 @@ namespace rdmaxx {
 /// the middle of an 8 KiB region, read inside it through a loopback QP pair, then read the 64
 /// bytes just past its end (inside the region). Sets caps.mw_bounds_enforced (yes: refused with a
 /// remote access error; no: the read succeeded, as on rxe; unknown: the probe could not tell) and
-/// returns it. Creates and destroys a PD, CQs, QPs (gid index `gid_index`), MRs and a window.
+/// returns it. Creates and destroys a PD, CQs, QPs (gid index `gid_index`), MRs and a window
+/// (type 1 where the device has it; a type-2 window only where that is not refused, see
+/// MemoryWindow::alloc).
 /// \errors
 /// - errc::null_handle: `ctx` is null.
 /// - errc::unsupported: no window type.
+/// - errc::unsafe_grant: only type-2 windows, on a device where they expose the kernel.
 /// - the errors of the scratch objects.
 /// \mallocs The scratch objects (their nodes and what verbs allocates), freed before returning.
 [[nodiscard]] inline result<tristate> probe_window_bounds(const Context &ctx, Capabilities &caps,
@@ -45,7 +48,9 @@ namespace rdmaxx {
   RDMAXX_TRYV(connect_loopback(a, b, o));
   RDMAXX_TRY(target, MemoryRegion::allocate(pd, 8192, access::local_write | access::mw_bind));
   RDMAXX_TRY(local, MemoryRegion::allocate(pd, 4096, access::local_write));
-  RDMAXX_TRY(mw, MemoryWindow::alloc(pd, caps.mw_type2b ? mw_type::type2 : mw_type::type1));
+  // Type 1 where the device has it: a type-2 window, even for the probe's few milliseconds,
+  // would expose a kernel with the remote-invalidate defect to every peer (see type2_risk).
+  RDMAXX_TRY(mw, MemoryWindow::alloc(pd, caps.mw_type1 ? mw_type::type1 : mw_type::type2));
   auto wait = [&](ibv_wc &wc) -> bool {
     const std::int64_t deadline = detail::monotonic_ms() + 5000;
     while (detail::monotonic_ms() < deadline) {

@@ -14,6 +14,7 @@
 #include "remote_descriptor.hpp"
 #include "ikey_descriptor.hpp"
 #include "memory_window.hpp"
+#include "strict_grant.hpp"
 #include "probe.hpp"
 #include "layout.hpp"
 #include "indirect_key.hpp"

@@ -19,6 +19,10 @@ namespace rxe {
 using namespace rdmaxx;
 using namespace std::chrono_literals;
 
+// Tests of type-2 window behaviour on rxe accept the device-wide exposure (see type2_risk): each
+// such test's peers are the test's own, and the suite runs in a throwaway VM.
+inline constexpr type2_risk accept_risk = type2_risk::accept_kernel_panic_by_any_peer;
+
 /// REQUIRE a result and hand back its value; on failure print the error message.
 template <class T>
 T need(result<T> r, const char *what) {

@@ -225,11 +225,11 @@ void bad_inputs(const std::string &only) {
 
   // Windows: unbound of each type, bound of each type, an invalidated one, one of pd2.
   auto w1 = need(MemoryWindow::alloc(pd, mw_type::type1), "alloc w1");
-  auto w2 = need(MemoryWindow::alloc(pd, mw_type::type2), "alloc w2");
+  auto w2 = need(MemoryWindow::alloc(pd, mw_type::type2, accept_risk), "alloc w2");
   auto w1b = need(MemoryWindow::alloc(pd, mw_type::type1), "alloc w1b");
-  auto w2b = need(MemoryWindow::alloc(pd, mw_type::type2), "alloc w2b");
-  auto w2i = need(MemoryWindow::alloc(pd, mw_type::type2), "alloc w2i");
-  auto w2x = need(MemoryWindow::alloc(pd2, mw_type::type2), "alloc w2x");
+  auto w2b = need(MemoryWindow::alloc(pd, mw_type::type2, accept_risk), "alloc w2b");
+  auto w2i = need(MemoryWindow::alloc(pd, mw_type::type2, accept_risk), "alloc w2i");
+  auto w2x = need(MemoryWindow::alloc(pd2, mw_type::type2, accept_risk), "alloc w2x");
   bind_wait(w1b, lb.b, lb.cq_b, mt, {0, 1024}, access::remote_read, 11);
   const remote_descriptor d2b = bind_wait(w2b, lb.b, lb.cq_b, mt, {1024, 1024}, rw_rights, 12);
   bind_wait(w2i, lb.b, lb.cq_b, mt, {0, 64}, access::remote_read, 13);
@@ -237,14 +237,14 @@ void bad_inputs(const std::string &only) {
   CHECK(w2i.complete(wait_one(lb.cq_b)));
   REQUIRE(w2i.state() == mw_state::invalidated);
 
-  auto g = need(StrictGrant::create(pd, mt, {2048, 512}, mw_type::type2), "strict grant");
+  auto g = need(StrictGrant::create(pd, mt, {2048, 512}, mw_type::type2, accept_risk), "strict grant");
 
   // Indirect keys: unconfigured, configured with remote rights, configured local-only, of pd2.
   auto k = need(IndirectKey::create(pd, 8), "key");
   auto kc = need(IndirectKey::create(pd, 8), "configured key");
   auto kl = need(IndirectKey::create(pd, 8), "local-only key");
   auto k2 = need(IndirectKey::create(pd2, 8), "key on pd2");
-  auto kt = need(IndirectKey::create(pd, 8, {.trusted_peers = true}), "type-2 software key");
+  auto kt = need(IndirectKey::create(pd, 8, {.trusted_peers = true, .type2 = accept_risk}), "type-2 software key");
   {
     auto b = lb.b.start_send();
     need(kc.configure(lb.b, b, layout::list({{mt, 3000, 100}, {mt, 100, 50}}), remote_rw,
@@ -274,9 +274,9 @@ void bad_inputs(const std::string &only) {
   move_away(cq_moved);
   auto qp_moved = need(QueuePair::create(pd, cq_s, cq_s), "qp to move");
   move_away(qp_moved);
-  auto w_moved = need(MemoryWindow::alloc(pd, mw_type::type2), "window to move");
+  auto w_moved = need(MemoryWindow::alloc(pd, mw_type::type2, accept_risk), "window to move");
   move_away(w_moved);
-  auto g_moved = need(StrictGrant::create(pd, mt, {0, 64}, mw_type::type2), "grant to move");
+  auto g_moved = need(StrictGrant::create(pd, mt, {0, 64}, mw_type::type2, accept_risk), "grant to move");
   move_away(g_moved);
   auto k_moved = need(IndirectKey::create(pd, 4), "key to move");
   move_away(k_moved);
@@ -834,7 +834,7 @@ void bad_inputs(const std::string &only) {
     return err(res);
   };
   t.add("MemoryWindow::alloc", "moved-from PD", is(errc::null_handle),
-        [&] { return err(MemoryWindow::alloc(pd_moved, mw_type::type2)); });
+        [&] { return err(MemoryWindow::alloc(pd_moved, mw_type::type2, accept_risk)); });
   t.add("MemoryWindow::alloc", "a type that does not exist (7)", sys_errno(std::errc::invalid_argument),
         [&] { return err(MemoryWindow::alloc(pd, static_cast<mw_type>(7))); });
   for (MemoryWindow *w : {&w2, &w1}) {
@@ -1015,25 +1015,25 @@ void bad_inputs(const std::string &only) {
   // =============================================================================================
   t.handle = "StrictGrant";
   t.add("StrictGrant::create", "moved-from PD", is(errc::null_handle), [&] {
-    return err(StrictGrant::create(pd_moved, mt, {0, 64}, mw_type::type2));
+    return err(StrictGrant::create(pd_moved, mt, {0, 64}, mw_type::type2, accept_risk));
   });
   t.add("StrictGrant::create", "moved-from MR", is(errc::null_handle), [&] {
-    return err(StrictGrant::create(pd, mr_moved, {0, 64}, mw_type::type2));
+    return err(StrictGrant::create(pd, mr_moved, {0, 64}, mw_type::type2, accept_risk));
   });
   t.add("StrictGrant::create", "unusable MR", is(errc::unusable), [&] {
-    return err(StrictGrant::create(pd, mu, {0, 64}, mw_type::type2));
+    return err(StrictGrant::create(pd, mu, {0, 64}, mw_type::type2, accept_risk));
   });
   t.add("StrictGrant::create", "PD other than the MR's", is(errc::pd_mismatch), [&] {
-    return err(StrictGrant::create(pd2, mt, {0, 64}, mw_type::type2));
+    return err(StrictGrant::create(pd2, mt, {0, 64}, mw_type::type2, accept_risk));
   });
   t.add("StrictGrant::create", "zero length", is(errc::zero_length), [&] {
-    return err(StrictGrant::create(pd, mt, {0, 0}, mw_type::type2));
+    return err(StrictGrant::create(pd, mt, {0, 0}, mw_type::type2, accept_risk));
   });
   t.add("StrictGrant::create", "range past the end of the MR", is(errc::out_of_range), [&] {
-    return err(StrictGrant::create(pd, mt, {N - 8, 64}, mw_type::type2));
+    return err(StrictGrant::create(pd, mt, {N - 8, 64}, mw_type::type2, accept_risk));
   });
   t.add("StrictGrant::create", "offset + length wraps", is(errc::out_of_range), [&] {
-    return err(StrictGrant::create(pd, mt, {8, UINT64_MAX - 4}, mw_type::type2));
+    return err(StrictGrant::create(pd, mt, {8, UINT64_MAX - 4}, mw_type::type2, accept_risk));
   });
   t.add("StrictGrant::create", "a window type that does not exist (7)",
         sys_errno(std::errc::invalid_argument), [&] {
@@ -1052,11 +1052,11 @@ void bad_inputs(const std::string &only) {
     return err(g1.bind(lb.b, access::remote_read | access::zero_based));
   });
   t.add("StrictGrant::bind", "remote write over an MR without LOCAL_WRITE", is(errc::missing_access), [&] {
-    auto gr = need(StrictGrant::create(pd, m_nolw, {0, 64}, mw_type::type2), "grant over m_nolw");
+    auto gr = need(StrictGrant::create(pd, m_nolw, {0, 64}, mw_type::type2, accept_risk), "grant over m_nolw");
     return err(gr.bind(lb.b, access::remote_write));
   });
   t.add("StrictGrant::bind", "a bound type-2 grant, again", is(errc::already_bound), [&] {
-    auto gb = need(StrictGrant::create(pd, mt, {128, 64}, mw_type::type2), "grant");
+    auto gb = need(StrictGrant::create(pd, mt, {128, 64}, mw_type::type2, accept_risk), "grant");
     need(gb.bind(lb.b, access::remote_read, {120, send_flag::signaled}), "first bind");
     CHECK(gb.window().complete(wait_one(lb.cq_b)));
     const auto ec = err(gb.bind(lb.b, access::remote_read));

@@ -7,7 +7,7 @@
 // every denial is a remote-access or remote-invalid-request completion. A kernel panic ends the
 // VM (tools/rxe-vm exits 125 and shows it); kernel warnings fail run-suite.
 //
-// [.canaryN] (hidden, run by test/rxe/run-canaries with RDMAXX_GRANT=type2, one VM boot each):
+// [.canaryN] (hidden, run by test/rxe/run-canaries, type2_risk accepted, one VM boot each):
 // the four panic sequences of issue 16 with the unsafe type-2 mode forced. Each passes only by
 // panicking the guest kernel: they show that the default's guard is needed on this kernel.
 #include "fixture.hpp"
@@ -611,20 +611,17 @@ TEST_CASE("[hostile-fuzz] seeded hostile peers against a granting, re-granting, 
   CHECK(unexpected == 0);
 }
 
-// ---- canaries: the unsafe type-2 mode forced (RDMAXX_GRANT=type2); each must panic the kernel ----
+// ---- canaries: the unsafe type-2 mode accepted (type2_risk); each must panic the kernel ----
 namespace {
 struct canary {
   device_pd d;
   owner_mem o;
   MemoryRegion mr = need(MemoryRegion::reg(d.pd, o.mem.data(), o.size, access::local_write), "owner mr");
   peer_side a{d.ctx, d.pd};
-  StrictGrant g = need(StrictGrant::create(d.pd, mr, {0, 4096}), "grant");
-  canary() {
-    const char *forced = std::getenv("RDMAXX_GRANT");
-    INFO("canaries run with RDMAXX_GRANT=type2 (test/rxe/run-canaries)");
-    REQUIRE((forced && std::string(forced) == "type2"));
-    REQUIRE(g.mechanism() == grant_mechanism::type2_window);
-  }
+  // The unsafe mode, accepted explicitly: the only way to get type-2 grants on rxe.
+  StrictGrant g = need(StrictGrant::create(d.pd, mr, {0, 4096}, grant_options{.type2 = accept_risk}),
+                       "grant");
+  canary() { REQUIRE(g.mechanism() == grant_mechanism::type2_window); }
   ~canary() {
     // Reached only when the kernel did not panic: the canary fails.
     std::printf("canary: no panic\n");

@@ -37,7 +37,7 @@ TEST_CASE("a deferred QP keeps its CQs and PD until its last window goes", "[lif
     need(connect_loopback(qp, peer), "connect");
     std::vector<unsigned char> buf(4096, 0);
     auto mr = need(MemoryRegion::reg(pd, buf.data(), buf.size(), remote_rw | access::mw_bind), "reg");
-    auto mw = need(MemoryWindow::alloc(pd, mw_type::type2), "alloc mw");
+    auto mw = need(MemoryWindow::alloc(pd, mw_type::type2, accept_risk), "alloc mw");
     auto d = need(mw.bind(qp, mr, {0, 256}, access::remote_write, {7, send_flag::signaled}), "bind");
     CHECK(mw.complete(wait_one(send_cq)));
     REQUIRE(mw.state() == mw_state::bound);
@@ -96,7 +96,7 @@ TEST_CASE("parents dropped before their children are destroyed by the last child
     std::vector<unsigned char> buf(4096, 0);
     auto mr = std::make_unique<MemoryRegion>(
         need(MemoryRegion::reg(*pd, buf.data(), buf.size(), remote_rw | access::mw_bind), "reg"));
-    auto mw = std::make_unique<MemoryWindow>(need(MemoryWindow::alloc(*pd, mw_type::type2), "mw"));
+    auto mw = std::make_unique<MemoryWindow>(need(MemoryWindow::alloc(*pd, mw_type::type2, accept_risk), "mw"));
     need(mw->bind(*qp, *mr, {0, 128}, access::remote_read, {9, send_flag::signaled}), "bind");
     CHECK(mw->complete(wait_one(*cq)));
     ctx.reset();

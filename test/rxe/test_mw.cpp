@@ -44,7 +44,7 @@ const char *type_name(mw_type t) { return t == mw_type::type1 ? "type 1" : "type
 TEST_CASE("both window types allocate on rxe, unbound", "[mw]") {
   loopback lb;
   for (auto t : {mw_type::type1, mw_type::type2}) {
-    auto mw = need(MemoryWindow::alloc(lb.pd, t), "alloc_mw");
+    auto mw = need(MemoryWindow::alloc(lb.pd, t, accept_risk), "alloc_mw");
     CHECK(mw.type() == t);
     CHECK(mw.state() == mw_state::unbound);
     CHECK(mw.rkey() != 0);
@@ -63,7 +63,7 @@ TEST_CASE("bind, then the peer's write and read through the window land exactly 
   auto ms = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "reg src");
   auto mb = need(MemoryRegion::reg(lb.pd, back.data(), back.size(), access::local_write), "reg back");
   CHECK(mr.rkey() == 0); // the region itself grants nothing remotely (rxe: rkey 0)
-  auto mw = need(MemoryWindow::alloc(lb.pd, t), "alloc_mw");
+  auto mw = need(MemoryWindow::alloc(lb.pd, t, accept_risk), "alloc_mw");
   const auto d = bind_wait(mw, lb.b, lb.cq_b, mr, {1024, 512}, rw_rights);
   CHECK(mw.state() == mw_state::bound);
   CHECK(d.rkey == mw.rkey());
@@ -130,7 +130,7 @@ TEST_CASE("a zero-based type-2 window: the peer addresses offsets", "[mw]") {
   std::vector<unsigned char> mem(4096, 0), src(32, 0x7E);
   auto mr = need(MemoryRegion::reg(lb.pd, mem.data(), mem.size(), owner_access), "reg owner");
   auto ms = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "reg src");
-  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2), "alloc_mw");
+  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2, accept_risk), "alloc_mw");
   const auto d = bind_wait(mw, lb.b, lb.cq_b, mr, {2048, 256}, rw_rights | access::zero_based);
   CHECK(d.zero_based);
   CHECK(d.addr == 0);
@@ -152,7 +152,7 @@ TEST_CASE("window rights are enforced: a write through a read-only window fails,
   auto mr = need(MemoryRegion::reg(lb.pd, mem.data(), mem.size(), owner_access), "reg owner");
   auto ms = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "reg src");
   auto mb = need(MemoryRegion::reg(lb.pd, back.data(), back.size(), access::local_write), "reg back");
-  auto ro = need(MemoryWindow::alloc(lb.pd, t), "alloc ro");
+  auto ro = need(MemoryWindow::alloc(lb.pd, t, accept_risk), "alloc ro");
   const auto d = bind_wait(ro, lb.b, lb.cq_b, mr, {0, 1024}, access::remote_read);
   REQUIRE(lb.read(mb.sge(), d.at(0)) == IBV_WC_SUCCESS);
   CHECK(all_equal(back.data(), back.size(), 0x33));
@@ -162,7 +162,7 @@ TEST_CASE("window rights are enforced: a write through a read-only window fails,
   CHECK(all_equal(mem.data(), mem.size(), 0x33));
   lb.recover();
   // And a write-only window refuses reads.
-  auto wo = need(MemoryWindow::alloc(lb.pd, t), "alloc wo");
+  auto wo = need(MemoryWindow::alloc(lb.pd, t, accept_risk), "alloc wo");
   const auto dw = bind_wait(wo, lb.b, lb.cq_b, mr, {2048, 1024}, access::remote_write, 101);
   std::memset(back.data(), 0, back.size());
   CHECK(lb.read(mb.sge(), dw.at(0)) == IBV_WC_REM_ACCESS_ERR);
@@ -174,7 +174,7 @@ TEST_CASE("type 2: bind and invalidate chained in one batch with one completion"
   std::vector<unsigned char> mem(4096, 0), src(64, 0xA5);
   auto mr = need(MemoryRegion::reg(lb.pd, mem.data(), mem.size(), owner_access), "reg owner");
   auto ms = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "reg src");
-  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2), "alloc_mw");
+  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2, accept_risk), "alloc_mw");
   std::uint32_t last = mw.rkey();
   for (int cycle = 0; cycle < 20; ++cycle) {
     {
@@ -208,7 +208,7 @@ TEST_CASE("a bind that completes with an error rolls state, key and counts back"
   std::vector<unsigned char> mem(4096, 0), src(64, 0x3C);
   auto mr = need(MemoryRegion::reg(lb.pd, mem.data(), mem.size(), owner_access), "reg owner");
   auto ms = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "reg src");
-  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2), "alloc_mw");
+  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2, accept_risk), "alloc_mw");
   const std::uint32_t k0 = mw.rkey();
   need(lb.b.to_error(), "b to ERR"); // the bind will be flushed
   auto d = need(mw.bind(lb.b, mr, {0, 64}, rw_rights, {5, send_flag::signaled}), "bind");
@@ -240,7 +240,7 @@ TEST_CASE("a batch dropped after a bind rolls the window back by itself", "[mw][
   auto mr = need(MemoryRegion::reg(lb.pd, mem.data(), mem.size(), owner_access), "reg owner");
   auto mr_dropped = need(MemoryRegion::reg(lb.pd, other.data(), other.size(), owner_access), "reg other");
   auto ms = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "reg src");
-  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2), "alloc_mw");
+  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2, accept_risk), "alloc_mw");
   const std::uint32_t k0 = mw.rkey();
   {
     auto batch = lb.b.start_send();
@@ -269,7 +269,7 @@ TEST_CASE("a dropped batch undoes only its own window operations", "[mw][undo]")
   std::vector<unsigned char> mem(4096, 0), src(64, 0x77);
   auto mr = need(MemoryRegion::reg(lb.pd, mem.data(), mem.size(), owner_access), "reg owner");
   auto ms = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "reg src");
-  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2), "alloc_mw");
+  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2, accept_risk), "alloc_mw");
   const auto d = bind_wait(mw, lb.b, lb.cq_b, mr, {0, 64}, rw_rights);
   {
     // a bind confirmed before, then an invalidate in a batch that is dropped
@@ -308,7 +308,7 @@ TEST_CASE("a batch whose submit fails (QP not at RTS) rolls its window operation
   std::vector<unsigned char> mem(4096, 0), src(64, 0x19);
   auto mr = need(MemoryRegion::reg(lb.pd, mem.data(), mem.size(), owner_access), "reg owner");
   auto ms = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "reg src");
-  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2), "alloc_mw");
+  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2, accept_risk), "alloc_mw");
   const std::uint32_t k0 = mw.rkey();
   need(lb.b.to_reset(), "b to RESET");
   {
@@ -346,7 +346,7 @@ TEST_CASE("a batch holds SendBatch::max_undo window operations; one more is refu
   auto mr = need(MemoryRegion::reg(lb.pd, mem.data(), mem.size(), owner_access), "reg owner");
   std::vector<MemoryWindow> ws;
   for (std::size_t i = 0; i <= SendBatch::max_undo; ++i)
-    ws.push_back(need(MemoryWindow::alloc(lb.pd, mw_type::type2), "alloc_mw"));
+    ws.push_back(need(MemoryWindow::alloc(lb.pd, mw_type::type2, accept_risk), "alloc_mw"));
   const std::uint32_t last_key = ws.back().rkey();
   {
     auto batch = lb.b.start_send();
@@ -374,7 +374,7 @@ TEST_CASE("remote invalidate: the peer's send-with-invalidate, the owner learns 
   auto ms = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "reg src");
   auto mm = need(MemoryRegion::reg(lb.pd, msg.data(), msg.size(), access::local_write), "reg msg");
   auto mrb = need(MemoryRegion::reg(lb.pd, rbuf.data(), rbuf.size(), access::local_write), "reg rbuf");
-  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2), "alloc_mw");
+  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2, accept_risk), "alloc_mw");
   const auto d = bind_wait(mw, lb.b, lb.cq_b, mr, {0, 1024}, rw_rights);
   need(lb.b.post_recv(900, mrb.sge()), "post_recv");
   {
@@ -417,8 +417,8 @@ TEST_CASE("several windows over one region, different rights and ranges for diff
   auto mr = need(MemoryRegion::reg(lb.pd, mem.data(), mem.size(), owner_access), "reg owner");
   auto ms = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "reg src");
   auto mb = need(MemoryRegion::reg(lb.pd, back.data(), back.size(), access::local_write), "reg back");
-  auto w1 = need(MemoryWindow::alloc(lb.pd, mw_type::type2), "alloc w1");
-  auto w2 = need(MemoryWindow::alloc(lb.pd, mw_type::type2), "alloc w2");
+  auto w1 = need(MemoryWindow::alloc(lb.pd, mw_type::type2, accept_risk), "alloc w1");
+  auto w2 = need(MemoryWindow::alloc(lb.pd, mw_type::type2, accept_risk), "alloc w2");
   const auto d1 = bind_wait(w1, lb.b, lb.cq_b, mr, {0, 1024}, rw_rights);
   const auto d2 = bind_wait(w2, p2.b, p2.cq_b, mr, {2048, 1024}, access::remote_read, 101);
   CHECK(mr.bound_windows() == 2);
@@ -474,7 +474,7 @@ TEST_CASE("destroying a QP with a bound type-2 window returns promptly", "[mw]")
   auto qp = need(QueuePair::create(lb.pd, lb.cq_b, lb.cq_b), "create qp");
   auto peer = need(QueuePair::create(lb.pd, lb.cq_a, lb.cq_a), "create peer");
   need(connect_loopback(peer, qp), "connect");
-  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2), "alloc_mw");
+  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2, accept_risk), "alloc_mw");
   bind_wait(mw, qp, lb.cq_b, mr, {0, 64}, access::remote_read);
   CHECK(qp.live_children() == 1);
   const auto t0 = std::chrono::steady_clock::now();
@@ -501,7 +501,7 @@ void capture(const destroy_failure &f) noexcept { reported.push_back(f); }
 TEST_CASE("a region and a QP destroyed under a bound window go when the window goes", "[mw]") {
   loopback lb;
   std::vector<unsigned char> mem(4096, 0);
-  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2), "alloc_mw");
+  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2, accept_risk), "alloc_mw");
   {
     auto mr = need(MemoryRegion::reg(lb.pd, mem.data(), mem.size(), owner_access), "reg owner");
     auto qp = need(QueuePair::create(lb.pd, lb.cq_b, lb.cq_b), "create qp");
@@ -531,7 +531,7 @@ TEST_CASE("what a strict grant costs against a type-2 bind + invalidate (printed
   loopback lb;
   std::vector<unsigned char> mem(1 << 20, 0);
   auto mr = need(MemoryRegion::reg(lb.pd, mem.data(), mem.size(), owner_access), "reg owner");
-  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2), "alloc_mw");
+  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2, accept_risk), "alloc_mw");
   constexpr int cycles = 50;
   using clock = std::chrono::steady_clock;
   auto per_cycle_us = [](clock::duration d) {
@@ -550,7 +550,7 @@ TEST_CASE("what a strict grant costs against a type-2 bind + invalidate (printed
   // (b) strict grant + revoke: register the exact range, bind, deallocate, deregister.
   const auto t1 = clock::now();
   for (int i = 0; i < cycles; ++i) {
-    auto g = need(StrictGrant::create(lb.pd, mr, {4096, 4096}, mw_type::type2), "strict grant");
+    auto g = need(StrictGrant::create(lb.pd, mr, {4096, 4096}, mw_type::type2, accept_risk), "strict grant");
     need(g.bind(lb.b, rw_rights, {3, send_flag::signaled}), "strict bind");
     REQUIRE(g.window().complete(wait_one(lb.cq_b)));
     need(g.revoke(), "revoke");

@@ -67,7 +67,7 @@ TEST_CASE("revocation matrix: the old key fails for reads and writes, memory unc
   auto mb = need(MemoryRegion::reg(lb.pd, back.data(), back.size(), access::local_write), "reg back");
   auto mm = need(MemoryRegion::reg(lb.pd, msg.data(), msg.size(), access::local_write), "reg msg");
   auto mrb = need(MemoryRegion::reg(lb.pd, rbuf.data(), rbuf.size(), access::local_write), "reg rbuf");
-  auto mw = need(MemoryWindow::alloc(lb.pd, t1 ? mw_type::type1 : mw_type::type2), "alloc_mw");
+  auto mw = need(MemoryWindow::alloc(lb.pd, t1 ? mw_type::type1 : mw_type::type2, accept_risk), "alloc_mw");
   const auto d = bind_wait(mw, lb.b, lb.cq_b, mr, {1024, 512}, rw_rights);
   // The grant works before it is revoked.
   REQUIRE(lb.read(mb.sge(), d.at(0)) == IBV_WC_SUCCESS);
@@ -158,7 +158,7 @@ TEST_CASE("bounds: the probe tells the truth about the device, strict grants hol
   // A plain window over part of the region: check what the device does just past its end, and
   // that the probe said the same.
   {
-    auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2), "alloc_mw");
+    auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2, accept_risk), "alloc_mw");
     const auto d = bind_wait(mw, lb.b, lb.cq_b, mr, {4096, 256}, access::remote_read);
     const auto st = lb.read(mb.sge(), d.at(256)); // just outside, inside the region
     const tristate seen = st == IBV_WC_SUCCESS ? tristate::no
@@ -202,7 +202,7 @@ TEST_CASE("sequences that panic rxe are refused with clear errors, and the run g
   auto mr = need(MemoryRegion::reg(lb.pd, mem.data(), mem.size(), owner_access), "reg owner");
   auto mm = need(MemoryRegion::reg(lb.pd, msg.data(), msg.size(), access::local_write), "reg msg");
   auto mrb = need(MemoryRegion::reg(lb.pd, rbuf.data(), rbuf.size(), access::local_write), "reg rbuf");
-  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2), "alloc_mw");
+  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2, accept_risk), "alloc_mw");
 
   // 1. Invalidate a never-bound window.
   auto r1 = mw.invalidate(lb.b);
@@ -291,8 +291,8 @@ TEST_CASE("pre-post checks on every bind path: MW_BIND, range, rights, one PD", 
   for (auto t : {mw_type::type1, mw_type::type2})
     for (auto p : {path::ibv_bind_mw, path::batch}) {
       INFO((t == mw_type::type1 ? "type 1" : "type 2B") << (p == path::batch ? ", batch" : ", direct"));
-      auto mw = need(MemoryWindow::alloc(lb.pd, t), "alloc");
-      auto mw2 = need(MemoryWindow::alloc(pd2, t), "alloc pd2");
+      auto mw = need(MemoryWindow::alloc(lb.pd, t, accept_risk), "alloc");
+      auto mw2 = need(MemoryWindow::alloc(pd2, t, accept_risk), "alloc pd2");
       auto try_bind = [&](MemoryWindow &w, QueuePair &qp, const MemoryRegion &m, window_range r,
                           access_flags rights) -> std::error_code {
         if (p == path::batch) {

@@ -30,7 +30,7 @@ TEST_CASE("soak: grant/revoke, rereg and indirect-key cycles leave no kernel res
     const access_flags acc = remote_rw | access::mw_bind;
     auto mt = need(MemoryRegion::reg(lb.pd, target.data(), target.size(), acc), "reg target");
     auto ms = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "reg src");
-    auto w = need(MemoryWindow::alloc(lb.pd, mw_type::type2), "alloc mw");
+    auto w = need(MemoryWindow::alloc(lb.pd, mw_type::type2, accept_risk), "alloc mw");
     ibv_wc wc{};
 
     // Windows: bind on b (the owner), the peer a writes through it every 64th cycle, invalidate.

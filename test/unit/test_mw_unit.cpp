@@ -1,6 +1,7 @@
 // MemoryWindow without a device: the checks made before any bind is posted, the rxe-aware
 // detection of remote invalidation, and refusals on empty handles.
 #include <rdmaxx/memory_window.hpp>
+#include <rdmaxx/strict_grant.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -172,13 +173,20 @@ TEST_CASE("the descriptor of a window is the grant as the peer must use it", "[u
 TEST_CASE("grant mechanism: no key a peer could turn into a panic unless the caller opts in",
           "[unit][mw][grant]") {
   using detail::choose_grant;
-  const grant_options untrusted{}, trusted{.trusted_peers = true};
-  // rxe: both types, the panic is known: type 1 over an exact region, unless trusted.
+  const grant_options untrusted{}, trusted{.trusted_peers = true},
+      accepted{.type2 = type2_risk::accept_kernel_panic_by_any_peer};
+  // rxe: both types, the panic is known: type 1 over an exact region. Trusting the peers is not
+  // enough (the exposure is device-wide): only the accepted risk gives type 2.
   CHECK(choose_grant(true, true, tristate::yes, untrusted, nullptr).mechanism ==
         grant_mechanism::type1_exact_region);
   CHECK(std::string_view(choose_grant(true, true, tristate::yes, untrusted, nullptr).reason)
             .find("panics") != std::string_view::npos);
   CHECK(choose_grant(true, true, tristate::yes, trusted, nullptr).mechanism ==
+        grant_mechanism::type1_exact_region);
+  CHECK(choose_grant(true, true, tristate::yes, accepted, nullptr).mechanism ==
+        grant_mechanism::type2_window);
+  // Where the panic is not known, trusted peers get type 2.
+  CHECK(choose_grant(true, true, tristate::unknown, trusted, nullptr).mechanism ==
         grant_mechanism::type2_window);
   // mlx5: no defect: type 2B is the fast default.
   CHECK(choose_grant(true, true, tristate::no, untrusted, nullptr).mechanism ==
@@ -191,10 +199,16 @@ TEST_CASE("grant mechanism: no key a peer could turn into a panic unless the cal
   // Only type 2 and the panic known: no grants for untrusted peers.
   CHECK(choose_grant(false, true, tristate::yes, untrusted, nullptr).mechanism == grant_mechanism::none);
   CHECK(choose_grant(false, true, tristate::yes, untrusted, nullptr).unsafe);
+  CHECK(choose_grant(false, true, tristate::yes, trusted, nullptr).unsafe);
+  CHECK(choose_grant(false, true, tristate::yes, accepted, nullptr).mechanism ==
+        grant_mechanism::type2_window);
   CHECK_FALSE(choose_grant(false, false, tristate::yes, untrusted, nullptr).unsafe);
   CHECK(choose_grant(false, false, tristate::no, trusted, nullptr).mechanism == grant_mechanism::none);
-  // RDMAXX_GRANT forces a mechanism the device has (the panic canaries use type2).
+  // RDMAXX_GRANT forces a mechanism the device has, but never type 2 where the kernel is known
+  // to panic (the environment is not the caller's acknowledgement).
   CHECK(choose_grant(true, true, tristate::yes, untrusted, "type2").mechanism ==
+        grant_mechanism::type1_exact_region);
+  CHECK(choose_grant(true, true, tristate::unknown, untrusted, "type2").mechanism ==
         grant_mechanism::type2_window);
   CHECK(choose_grant(true, false, tristate::no, untrusted, "type2").mechanism ==
         grant_mechanism::type1_exact_region);

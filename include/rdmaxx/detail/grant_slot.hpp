@@ -1,0 +1,100 @@
+/// \file
+/// rdmaxx/detail/grant_slot.hpp: one grant slot, the mechanism StrictGrant (one slot) and GrantPool
+/// (an array of slots) share: a region of exactly the granted bytes, a window over all of it, and
+/// the count of keys the window has taken, so that the window is renewed before its 8-bit key
+/// could repeat and no revoked key ever answers again, however often the slot is reused.
+#pragma once
+
+#include "../access.hpp"
+#include "../error.hpp"
+#include "../memory_region.hpp"
+#include "../memory_window.hpp"
+#include "../protection_domain.hpp"
+#include "../queue_pair.hpp"
+#include "../remote_descriptor.hpp"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace rdmaxx::detail {
+
+struct grant_slot {
+  /// What a GrantPool does with the slot (StrictGrant leaves it free).
+  enum class use : std::uint8_t { free, leased, dropped, retired };
+
+  /// Keys one window takes before it is replaced: only the low 8 bits of a window's key change
+  /// from bind to bind, so after 256 changes an old key would come back and a very late access
+  /// could reach a later grant's bytes. Each grant takes one key (and a type-1 unbind another).
+  static constexpr std::uint32_t max_key_changes = 255;
+
+  MemoryRegion region; // declared first: destroyed after the window
+  MemoryWindow window;
+  std::byte *data = nullptr;
+  std::uint32_t key_changes = 0; // since the window was allocated (binds, type-1 unbinds)
+  use in_use = use::free;
+
+  /// The exact region (ibv_reg_mr of [data, data + length) on `pd`, with `region_access`) and a
+  /// window of `type` on it (ibv_alloc_mw). The caller checked that type 2 may be allocated.
+  [[nodiscard]] static result<grant_slot> make(const ProtectionDomain &pd, std::byte *data,
+                                               std::size_t length, access_flags region_access,
+                                               mw_type type) noexcept {
+    grant_slot s;
+    RDMAXX_TRY(region, MemoryRegion::reg(pd, data, length, region_access));
+    RDMAXX_TRY(window, MemoryWindow::alloc_on(handle_access::node(pd), pd.native_handle(), type));
+    s.region = std::move(region);
+    s.window = std::move(window);
+    s.data = data;
+    return s;
+  }
+
+  /// Grants left before the window must be renewed.
+  [[nodiscard]] static constexpr std::uint32_t grants_per_window(mw_type t) noexcept {
+    return t == mw_type::type2 ? max_key_changes : max_key_changes / 2;
+  }
+  /// The next grant (and its type-1 unbind) could take a key the window already handed out.
+  [[nodiscard]] bool keys_used_up() const noexcept { return key_changes + 2 > max_key_changes; }
+
+  /// Replace the window by a fresh one (a new key index) of the same type on the same PD. The new
+  /// one is allocated while the old one still holds its index, so the device cannot hand that
+  /// index (and so an old key) back. Only for a window with nothing bound or unconfirmed. On
+  /// failure the slot keeps its window.
+  /// \errors the errno of ibv_alloc_mw / ibv_dealloc_mw.
+  [[gnu::cold]] result<void> renew() noexcept {
+    ibv_mw *old = window.native_handle();
+    RDMAXX_TRY(fresh, MemoryWindow::alloc_on(window.h_.parent(), old->pd, window.type()));
+    RDMAXX_TRYV(window.dealloc()); // `fresh` is deallocated on this path
+    window = std::move(fresh);
+    key_changes = 0;
+    return success();
+  }
+
+  /// Bind the window over the whole exact region, in an open batch of `qp`.
+  [[nodiscard]] result<remote_descriptor> bind(SendBatch &batch, QueuePair &qp, access_flags rights,
+                                               wr w) noexcept {
+    RDMAXX_TRY(d, window.bind(batch, qp, region, {0, region.length()}, rights, w));
+    ++key_changes;
+    return d;
+  }
+  /// As above, posted now.
+  [[nodiscard]] result<remote_descriptor> bind(QueuePair &qp, access_flags rights, wr w) noexcept {
+    RDMAXX_TRY(d, window.bind(qp, region, {0, region.length()}, rights, w));
+    ++key_changes;
+    return d;
+  }
+  /// End the grant: type 1 an unbind (which takes a key too), type 2 a local invalidate.
+  result<void> unbind(SendBatch &batch, QueuePair &qp, wr w) noexcept {
+    if (window.type() == mw_type::type2) return window.invalidate(batch, qp, w);
+    RDMAXX_TRYV(window.unbind(batch, qp, w));
+    ++key_changes;
+    return success();
+  }
+  /// As above, posted now.
+  result<void> unbind(QueuePair &qp, wr w) noexcept {
+    if (window.type() == mw_type::type2) return window.invalidate(qp, w);
+    RDMAXX_TRYV(window.unbind(qp, w));
+    ++key_changes;
+    return success();
+  }
+};
+
+} // namespace rdmaxx::detail
