@@ -1,0 +1,167 @@
+// The grant core on rxe (issue 20): a reused grant slot never hands out a key again, type-2 windows
+// are refused on this device through every public path unless the risk is accepted, and a
+// deferred destruction keeps what the live children need. The peer is plain libibverbs
+// (peer_post): what a buggy or hostile program can send.
+#include "fixture.hpp"
+
+#include <rdmaxx/rdmaxx.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
+#include <set>
+#include <vector>
+
+using namespace rxe;
+
+namespace {
+// Hand the owner's CQ completions to the window until the operation posted with `id` is seen.
+void confirm(loopback &lb, MemoryWindow &w) {
+  auto wc = wait_wc(lb.cq_b, 1);
+  REQUIRE(wc.front().status == IBV_WC_SUCCESS);
+  REQUIRE(w.complete(wc.front()));
+  REQUIRE(w.pending() == 0);
+}
+bool mapped(const void *p, std::size_t n) {
+  return ::msync(const_cast<void *>(p), n, MS_ASYNC) == 0 || errno != ENOMEM;
+}
+} // namespace
+
+TEST_CASE("a StrictGrant reused 300 times never hands a key out again; grant #0's key stays dead",
+          "[grant-core]") {
+  loopback lb;
+  constexpr std::size_t N = 65536, off = 8192, len = 4096;
+  std::vector<unsigned char> mem(N, 0);
+  auto mr = need(MemoryRegion::reg(lb.pd, mem.data(), N, access::local_write), "owner mr");
+  auto g = need(StrictGrant::create(lb.pd, mr, {off, len}), "grant");
+  REQUIRE(g.mechanism() == grant_mechanism::type1_exact_region); // rxe's default
+  REQUIRE(g.grants_per_window() == 127);
+  std::vector<unsigned char> src(len, 0x5A);
+  auto src_mr = need(MemoryRegion::reg(lb.pd, src.data(), len, access::local_write), "src");
+  std::set<std::uint32_t> keys;
+  remote_descriptor first{};
+  int refused_old = 0, stale_attempts = 0;
+  for (int i = 0; i < 300; ++i) {
+    auto d = need(g.bind(lb.b, access::remote_write), "bind");
+    confirm(lb, g.window());
+    INFO("grant #" << i << " key " << std::hex << d.rkey);
+    REQUIRE(keys.insert(d.rkey).second); // never a key handed out before
+    if (i == 0) first = d;
+    if (i == 128 || i == 256 || i == 299) {
+      // The hostile peer writes with grant #0's key during a later grant: refused, bytes untouched.
+      ++stale_attempts;
+      const auto st = peer_post(lb.a, lb.cq_a, IBV_WR_RDMA_WRITE, src_mr.sge(0, 64), first.addr,
+                                first.rkey);
+      if (is_denial(st)) ++refused_old;
+      CHECK(all_equal(mem.data() + off, len, 0));
+      lb.recover();
+      // The current grant still works after the reconnect.
+      REQUIRE(lb.write(src_mr.sge(0, 64), d.at(0)) == IBV_WC_SUCCESS);
+      CHECK(mem[off] == 0x5A);
+      std::memset(mem.data() + off, 0, 64);
+    }
+    need(g.unbind(lb.b), "unbind");
+    confirm(lb, g.window());
+  }
+  CHECK(keys.size() == 300);
+  CHECK(refused_old == stale_attempts);
+  // Keys are renewed while the grant is unbound and confirmed: a bound grant whose keys are used
+  // up is not silently rebound.
+  need(g.revoke(), "revoke");
+}
+
+TEST_CASE("a GrantPool slot reused 300 times never hands a key out again", "[grant-core]") {
+  loopback lb;
+  auto buf = need(MemoryRegion::allocate(lb.pd, 4096, access::local_write), "buffers");
+  auto pool = need(GrantPool::create(lb.pd, buf, {.slot_size = 4096, .slots = 1}), "pool");
+  REQUIRE(pool.mechanism() == grant_mechanism::type1_exact_region);
+  std::set<std::uint32_t> keys;
+  for (int i = 0; i < 300; ++i) {
+    auto l = need(pool.acquire(), "acquire");
+    auto b = lb.b.start_send();
+    auto d = need(pool.grant(b, lb.b, l, access::remote_write), "grant");
+    need(b.submit(), "submit");
+    REQUIRE(keys.insert(d.rkey).second);
+    need(pool.revoke(lb.b, l), "revoke");
+    auto wc = wait_wc(lb.cq_b, 1);
+    REQUIRE(wc.front().status == IBV_WC_SUCCESS);
+    (void)pool.complete(std::span<ibv_wc>(wc));
+    REQUIRE(l.state() == lease_state::ready);
+  }
+  CHECK(keys.size() == 300);
+  CHECK(pool.stats().windows_renewed == 2);
+}
+
+TEST_CASE("type-2 windows on rxe: refused through every public path unless the risk is accepted",
+          "[grant-core]") {
+  loopback lb;
+  auto caps = need(lb.ctx.query_capabilities(), "caps");
+  REQUIRE(caps.remote_inv_unbound_mw_panics == tristate::yes);
+  std::vector<unsigned char> mem(8192);
+  auto mr = need(MemoryRegion::reg(lb.pd, mem.data(), mem.size(), access::local_write | access::mw_bind),
+                 "mr");
+  // MemoryWindow::alloc
+  auto w = MemoryWindow::alloc(lb.pd, mw_type::type2);
+  REQUIRE_FALSE(w);
+  CHECK(w.error() == errc::unsafe_grant);
+  CHECK(w.error().message().find("any peer") != std::string::npos);
+  CHECK(MemoryWindow::alloc(lb.pd, mw_type::type1)); // type 1 is fine
+  CHECK(MemoryWindow::alloc(lb.pd, mw_type::type2, accept_risk));
+  // StrictGrant, explicit type
+  auto s2 = StrictGrant::create(lb.pd, mr, {0, 4096}, mw_type::type2);
+  REQUIRE_FALSE(s2);
+  CHECK(s2.error() == errc::unsafe_grant);
+  CHECK(StrictGrant::create(lb.pd, mr, {0, 4096}, mw_type::type2, accept_risk));
+  // StrictGrant, trusted peers: not enough on rxe (the exposure is device-wide)
+  auto st = need(StrictGrant::create(lb.pd, mr, {0, 4096}, grant_options{.trusted_peers = true}), "st");
+  CHECK(st.mechanism() == grant_mechanism::type1_exact_region);
+  auto sa = need(StrictGrant::create(lb.pd, mr, {0, 4096}, grant_options{.type2 = accept_risk}), "sa");
+  CHECK(sa.mechanism() == grant_mechanism::type2_window);
+  // GrantPool
+  auto pt = need(GrantPool::create(lb.pd, mr, {.slot_size = 4096, .grant = {.trusted_peers = true}}), "pt");
+  CHECK(pt.mechanism() == grant_mechanism::type1_exact_region);
+  auto pa = need(GrantPool::create(lb.pd, mr, {.slot_size = 4096, .grant = {.type2 = accept_risk}}), "pa");
+  CHECK(pa.mechanism() == grant_mechanism::type2_window);
+  // The software IndirectKey: trusted peers get type-1 exact regions; with remote rights a key
+  // configures and a peer reaches exactly the layout through it.
+  auto k = need(IndirectKey::create(lb.pd, 4, {.backend = umr_backend::software, .trusted_peers = true}),
+                "key");
+  const layout l = layout::list({{mr, 0, 64}});
+  auto b = lb.b.start_send();
+  need(k.configure(lb.b, b, l, access::remote_read, {9, send_flag::signaled}), "configure");
+  need(b.submit(), "submit");
+  for (auto &wc : wait_wc(lb.cq_b, 1)) (void)k.complete(wc);
+  // RDMAXX_GRANT=type2 in the environment cannot expose this device either.
+  ::setenv("RDMAXX_GRANT", "type2", 1);
+  auto env = need(StrictGrant::create(lb.pd, mr, {0, 4096}), "env grant");
+  ::unsetenv("RDMAXX_GRANT");
+  CHECK(env.mechanism() == grant_mechanism::type1_exact_region);
+  // probe_window_bounds probes with type 1 here and still reports rxe's bounds.
+  CHECK(need(probe_window_bounds(lb.ctx, caps), "probe") == tristate::no);
+}
+
+TEST_CASE("an allocate()d region destroyed under a bound window keeps its pages until it goes",
+          "[grant-core]") {
+  loopback lb;
+  auto mr = std::make_unique<MemoryRegion>(
+      need(MemoryRegion::allocate(lb.pd, 8192, access::local_write | access::mw_bind), "allocate"));
+  auto *p = static_cast<unsigned char *>(mr->address());
+  fill(p, 8192, 3);
+  auto w = need(MemoryWindow::alloc(lb.pd, mw_type::type1), "window");
+  auto d = need(w.bind(lb.b, *mr, {0, 4096}, access::remote_read), "bind");
+  confirm(lb, w);
+  mr.reset(); // deferred: the window is bound to it (reported through the hook)
+  CHECK(mapped(p, 8192));
+  // The peer still reads the bytes the region had, through the live window.
+  std::vector<unsigned char> got(64, 0);
+  auto got_mr = need(MemoryRegion::reg(lb.pd, got.data(), got.size(), access::local_write), "got");
+  REQUIRE(lb.read(got_mr.sge(0, 64), d.at(0)) == IBV_WC_SUCCESS);
+  std::vector<unsigned char> want(64);
+  fill(want.data(), 64, 3);
+  CHECK(got == want);
+  need(w.dealloc(), "dealloc"); // the last child: the region is deregistered, then unmapped
+  CHECK_FALSE(mapped(p, 8192));
+}
