@@ -66,7 +66,7 @@ int main() {
     for (long i = 0; i < n; ++i) {
       auto b = s.b.start_send();
       if (!k.configure(s.b, b, l, access::local_write | access::remote_write, {1, send_flag::signaled}) ||
-          !b.submit() || !bench::rdmaxx_wait(s.cq_b, wc))
+          !b.submit() || !bench::rdmaxx_wait(s.cq_b, wc) || !k.complete(wc))
         return false;
       const auto seg = k.segments()[0];
       if (!peer_write(seg.addr, seg.rkey) || !k.invalidate()) return false;

@@ -57,7 +57,7 @@ int main() {
                 "configure");
     bench::must(batch.submit(), "submit configure");
     ibv_wc wc{};
-    if (!bench::rdmaxx_wait(s.cq_b, wc)) return 1;
+    if (!bench::rdmaxx_wait(s.cq_b, wc) || !key.complete(wc)) return 1;
   }
   const auto desc = bench::must(key.descriptor(), "descriptor");
   const auto segs = desc.segments();

@@ -54,7 +54,7 @@ result<void> run() {
   RDMAXX_TRYV(key.configure(b, l, access::local_write | access::remote_write,
                             {.id = 1, .flags = send_flag::signaled}));
   RDMAXX_TRY(done, wait(cq_b));
-  key.complete(done); // mlx5: the configure is confirmed (descriptor() refuses before); software: no-op
+  key.complete(done); // the configure is confirmed by its own completion (descriptor() refuses before)
   RDMAXX_TRY(desc, key.descriptor());
   std::array<std::byte, ikey_descriptor::max_encoded_size> wire{};
   RDMAXX_TRY(wire_len, desc.encode(wire));

@@ -471,6 +471,8 @@ public:
   /// \errors
   /// - errc::null_handle: a null pool, lease or QP.
   /// - errc::invalid_argument: a lease of another pool.
+  /// - errc::wrong_state: the QP is in ERR (a disconnect, a remote error the QP was moved to ERR
+  ///   for): the revoke would be flushed; use revoke_all().
   /// - those of MemoryWindow::unbind / invalidate (posting forms): wrong_state (the QP is not at
   ///   RTS: after a disconnect use revoke_all()), qp_mismatch (type 2: another QP than the one
   ///   bound through), too_many_pending, the errno of the post.
@@ -478,6 +480,9 @@ public:
   result<void> revoke(QueuePair &qp, GrantLease &l) noexcept {
     RDMAXX_TRY(s, slot_of(l));
     if (s->window.state() != mw_state::bound) return success();
+    // A revoke posted to a QP in ERR would be flushed, and the flush would roll it back: the key
+    // would stay live while the caller was told it is revoking.
+    if (qp && qp.native_handle()->state == IBV_QPS_ERR) return make_error_code(errc::wrong_state);
     RDMAXX_TRYV(s->unbind(qp, {st_->tag | l.slot_, send_flag::signaled}));
     ++st_->stats.revokes;
     return success();
@@ -491,6 +496,7 @@ public:
   result<void> revoke(SendBatch &batch, QueuePair &qp, GrantLease &l) noexcept {
     RDMAXX_TRY(s, slot_of(l));
     if (s->window.state() != mw_state::bound) return success();
+    if (qp && qp.native_handle()->state == IBV_QPS_ERR) return make_error_code(errc::wrong_state);
     RDMAXX_TRYV(s->unbind(batch, qp, {st_->tag | l.slot_, send_flag::signaled}));
     ++st_->stats.revokes;
     return success();

@@ -115,6 +115,11 @@ struct ikey_state {
   std::uint32_t nexact = 0;
   grant_mechanism grant = grant_mechanism::none; // chosen by create(), which fails closed
   bool grant_unsafe = false; // no safe grant mechanism here (remote rights: errc::unsafe_grant)
+  // software with remote rights: the binds were posted and their last (signaled) completion,
+  // matched by wr_id and QP, has not been handed to complete() yet: no descriptor until then.
+  bool binds_unconfirmed = false;
+  std::uint64_t bind_wr_id = 0;
+  std::uint32_t bind_qp_num = 0;
   std::uint64_t length = 0;
   access_flags access{};
   bool configured = false;
@@ -267,11 +272,13 @@ public:
   /// True from a successful configure() (its operations added to the batch) until invalidate().
   /// mlx5: until the invalidate is confirmed (the key may work until then), see pending().
   [[nodiscard]] bool configured() const noexcept { return h_ && st().configured; }
-  /// mlx5: a configure or invalidate added to a batch is not confirmed yet (hand its completion
-  /// to complete(); a dropped batch or a failed submit() undoes it). Software: false.
+  /// A configure (or, mlx5, an invalidate) added to a batch is not confirmed yet (hand its
+  /// completion to complete(); a dropped batch or a failed submit() undoes it).
   [[nodiscard]] bool pending() const noexcept {
+    if (!h_) return false;
+    if (st().binds_unconfirmed) return true;
 #if RDMAXX_HAVE_MLX5
-    return h_ && st().mkey && st().mk.pending();
+    return st().mkey && st().mk.pending();
 #else
     return false;
 #endif
@@ -426,10 +433,16 @@ public:
         // rxe does not update mw->rkey on a type-2 bind: the key chosen here is the one to use
         const std::uint32_t rkey = ::ibv_inc_rkey(s.windows[i]->rkey);
         const ibv_mw_bind_info info{g.mr, g.addr, g.length, unsigned(remote.native())};
-        batch.bind_mw({w.id, i + 1 == n ? w.flags : quiet}, s.windows[i], rkey, info);
+        batch.bind_mw({w.id, i + 1 == n ? w.flags | send_flag::signaled : quiet}, s.windows[i], rkey,
+                      info);
         g.rkey = rkey;
       }
       h_.set_parent<detail::parent_slot::second>(detail::handle_access::node(qp));
+    }
+    if (!remote.empty()) {
+      s.binds_unconfirmed = true;
+      s.bind_wr_id = w.id;
+      s.bind_qp_num = qp.qp_num();
     }
     s.nsegs = std::uint32_t(n);
     s.length = l.total_length();
@@ -485,6 +498,7 @@ public:
     if (!s.configured) return make_error_code(errc::not_bound);
     const int rc = s.release_windows();
     s.configured = false;
+    s.binds_unconfirmed = false;
     s.nsegs = 0;
     s.length = 0;
     h_.set_parent<detail::parent_slot::second>(nullptr);
@@ -528,12 +542,14 @@ public:
     return n;
   }
 
-  /// What a peer needs (send it encoded). mlx5: one segment {0, length, rkey}, only once the
-  /// configure is confirmed (complete()): a configure that fails at submit or completion must
-  /// not hand a peer the rkey of a free mkey. Software: the segments with their window rkeys.
+  /// What a peer needs (send it encoded), only once the configure is confirmed by its own
+  /// completion (complete()): a configure that fails at submit or completion must not hand a
+  /// peer a key. mlx5: one segment {0, length, rkey}. Software: the segments with their window
+  /// rkeys.
   /// \errors
   /// - errc::null_handle: the key is null.
-  /// - errc::wrong_state: not configured; mlx5: configure or invalidate unconfirmed.
+  /// - errc::wrong_state: not configured; configure unconfirmed (its completion not yet handed to
+  ///   complete()); mlx5: invalidate unconfirmed.
   /// - errc::missing_access: no remote rights.
   /// - errc::too_many_entries / out_of_range: an mlx5 key longer than one segment can say (more
   ///   than 4 GiB).
@@ -545,6 +561,7 @@ public:
 #if RDMAXX_HAVE_MLX5
     if (s.mkey && s.mk.phase != mlx5::key_phase::configured) return make_error_code(errc::wrong_state);
 #endif
+    if (s.binds_unconfirmed) return make_error_code(errc::wrong_state);
     const access_flags rights = s.access & ikey_descriptor::remote_rights;
     if (rights.empty()) return make_error_code(errc::missing_access);
     std::array<remote_segment, ikey_descriptor::max_segments> rs;
@@ -566,18 +583,25 @@ public:
   /// Hand a send completion of the QP the key was configured or invalidated through (mlx5):
   /// the unconfirmed operation's own completion confirms it (success) or undoes it (error:
   /// configure -> not configured, invalidate -> still configured); a successful send completion
-  /// of a later work request of that QP confirms it too. Returns true when the key's state
-  /// changed. Software: false (nothing is pending). Inline, allocation-free.
+  /// of a later work request of that QP confirms it too. Software with remote rights: the
+  /// configure's last bind is always signaled; its completion (matched by the configure's wr_id
+  /// and QP) confirms the binds (descriptor() refuses before), an error one (a failed or flushed
+  /// bind) undoes the configure (windows and exact regions go, the key is not configured).
+  /// Returns true when the completion concerned the key. Inline, allocation-free.
   bool complete(const ibv_wc &wc) noexcept {
+    if (!h_) return false;
 #if RDMAXX_HAVE_MLX5
-    if (!h_ || !st().mkey) return false;
-    const bool changed = mlx5::complete_key(st().mk, wc);
-    sync_mlx5();
-    return changed;
-#else
-    (void)wc;
-    return false;
+    if (st().mkey) {
+      const bool changed = mlx5::complete_key(st().mk, wc);
+      sync_mlx5();
+      return changed;
+    }
 #endif
+    detail::ikey_state &s = st();
+    if (!s.binds_unconfirmed || wc.wr_id != s.bind_wr_id || wc.qp_num != s.bind_qp_num) return false;
+    s.binds_unconfirmed = false;
+    if (wc.status != IBV_WC_SUCCESS) (void)invalidate(); // a bind failed or was flushed: no key
+    return true;
   }
   /// mlx5: undo the unconfirmed operation. Not needed after a dropped batch or a failed submit():
   /// the batch undoes the operations it carried itself. No effect otherwise.
@@ -703,7 +727,8 @@ private:
       key_segment &g = s.segs[i];
       const std::uint32_t rkey = ::ibv_inc_rkey(s.windows[i]->rkey);
       const ibv_mw_bind_info info{s.exact[i], g.addr, g.length, unsigned(remote.native())};
-      batch.bind_mw({w.id, i + 1 == n ? w.flags : quiet}, s.windows[i], rkey, info);
+      batch.bind_mw({w.id, i + 1 == n ? w.flags | send_flag::signaled : quiet}, s.windows[i], rkey,
+                    info);
       s.windows[i]->rkey = rkey;
       g.rkey = rkey;
     }

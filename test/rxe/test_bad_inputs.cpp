@@ -251,7 +251,9 @@ void bad_inputs(const std::string &only) {
                       {15, send_flag::signaled}),
          "configure kc");
     need(b.submit(), "submit kc");
-    CHECK(wait_one(lb.cq_b).wr_id == 15);
+    const ibv_wc wc = wait_one(lb.cq_b);
+    CHECK(wc.wr_id == 15);
+    CHECK(kc.complete(wc));
     auto bl = lb.a.start_send();
     need(kl.configure(lb.a, bl, layout::list({{ms, 0, 64}}), access::local_write), "configure kl");
     need(bl.submit(), "submit kl (empty)");
@@ -1539,7 +1541,9 @@ void bad_inputs(const std::string &only) {
                      {205, send_flag::signaled}),
          "configure k");
     need(b.submit(), "submit k");
-    CHECK(wait_one(lb.cq_b).wr_id == 205);
+    const ibv_wc wc = wait_one(lb.cq_b);
+    CHECK(wc.wr_id == 205);
+    CHECK(k.complete(wc));
     const auto dkk = need(k.descriptor(), "k descriptor");
     auto bw = lb.a.start_send();
     CHECK(need(write_indirect(bw, {206, send_flag::signaled}, dkk, 0, ms.sge(3700, 50)),

@@ -165,3 +165,78 @@ TEST_CASE("an allocate()d region destroyed under a bound window keeps its pages 
   need(w.dealloc(), "dealloc"); // the last child: the region is deregistered, then unmapped
   CHECK_FALSE(mapped(p, 8192));
 }
+
+TEST_CASE("a software IndirectKey hands out its descriptor only once its binds' own completion "
+          "confirmed them", "[grant-core][ikey]") {
+  loopback lb;
+  std::vector<unsigned char> mem(8192, 0);
+  auto mr = need(MemoryRegion::reg(lb.pd, mem.data(), mem.size(), access::local_write), "mr");
+  auto key = need(IndirectKey::create(lb.pd, 4, {.backend = umr_backend::software}), "key");
+  const layout l = layout::list({{mr, 100, 50}, {mr, 4000, 30}});
+  // Posted without the signaled flag: the library signals the last bind itself.
+  auto b = lb.b.start_send();
+  need(key.configure(lb.b, b, l, access::local_write | access::remote_write, {41, {}}), "configure");
+  need(b.submit(), "submit");
+  CHECK(key.pending());
+  CHECK(key.descriptor().error() == errc::wrong_state); // not confirmed yet
+  const ibv_wc wc = wait_one(lb.cq_b);
+  REQUIRE(wc.wr_id == 41);
+  ibv_wc other = wc;
+  other.wr_id = 40; // another work request's completion confirms nothing
+  CHECK_FALSE(key.complete(other));
+  CHECK(key.descriptor().error() == errc::wrong_state);
+  CHECK(key.complete(wc));
+  CHECK_FALSE(key.pending());
+  const auto d = need(key.descriptor(), "descriptor");
+  REQUIRE(d.segments().size() == 2);
+  need(key.invalidate(), "invalidate");
+
+  // An error completion of the configure (a failed or flushed bind) undoes it: no key, and the
+  // keys it would have handed out are dead.
+  auto b2 = lb.b.start_send();
+  need(key.configure(lb.b, b2, l, access::local_write | access::remote_write, {42, {}}), "configure 2");
+  need(b2.submit(), "submit 2");
+  ibv_wc real = wait_one(lb.cq_b);
+  const std::uint32_t rkey = key.segments()[0].rkey;
+  const std::uint64_t raddr = key.segments()[0].addr;
+  ibv_wc failed = real;
+  failed.status = IBV_WC_WR_FLUSH_ERR;
+  CHECK(key.complete(failed));
+  CHECK_FALSE(key.configured());
+  CHECK(key.descriptor().error() == errc::wrong_state);
+  CHECK_FALSE(key.complete(real)); // the late success is ignored
+  std::vector<unsigned char> src(16, 0x77);
+  auto src_mr = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "src");
+  CHECK(is_denial(peer_post(lb.a, lb.cq_a, IBV_WR_RDMA_WRITE, src_mr.sge(0, 16), raddr, rkey)));
+  CHECK(all_equal(mem.data(), mem.size(), 0));
+  lb.recover();
+}
+
+TEST_CASE("GrantPool::revoke on a QP in ERR is refused (it would be flushed and rolled back); "
+          "revoke_all kills the key", "[grant-core][grants]") {
+  loopback lb;
+  auto buf = need(MemoryRegion::allocate(lb.pd, 8192, access::local_write), "buffers");
+  std::memset(buf.address(), 0, 8192);
+  auto pool = need(GrantPool::create(lb.pd, buf, {.slot_size = 4096}), "pool");
+  auto l = need(pool.acquire(), "acquire");
+  auto b = lb.b.start_send();
+  auto d = need(pool.grant(b, lb.b, l, access::remote_write), "grant");
+  need(b.submit(), "submit");
+  need(lb.b.to_error(), "owner QP to ERR (as a disconnect does)");
+  auto r = pool.revoke(lb.b, l);
+  REQUIRE_FALSE(r);
+  CHECK(r.error() == errc::wrong_state);
+  {
+    auto b2 = lb.b.start_send();
+    CHECK(pool.revoke(b2, lb.b, l).error() == errc::wrong_state);
+  } // dropped: nothing was added
+  ibv_wc wc[8];
+  while (lb.cq_b.poll(wc).value() > 0) {}
+  need(pool.revoke_all(), "revoke_all");
+  lb.recover();
+  std::vector<unsigned char> src(64, 0x31);
+  auto src_mr = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "src");
+  CHECK(is_denial(peer_post(lb.a, lb.cq_a, IBV_WR_RDMA_WRITE, src_mr.sge(0, 64), d.addr, d.rkey)));
+  CHECK(all_equal(buf.address(), 8192, 0));
+  lb.recover();
+}

@@ -346,7 +346,11 @@ TEST_CASE("[hostile] indirect-key segment keys: each reaches exactly its segment
          "configure");
     need(b.submit(), "submit");
   }
-  CHECK(wait_one(p.qp.cq_b).wr_id == 800);
+  {
+    const ibv_wc wc = wait_one(p.qp.cq_b);
+    CHECK(wc.wr_id == 800);
+    CHECK(key.complete(wc));
+  }
   const auto desc = need(key.descriptor(), "descriptor");
   REQUIRE(desc.segments().size() == 3);
   // The underlying regions are counted: they cannot be deregistered under the key.

@@ -88,6 +88,7 @@ void configure(loopback &lb, IndirectKey &key, const layout &l, access_flags acc
   need(batch.submit(), "submit configure");
   const ibv_wc wc = wait_one(lb.cq_b);
   CHECK(wc.wr_id == 900);
+  CHECK(key.complete(wc)); // the binds' own completion: descriptor() works from here on
 }
 
 /// What a peer receives: the descriptor, encoded and decoded as if sent over the wire.

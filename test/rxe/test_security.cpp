@@ -172,7 +172,7 @@ TEST_CASE("bounds: the probe tells the truth about the device, strict grants hol
   // Strict grant: the window sits on a region of exactly the granted bytes.
   const mw_type t = GENERATE(mw_type::type1, mw_type::type2);
   INFO((t == mw_type::type1 ? "type 1" : "type 2B"));
-  auto g = need(StrictGrant::create(lb.pd, mr, {4096, 256}, t), "strict grant");
+  auto g = need(StrictGrant::create(lb.pd, mr, {4096, 256}, t, accept_risk), "strict grant");
   CHECK(g.region().length() == 256);
   auto d = need(g.bind(lb.b, rw_rights, {1, send_flag::signaled}), "strict bind");
   CHECK(g.window().complete(wait_one(lb.cq_b)));

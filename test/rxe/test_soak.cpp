@@ -78,7 +78,7 @@ TEST_CASE("soak: grant/revoke, rereg and indirect-key cycles leave no kernel res
              "configure");
         need(batch.submit(), "submit configure");
       }
-      wait_one(lb.cq_b);
+      REQUIRE(key.complete(wait_one(lb.cq_b)));
       if (i % 32 == 0) {
         auto d = need(key.descriptor(), "descriptor");
         auto batch = lb.a.start_send();
