@@ -123,20 +123,20 @@ enum class cm_role : std::uint8_t {
 
 /// The librdmacm calls whose failure a cm code names (cm_call_error()).
 enum class cm_call : std::uint8_t {
-  none = 0,
-  rdma_create_id = 1,
-  rdma_resolve_addr = 2,
-  rdma_resolve_route = 3,
-  rdma_connect = 4,
-  rdma_establish = 5,
-  rdma_bind_addr = 6,
-  rdma_listen = 7,
-  rdma_accept = 8,
-  rdma_reject = 9,
-  rdma_migrate_id = 10,
-  rdma_disconnect = 11,
-  rdma_init_qp_attr = 12,
-  rdma_get_cm_event = 13,
+  none = 0,               ///< not a failed call (an event, a timeout, another category)
+  rdma_create_id = 1,     ///< rdma_create_id(3)
+  rdma_resolve_addr = 2,  ///< rdma_resolve_addr(3); also a wildcard refused before it
+  rdma_resolve_route = 3, ///< rdma_resolve_route(3)
+  rdma_connect = 4,       ///< rdma_connect(3)
+  rdma_establish = 5,     ///< rdma_establish(3)
+  rdma_bind_addr = 6,     ///< rdma_bind_addr(3); EADDRINUSE: the port is in use
+  rdma_listen = 7,        ///< rdma_listen(3)
+  rdma_accept = 8,        ///< rdma_accept(3)
+  rdma_reject = 9,        ///< rdma_reject(3)
+  rdma_migrate_id = 10,   ///< rdma_migrate_id(3)
+  rdma_disconnect = 11,   ///< rdma_disconnect(3)
+  rdma_init_qp_attr = 12, ///< rdma_init_qp_attr(3)
+  rdma_get_cm_event = 13, ///< rdma_get_cm_event(3) (not named by this header's codes yet)
 };
 
 namespace detail {
