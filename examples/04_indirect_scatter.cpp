@@ -43,7 +43,9 @@ result<void> run() {
   std::memset(r1, '.', sizeof r1);
   std::memset(r2, '.', sizeof r2);
   std::memset(r3, '.', sizeof r3);
-  // software keys grant remote rights through memory windows: the MRs need mw_bind
+  // On rxe (software backend, exact regions) the regions need only local_write (README:
+  // "exact regions need no remote rights and no MW_BIND"); remote_write and mw_bind are here for
+  // the backends that bind type-2 windows over these MRs (trusted peers, devices without type 1).
   const access_flags acc = access::local_write | access::remote_write | access::mw_bind;
   RDMAXX_TRY(m1, MemoryRegion::reg(pd, r1, sizeof r1, acc));
   RDMAXX_TRY(m2, MemoryRegion::reg(pd, r2, sizeof r2, acc));

@@ -78,8 +78,10 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -111,11 +113,122 @@ enum class cm_step : std::uint8_t {
   request = RDMA_CM_EVENT_CONNECT_REQUEST,
 };
 
+/// The side a cm code's address is on: what the failing handle was doing with it.
+enum class cm_role : std::uint8_t {
+  none = 0,        ///< no address recorded
+  connect_to = 1,  ///< a Connection connecting to the address (active side)
+  accept_from = 2, ///< a connection request or accepted Connection from the address (passive side)
+  listen_on = 3,   ///< a Listener on the address
+};
+
+/// The librdmacm calls whose failure a cm code names (cm_call_error()).
+enum class cm_call : std::uint8_t {
+  none = 0,               ///< not a failed call (an event, a timeout, another category)
+  rdma_create_id = 1,     ///< rdma_create_id(3)
+  rdma_resolve_addr = 2,  ///< rdma_resolve_addr(3); also a wildcard refused before it
+  rdma_resolve_route = 3, ///< rdma_resolve_route(3)
+  rdma_connect = 4,       ///< rdma_connect(3)
+  rdma_establish = 5,     ///< rdma_establish(3)
+  rdma_bind_addr = 6,     ///< rdma_bind_addr(3); EADDRINUSE: the port is in use
+  rdma_listen = 7,        ///< rdma_listen(3)
+  rdma_accept = 8,        ///< rdma_accept(3)
+  rdma_reject = 9,        ///< rdma_reject(3)
+  rdma_migrate_id = 10,   ///< rdma_migrate_id(3)
+  rdma_disconnect = 11,   ///< rdma_disconnect(3)
+  rdma_init_qp_attr = 12, ///< rdma_init_qp_attr(3)
+  rdma_get_cm_event = 13, ///< rdma_get_cm_event(3) (not named by this header's codes yet)
+};
+
 namespace detail {
-// value layout: bits 0..7 rdma_cm_event_type + 1 (255: a step timed out), bits 8..23 the event's
-// status as a positive number (the reject reason for REJECTED, an errno otherwise) or, for a
-// timeout, the cm_step.
+// value layout: bits 0..7 what: rdma_cm_event_type + 1, 254 a librdmacm call failed, 255 a step
+// timed out; bits 8..15 the event's status as a positive number (the reject reason for
+// REJECTED, an errno otherwise), the errno of the call, or the cm_step of a timeout; bits
+// 16..19 the cm_role; bits 20..23 the cm_call (call failures); bits 24..30 the address slot
+// (cm_address_book; 0: none).
 inline constexpr int cm_timeout_tag = 255;
+inline constexpr int cm_call_tag = 254;
+
+[[nodiscard]] inline const char *cm_call_name(int c) noexcept {
+  static const char *const names[] = {"?", "rdma_create_id", "rdma_resolve_addr", "rdma_resolve_route",
+                                      "rdma_connect", "rdma_establish", "rdma_bind_addr", "rdma_listen",
+                                      "rdma_accept", "rdma_reject", "rdma_migrate_id", "rdma_disconnect",
+                                      "rdma_init_qp_attr", "rdma_get_cm_event"};
+  return c >= 0 && c <= 13 ? names[c] : "?";
+}
+
+// The addresses cm codes name. An error_code holds one int, so a code carries the slot of its
+// address in this process-wide book: up to 127 distinct addresses (a process talks to few);
+// codes for addresses past that say "address not recorded". Entries are never changed.
+struct cm_address_book {
+  static constexpr int capacity = 127;
+  std::atomic_flag lock = ATOMIC_FLAG_INIT;
+  int n = 0;
+  sockaddr_in6 a[capacity]{}; // an AF_INET address is stored in the first 16 bytes
+  void acquire() noexcept {
+    while (lock.test_and_set(std::memory_order_acquire)) {}
+  }
+  void release() noexcept { lock.clear(std::memory_order_release); }
+};
+inline cm_address_book &cm_addresses() noexcept {
+  static cm_address_book b;
+  return b;
+}
+// The slot of `sa` (1..127), added if new; 0 for no address or a full book.
+[[nodiscard]] inline int cm_address_slot(const sockaddr *sa) noexcept {
+  if (!sa || (sa->sa_family != AF_INET && sa->sa_family != AF_INET6)) return 0;
+  sockaddr_in6 key{};
+  std::memcpy(&key, sa, sa->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+  cm_address_book &b = cm_addresses();
+  b.acquire();
+  int slot = 0;
+  for (int i = 0; i < b.n && slot == 0; ++i)
+    if (std::memcmp(&b.a[i], &key, sizeof key) == 0) slot = i + 1;
+  if (slot == 0 && b.n < cm_address_book::capacity) {
+    b.a[b.n] = key;
+    slot = ++b.n;
+  }
+  b.release();
+  return slot;
+}
+// "A.B.C.D:PORT" or "[IPV6]:PORT" of a slot (allocates; message() only).
+[[nodiscard]] inline std::string cm_address_text(int slot) {
+  cm_address_book &b = cm_addresses();
+  sockaddr_in6 a{};
+  b.acquire();
+  const bool known = slot >= 1 && slot <= b.n;
+  if (known) a = b.a[slot - 1];
+  b.release();
+  if (!known) return "(address not recorded)";
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (a.sin6_family == AF_INET) {
+    sockaddr_in v4{};
+    std::memcpy(&v4, &a, sizeof v4);
+    ::inet_ntop(AF_INET, &v4.sin_addr, buf, sizeof buf);
+    return std::string(buf) + ":" + std::to_string(ntohs(v4.sin_port));
+  }
+  ::inet_ntop(AF_INET6, &a.sin6_addr, buf, sizeof buf);
+  return "[" + std::string(buf) + "]:" + std::to_string(ntohs(a.sin6_port));
+}
+[[nodiscard]] inline bool cm_is_wildcard(const sockaddr *sa) noexcept {
+  if (sa->sa_family == AF_INET)
+    return reinterpret_cast<const sockaddr_in *>(sa)->sin_addr.s_addr == htonl(INADDR_ANY);
+  if (sa->sa_family == AF_INET6) {
+    const in6_addr &a = reinterpret_cast<const sockaddr_in6 *>(sa)->sin6_addr;
+    return IN6_IS_ADDR_UNSPECIFIED(&a);
+  }
+  return false;
+}
+// The step an event ends, for the message.
+[[nodiscard]] inline const char *cm_event_step(int ev) noexcept {
+  switch (static_cast<rdma_cm_event_type>(ev)) {
+  case RDMA_CM_EVENT_ADDR_ERROR: return "address resolution: ";
+  case RDMA_CM_EVENT_ROUTE_ERROR: return "route resolution: ";
+  case RDMA_CM_EVENT_UNREACHABLE:
+  case RDMA_CM_EVENT_REJECTED:
+  case RDMA_CM_EVENT_CONNECT_ERROR: return "connection setup: ";
+  default: return "";
+  }
+}
 
 [[nodiscard]] inline const char *cm_reject_reason_name(int r) noexcept {
   switch (r) {
@@ -137,13 +250,34 @@ public:
   const char *name() const noexcept override { return "rdmaxx.cm"; }
   std::string message(int v) const override {
     const int ev = (v & 0xff);
-    const int st = (v >> 8) & 0xffff;
+    const int st = (v >> 8) & 0xff;
+    const int role = (v >> 16) & 0xf;
     std::string m = "rdma_cm: ";
+    if (role != 0) {
+      static const char *const roles[] = {"", "connect to ", "connection from ", "listen on "};
+      m += role <= 3 ? roles[role] : "";
+      m += cm_address_text((v >> 24) & 0x7f);
+      m += ": ";
+    }
     if (ev == cm_timeout_tag) {
       m += "timed out waiting for ";
       m += ::rdma_event_str(static_cast<rdma_cm_event_type>(st));
       return m;
     }
+    if (ev == cm_call_tag) {
+      const int call = (v >> 20) & 0xf;
+      if (st == EDESTADDRREQ && call == int(cm_call::rdma_resolve_addr))
+        return m + "a wildcard address names no peer (\"PORT\" alone, 0.0.0.0 and [::] are for "
+                   "Listener::listen): connect to the peer's ADDR:PORT";
+      if (st == EADDRINUSE && call == int(cm_call::rdma_bind_addr))
+        return m + "port in use (rdma_bind_addr: another listener has it; choose another port, or "
+                   "port 0 for one the kernel picks)";
+      m += cm_call_name(call);
+      m += " failed: ";
+      m += std::generic_category().message(st);
+      return m;
+    }
+    m += cm_event_step(ev - 1);
     m += ::rdma_event_str(static_cast<rdma_cm_event_type>(ev - 1));
     if (ev - 1 == RDMA_CM_EVENT_REJECTED) {
       m += " (reject reason ";
@@ -160,8 +294,9 @@ public:
   }
   std::error_condition default_error_condition(int v) const noexcept override {
     const int ev = (v & 0xff);
-    const int st = (v >> 8) & 0xffff;
+    const int st = (v >> 8) & 0xff;
     if (ev == cm_timeout_tag) return std::errc::timed_out;
+    if (ev == cm_call_tag) return {st, std::generic_category()};
     switch (static_cast<rdma_cm_event_type>(ev - 1)) {
     case RDMA_CM_EVENT_REJECTED: return std::errc::connection_refused;
     case RDMA_CM_EVENT_UNREACHABLE:
@@ -184,12 +319,15 @@ public:
 };
 } // namespace detail
 
-/// The category of rdma_cm event failures: the event (REJECTED, UNREACHABLE, ADDR_ERROR,
-/// ROUTE_ERROR, CONNECT_ERROR, DISCONNECTED, DEVICE_REMOVAL, or a step that timed out), its
-/// status and, for REJECTED, the reject reason. Compares equal to std::errc::connection_refused
-/// (REJECTED), host_unreachable (UNREACHABLE, resolution errors), timed_out (timeouts),
-/// connection_aborted (CONNECT_ERROR), connection_reset (DISCONNECTED), no_such_device
-/// (DEVICE_REMOVAL).
+/// The category of rdma_cm failures: the event (REJECTED, UNREACHABLE, ADDR_ERROR,
+/// ROUTE_ERROR, CONNECT_ERROR, DISCONNECTED, DEVICE_REMOVAL), a step that timed out, or a
+/// librdmacm call that failed with an errno; its status and, for REJECTED, the reject reason.
+/// Codes from the handles of this header also name the address and the side
+/// ("rdma_cm: connect to 192.0.2.1:7471: timed out waiting for RDMA_CM_EVENT_CONNECT_RESPONSE").
+/// Compares equal to std::errc::connection_refused (REJECTED), host_unreachable (UNREACHABLE,
+/// resolution errors), timed_out (timeouts), connection_aborted (CONNECT_ERROR),
+/// connection_reset (DISCONNECTED), no_such_device (DEVICE_REMOVAL), and to the errno's
+/// std::errc for a failed call (address_in_use: "port in use").
 inline const std::error_category &cm_category() noexcept {
   static const detail::cm_category_impl c;
   return c;
@@ -197,22 +335,40 @@ inline const std::error_category &cm_category() noexcept {
 /// An rdma_cm event that ended a step, as an error_code (status: the event's status field).
 [[nodiscard]] inline std::error_code cm_error(rdma_cm_event_type ev, int status) noexcept {
   if (status < 0) status = -status;
-  return {(int(ev) + 1) | ((status & 0xffff) << 8), cm_category()};
+  return {(int(ev) + 1) | ((status & 0xff) << 8), cm_category()};
+}
+/// A librdmacm call that failed with errno `err` (compares equal to that errno's std::errc).
+[[nodiscard]] inline std::error_code cm_call_error(cm_call c, int err) noexcept {
+  if (err < 0) err = -err;
+  if (err == 0) err = EIO;
+  return {detail::cm_call_tag | ((err & 0xff) << 8) | ((int(c) & 0xf) << 20), cm_category()};
+}
+/// `ec` naming the side and the address `sa` (a cm_category() code that names none yet);
+/// other codes are returned unchanged.
+[[nodiscard]] inline std::error_code cm_at(std::error_code ec, cm_role role, const sockaddr *sa) noexcept {
+  if (ec.category() != cm_category() || ((ec.value() >> 16) & 0xf) != 0) return ec;
+  return {ec.value() | ((int(role) & 0xf) << 16) | (detail::cm_address_slot(sa) << 24), cm_category()};
+}
+/// The cm_call a cm_category() code names (cm_call::none for events, timeouts, other codes).
+[[nodiscard]] inline cm_call cm_call_of(const std::error_code &ec) noexcept {
+  if (ec.category() != cm_category() || (ec.value() & 0xff) != detail::cm_call_tag) return cm_call::none;
+  return cm_call((ec.value() >> 20) & 0xf);
 }
 /// The code of a step that did not complete within its bound.
 [[nodiscard]] inline std::error_code cm_timeout(cm_step s) noexcept {
   return {detail::cm_timeout_tag | (int(s) << 8), cm_category()};
 }
-/// The rdma_cm event a cm_category() code was made from; -1 for timeouts and other categories.
+/// The rdma_cm event a cm_category() code was made from; -1 for timeouts, failed calls and other
+/// categories.
 [[nodiscard]] inline int cm_event_of(const std::error_code &ec) noexcept {
-  if (ec.category() != cm_category() || (ec.value() & 0xff) == detail::cm_timeout_tag) return -1;
+  if (ec.category() != cm_category() || (ec.value() & 0xff) >= detail::cm_call_tag) return -1;
   return (ec.value() & 0xff) - 1;
 }
 /// The reject reason of a REJECTED code (28: rejected by the peer application, 8: nobody listens
 /// on that port); -1 for other codes.
 [[nodiscard]] inline int cm_reject_reason(const std::error_code &ec) noexcept {
   if (cm_event_of(ec) != RDMA_CM_EVENT_REJECTED) return -1;
-  return (ec.value() >> 8) & 0xffff;
+  return (ec.value() >> 8) & 0xff;
 }
 /// True for a cm "timeout" code.
 [[nodiscard]] inline bool is_cm_timeout(const std::error_code &ec) noexcept {
@@ -564,26 +720,35 @@ public:
   /// - errc::private_data_too_long: more than 56 bytes.
   /// - errc::invalid_argument: a timeout <= 0 (or cq_entries <= 0).
   /// - errc::null_handle: a PD without CQs.
-  /// - the errno of rdma_create_event_channel / rdma_create_id / rdma_resolve_addr
-  ///   (EADDRNOTAVAIL, ENODEV: no rdma_cm, EINVAL).
+  /// - cm_call_error(cm_call::rdma_resolve_addr, EDESTADDRREQ) (std::errc::
+  ///   destination_address_required): `to` is a wildcard address (0.0.0.0, [::], "PORT"), which
+  ///   names no peer; checked before any call.
+  /// - the errno of rdma_create_event_channel; cm_call_error() codes naming `to` for
+  ///   rdma_create_id / rdma_resolve_addr (EADDRNOTAVAIL, ENODEV: no RDMA device reaches it,
+  ///   EINVAL).
   /// \mallocs The event channel and the id, inside librdmacm.
   [[nodiscard]] static result<Connection> start_connect(const address &to, const conn_options &o = {}) noexcept {
     if (o.private_data.size() > cm_connect_private_data_max)
       return make_error_code(errc::private_data_too_long);
     RDMAXX_TRYV(check_options(o));
+    if (detail::cm_is_wildcard(to.native()))
+      return cm_at(cm_call_error(cm_call::rdma_resolve_addr, EDESTADDRREQ), cm_role::connect_to, to.native());
     Connection c;
     c.opts_ = o;
+    c.peer_ = to;
     RDMAXX_TRY(ch, EventChannel::create());
     c.channel_ = std::move(ch);
     rdma_cm_id *id = nullptr;
-    if (::rdma_create_id(c.channel_.native_handle(), &id, nullptr, RDMA_PS_TCP)) return last_errno();
+    if (::rdma_create_id(c.channel_.native_handle(), &id, nullptr, RDMA_PS_TCP))
+      return c.call_failed(cm_call::rdma_create_id);
     c.id_ = detail::handle<detail::cm_id_traits>(id, nullptr, nullptr);
     c.connect_data_len_ = std::uint8_t(o.private_data.size());
     if (!o.private_data.empty()) std::memcpy(c.connect_data_.data(), o.private_data.data(), o.private_data.size());
     c.state_ = conn_state::resolving_addr;
     c.deadline_ = detail::monotonic_ms() + o.timeout_ms;
     address dst = to;
-    if (::rdma_resolve_addr(id, nullptr, dst.native(), o.timeout_ms)) return last_errno();
+    if (::rdma_resolve_addr(id, nullptr, dst.native(), o.timeout_ms))
+      return c.call_failed(cm_call::rdma_resolve_addr);
     return c;
   }
 
@@ -624,7 +789,7 @@ public:
       const conn_state was = state_;
       if (auto ec = on_event(*ev)) {
         if (state_ != conn_state::disconnected) state_ = conn_state::failed;
-        return ec;
+        return named(ec);
       }
       // Reaching established is reported on its own: later events (a DISCONNECTED that is
       // already queued) are left for the next call.
@@ -634,7 +799,7 @@ public:
         state_ != conn_state::prepared && detail::monotonic_ms() >= deadline_) {
       const cm_step s = step();
       state_ = conn_state::failed;
-      return cm_timeout(s);
+      return named(cm_timeout(s));
     }
     return state_;
   }
@@ -682,7 +847,7 @@ public:
     deadline_ = detail::monotonic_ms() + opts_.timeout_ms;
     if (::rdma_accept(id_.get(), &p)) {
       state_ = conn_state::failed;
-      return last_errno();
+      return call_failed(cm_call::rdma_accept);
     }
     return success();
   }
@@ -713,7 +878,7 @@ public:
     if (state_ != conn_state::established) return make_error_code(errc::wrong_state);
     (void)qp_.to_error();
     state_ = conn_state::disconnected;
-    if (::rdma_disconnect(id_.get())) return last_errno();
+    if (::rdma_disconnect(id_.get())) return call_failed(cm_call::rdma_disconnect);
     return success();
   }
 
@@ -785,7 +950,7 @@ private:
     for (;;) {
       RDMAXX_TRY(s, advance());
       if (s == conn_state::established) return success();
-      if (s == conn_state::disconnected) return cm_error(RDMA_CM_EVENT_DISCONNECTED, 0);
+      if (s == conn_state::disconnected) return named(cm_error(RDMA_CM_EVENT_DISCONNECTED, 0));
       RDMAXX_TRY(readable, detail::wait_readable(fd(), deadline_));
       (void)readable; // advance() reports the timeout
     }
@@ -826,7 +991,7 @@ private:
     ibv_qp_attr a{};
     int mask = 0;
     a.qp_state = to;
-    if (::rdma_init_qp_attr(id_.get(), &a, &mask)) return last_errno();
+    if (::rdma_init_qp_attr(id_.get(), &a, &mask)) return call_failed(cm_call::rdma_init_qp_attr);
     // Only attributes userspace verbs knows (librdmacm masks the same legacy kernel bits).
     mask &= (IBV_QP_DEST_QPN << 1) - 1;
     if (to == IBV_QPS_INIT) a.qp_access_flags = opts_.qp_access.native();
@@ -850,6 +1015,15 @@ private:
     return p;
   }
 
+  // A cm code naming this connection's side and peer (other codes unchanged).
+  [[nodiscard]] std::error_code named(std::error_code ec) const noexcept {
+    return cm_at(ec, passive_ ? cm_role::accept_from : cm_role::connect_to, peer_.native());
+  }
+  // The errno of a failed librdmacm call, naming it, the side and the peer.
+  [[nodiscard]] std::error_code call_failed(cm_call c) const noexcept {
+    return named(cm_call_error(c, errno));
+  }
+
   // One event of this connection's id.
   std::error_code on_event(const detail::cm_event_copy &ev) noexcept {
     const auto fail = [&] { return cm_error(ev.type, ev.status); };
@@ -858,7 +1032,7 @@ private:
       if (state_ != conn_state::resolving_addr) return make_error_code(errc::wrong_state);
       if (ev.status) return fail();
       if (auto r = make_qp(id_.get()->verbs); !r) return r.error();
-      if (::rdma_resolve_route(id_.get(), opts_.timeout_ms)) return last_errno();
+      if (::rdma_resolve_route(id_.get(), opts_.timeout_ms)) return call_failed(cm_call::rdma_resolve_route);
       state_ = conn_state::resolving_route;
       deadline_ = detail::monotonic_ms() + opts_.timeout_ms;
       return {};
@@ -867,7 +1041,7 @@ private:
       if (ev.status) return fail();
       if (auto r = move_qp(IBV_QPS_INIT); !r) return r.error();
       rdma_conn_param p = conn_param();
-      if (::rdma_connect(id_.get(), &p)) return last_errno();
+      if (::rdma_connect(id_.get(), &p)) return call_failed(cm_call::rdma_connect);
       state_ = conn_state::connecting;
       deadline_ = detail::monotonic_ms() + opts_.timeout_ms;
       return {};
@@ -878,7 +1052,7 @@ private:
       peer_data_ = ev.data;
       if (auto r = move_qp(IBV_QPS_RTR); !r) return r.error();
       if (auto r = move_qp(IBV_QPS_RTS); !r) return r.error();
-      if (::rdma_establish(id_.get())) return last_errno();
+      if (::rdma_establish(id_.get())) return call_failed(cm_call::rdma_establish);
       state_ = conn_state::established;
       return {};
     case RDMA_CM_EVENT_ESTABLISHED:
@@ -925,6 +1099,8 @@ private:
   cm_private_data peer_data_{};
   std::uint8_t resp_res_ = 0;   // the client's offer (CONNECT_REQUEST), passive side
   std::uint8_t init_depth_ = 0;
+  address peer_{};              // what error codes name
+  bool passive_ = false;
 };
 
 /// A connection request received by a Listener (RDMA_CM_EVENT_CONNECT_REQUEST): accept() it or
@@ -977,7 +1153,10 @@ public:
     RDMAXX_TRY(ch, EventChannel::create());
     c.channel_ = std::move(ch);
     c.id_ = std::move(id_);
-    if (::rdma_migrate_id(c.id_.get(), c.channel_.native_handle())) return last_errno();
+    c.passive_ = true;
+    if (auto a = address::from(::rdma_get_peer_addr(c.id_.get()))) c.peer_ = a.value();
+    if (::rdma_migrate_id(c.id_.get(), c.channel_.native_handle()))
+      return c.call_failed(cm_call::rdma_migrate_id);
     RDMAXX_TRYV(c.make_qp(c.id_.get()->verbs));
     RDMAXX_TRYV(c.move_qp(IBV_QPS_INIT));
     RDMAXX_TRYV(c.move_qp(IBV_QPS_RTR));
@@ -1025,7 +1204,9 @@ public:
     if (!id_) return make_error_code(errc::null_handle);
     if (data.size() > cm_reject_private_data_max) return make_error_code(errc::private_data_too_long);
     const int rc = ::rdma_reject(id_.get(), data.empty() ? nullptr : data.data(), std::uint8_t(data.size()));
-    const auto ec = rc ? last_errno() : std::error_code{};
+    const auto ec = rc ? cm_at(cm_call_error(cm_call::rdma_reject, errno), cm_role::accept_from,
+                               ::rdma_get_peer_addr(id_.get()))
+                       : std::error_code{};
     id_.reset();
     if (ec) return ec;
     return success();
@@ -1059,9 +1240,12 @@ public:
   /// with port()), rdma_listen with `backlog`.
   /// \errors
   /// - errc::invalid_argument: `backlog` <= 0.
-  /// - the errno of rdma_create_event_channel (ENODEV: rdma_ucm not loaded), rdma_create_id,
-  ///   rdma_bind_addr (EADDRINUSE; EADDRNOTAVAIL: no local interface has that address; ENODEV:
-  ///   the address's interface has no RDMA device) and rdma_listen.
+  /// - the errno of rdma_create_event_channel (ENODEV: rdma_ucm not loaded); cm_call_error()
+  ///   codes naming `at` for rdma_create_id, rdma_bind_addr (EADDRINUSE, "port in use";
+  ///   EADDRNOTAVAIL: no local interface has that address; ENODEV: the address's interface has
+  ///   no RDMA device) and rdma_listen. The kernel's rdma_cm answers a port in use with
+  ///   EADDRNOTAVAIL, as for an address of no interface: when the address is a wildcard or one
+  ///   a UDP socket can bind, the port is what is taken, and the code says EADDRINUSE.
   /// \mallocs The event channel and the id, inside librdmacm.
   [[nodiscard]] static result<Listener> listen(const address &at, int backlog = 64) noexcept {
     if (backlog <= 0) return make_error_code(errc::invalid_argument);
@@ -1069,11 +1253,19 @@ public:
     RDMAXX_TRY(ch, EventChannel::create());
     l.channel_ = std::move(ch);
     rdma_cm_id *id = nullptr;
-    if (::rdma_create_id(l.channel_.native_handle(), &id, nullptr, RDMA_PS_TCP)) return last_errno();
+    const auto failed = [&](cm_call c, int err) {
+      return cm_at(cm_call_error(c, err), cm_role::listen_on, at.native());
+    };
+    if (::rdma_create_id(l.channel_.native_handle(), &id, nullptr, RDMA_PS_TCP))
+      return failed(cm_call::rdma_create_id, errno);
     l.id_ = detail::handle<detail::cm_id_traits>(id, nullptr, nullptr);
     address a = at;
-    if (::rdma_bind_addr(id, a.native())) return last_errno();
-    if (::rdma_listen(id, backlog)) return last_errno();
+    if (::rdma_bind_addr(id, a.native())) {
+      int err = errno;
+      if (err == EADDRNOTAVAIL && address_is_local(at)) err = EADDRINUSE;
+      return failed(cm_call::rdma_bind_addr, err);
+    }
+    if (::rdma_listen(id, backlog)) return failed(cm_call::rdma_listen, errno);
     return l;
   }
 
@@ -1123,11 +1315,23 @@ public:
       }
       if (ev) continue; // an event of a request that went away: skipped
       RDMAXX_TRY(readable, detail::wait_readable(fd(), deadline));
-      if (!readable) return cm_timeout(cm_step::request);
+      if (!readable) return cm_at(cm_timeout(cm_step::request), cm_role::listen_on, ::rdma_get_local_addr(id_.get()));
     }
   }
 
 private:
+  // True when `at` is a wildcard or an address of this host (a UDP socket binds to it, port 0).
+  [[nodiscard]] static bool address_is_local(const address &at) noexcept {
+    if (detail::cm_is_wildcard(at.native())) return true;
+    const int fd = ::socket(at.is_v6() ? AF_INET6 : AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return false;
+    address probe = at.with_port(0);
+    const socklen_t len = at.is_v6() ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+    const bool ok = ::bind(fd, probe.native(), len) == 0;
+    ::close(fd);
+    return ok;
+  }
+
   EventChannel channel_;
   detail::handle<detail::cm_id_traits> id_;
 };

@@ -38,6 +38,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 
 namespace rdmaxx {
 
@@ -55,6 +56,72 @@ enum class descriptor_kind : std::uint8_t {
 inline constexpr std::uint32_t descriptor_magic = 0x52445844u; // "RDXD"
 /// The encoding version this library writes and accepts.
 inline constexpr std::uint8_t descriptor_version = 1;
+
+/// The name of a descriptor_kind value ("window", "indirect key", ...; "unknown" otherwise).
+[[nodiscard]] inline const char *descriptor_kind_name(std::uint8_t k) noexcept {
+  switch (k) {
+  case 1: return "window";
+  case 2: return "indirect key";
+  case 3: return "endpoint";
+  case 4: return "grant list";
+  case 5: return "grant offer";
+  default: return "unknown";
+  }
+}
+
+namespace detail {
+// value layout: bits 0..7 rdmaxx::errc; wrong_type: bits 8..15 the kind expected, 16..23 the kind
+// found; malformed_input: bits 8..23 the bytes past the descriptor (0: not that reason);
+// bits 24..27 the reason (1: wrong kind, 2: trailing bytes).
+class descriptor_category_impl final : public std::error_category {
+public:
+  const char *name() const noexcept override { return "rdmaxx.descriptor"; }
+  std::string message(int v) const override {
+    const int e = v & 0xff, reason = (v >> 24) & 0xf;
+    std::string m = "descriptor: ";
+    if (reason == 1) {
+      const auto want = std::uint8_t((v >> 8) & 0xff), got = std::uint8_t((v >> 16) & 0xff);
+      m += "a descriptor of kind " + std::to_string(got) + " (" + descriptor_kind_name(got) +
+           ") where kind " + std::to_string(want) + " (" + descriptor_kind_name(want) +
+           ") was expected";
+    } else if (reason == 2) {
+      m += std::to_string((v >> 8) & 0xffff) +
+           " byte(s) after the descriptor: decode exactly descriptor_header::peek(in).total_size() "
+           "bytes (rdma_cm private data is padded with zeros)";
+    } else {
+      m += rdmaxx::error_category().message(e);
+    }
+    return m;
+  }
+  std::error_condition default_error_condition(int v) const noexcept override {
+    return rdmaxx::error_category().default_error_condition(v & 0xff);
+  }
+};
+} // namespace detail
+
+/// The category of decoding errors that say more than their rdmaxx::errc: a descriptor of
+/// another kind (expected and found kind), bytes after a descriptor. descriptor_errc() gives
+/// the errc inside; each compares equal to that errc's std::errc condition.
+inline const std::error_category &descriptor_category() noexcept {
+  static const detail::descriptor_category_impl c;
+  return c;
+}
+/// errc::wrong_type naming the kind expected and the kind found.
+[[nodiscard]] inline std::error_code descriptor_kind_error(std::uint8_t expected, std::uint8_t found) noexcept {
+  return {int(errc::wrong_type) | (int(expected) << 8) | (int(found) << 16) | (1 << 24),
+          descriptor_category()};
+}
+/// errc::malformed_input for `extra` bytes after a complete descriptor.
+[[nodiscard]] inline std::error_code descriptor_trailing_error(std::size_t extra) noexcept {
+  const int n = extra > 0xffff ? 0xffff : int(extra);
+  return {int(errc::malformed_input) | (n << 8) | (2 << 24), descriptor_category()};
+}
+/// The rdmaxx::errc inside a descriptor_category() code or a plain rdmaxx code; errc{} otherwise.
+[[nodiscard]] inline errc descriptor_errc(const std::error_code &ec) noexcept {
+  if (ec.category() == descriptor_category()) return errc(ec.value() & 0xff);
+  if (ec.category() == error_category()) return errc(ec.value());
+  return errc{};
+}
 
 namespace detail {
 /// The remote rights of every descriptor kind as one wire byte (our own bits, independent of the
@@ -170,15 +237,21 @@ struct remote_descriptor {
 
   /// Decode exactly one window descriptor; `in` must be exactly encoded_size bytes.
   /// \errors
-  /// - errc::malformed_input: truncated, trailing bytes, wrong magic or body length, unknown
-  ///   rights or flag bits, reserved bits set, no rights, zero length, a range that wraps the
-  ///   64-bit address space.
+  /// - errc::malformed_input: truncated, wrong magic or body length, unknown rights or flag
+  ///   bits, reserved bits set, no rights, zero length, a range that wraps the 64-bit address
+  ///   space.
+  /// - descriptor_trailing_error() (malformed_input in descriptor_category()): bytes after a
+  ///   complete descriptor; the message points to descriptor_header::peek().
   /// - errc::wrong_version: another encoding version.
-  /// - errc::wrong_type: a valid header of another descriptor kind.
+  /// - descriptor_kind_error() (wrong_type in descriptor_category()): a valid header of another
+  ///   descriptor kind; the message names the kind expected and the kind found.
   /// \mallocs None.
   [[nodiscard]] static result<remote_descriptor> decode(std::span<const std::byte> in) noexcept {
     RDMAXX_TRY(h, descriptor_header::peek(in));
-    if (h.kind != std::uint8_t(descriptor_kind::window)) return make_error_code(errc::wrong_type);
+    if (h.kind != std::uint8_t(descriptor_kind::window))
+      return descriptor_kind_error(std::uint8_t(descriptor_kind::window), h.kind);
+    if (h.body_length == body_size && in.size() > encoded_size)
+      return descriptor_trailing_error(in.size() - encoded_size);
     if (h.body_length != body_size || in.size() != encoded_size)
       return make_error_code(errc::malformed_input);
     detail::wire_reader r(in.subspan(descriptor_header::size));

@@ -59,6 +59,14 @@ expectation is(errc e) {
   return {"rdmaxx: " + make_error_code(e).message(),
           [e](const std::error_code &ec) { return ec == make_error_code(e); }};
 }
+/// A descriptor_category() code holding `e` whose message contains `words`.
+expectation descriptor_is(errc e, std::string words) {
+  return {"descriptor: " + make_error_code(e).message() + " (\"" + words + "\")",
+          [e, words](const std::error_code &ec) {
+            return ec.category() == descriptor_category() && descriptor_errc(ec) == e &&
+                   ec.message().find(words) != std::string::npos;
+          }};
+}
 /// An errno, as a verb (or mmap) gave it (generic category).
 expectation sys_errno(std::errc c) {
   return {"errno: " + std::make_error_code(c).message(), [c](const std::error_code &ec) {
@@ -1086,7 +1094,8 @@ void bad_inputs(const std::string &only) {
         [&] { return err(remote_descriptor::decode(std::span(wire).first(7))); });
   t.add("remote_descriptor::decode", "31 bytes (truncated body)", is(errc::malformed_input),
         [&] { return err(remote_descriptor::decode(std::span(wire).first(31))); });
-  t.add("remote_descriptor::decode", "33 bytes (a trailing byte)", is(errc::malformed_input), [&] {
+  t.add("remote_descriptor::decode", "33 bytes (a trailing byte)",
+        descriptor_is(errc::malformed_input, "1 byte(s) after the descriptor"), [&] {
     std::array<std::byte, 33> w{};
     std::memcpy(w.data(), wire.data(), wire.size());
     return err(remote_descriptor::decode(w));
@@ -1097,9 +1106,10 @@ void bad_inputs(const std::string &only) {
         [&] { return decode_with([](wire_t &w) { w[4] = std::byte{0}; }); });
   t.add("remote_descriptor::decode", "version 2", is(errc::wrong_version),
         [&] { return decode_with([](wire_t &w) { w[4] = std::byte{2}; }); });
-  t.add("remote_descriptor::decode", "kind 2 (another descriptor kind)", is(errc::wrong_type),
+  t.add("remote_descriptor::decode", "kind 2 (another descriptor kind)",
+        descriptor_is(errc::wrong_type, "kind 2 (indirect key) where kind 1 (window) was expected"),
         [&] { return decode_with([](wire_t &w) { w[5] = std::byte{2}; }); });
-  t.add("remote_descriptor::decode", "kind 0", is(errc::wrong_type),
+  t.add("remote_descriptor::decode", "kind 0", descriptor_is(errc::wrong_type, "kind 0 (unknown)"),
         [&] { return decode_with([](wire_t &w) { w[5] = std::byte{0}; }); });
   t.add("remote_descriptor::decode", "body length 23", is(errc::malformed_input),
         [&] { return decode_with([](wire_t &w) { w[7] = std::byte{23}; }); });

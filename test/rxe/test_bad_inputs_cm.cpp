@@ -73,9 +73,19 @@ TEST_CASE("bad inputs: connection.hpp", "[bad-inputs-cm][cm]") {
     CHECK(is_cm_timeout(none.error()));
     CHECK(none.error() == std::errc::timed_out);
     // The same port twice.
-    auto again = Listener::listen(address::parse("192.0.2.1:" + std::to_string(l.port())).value());
+    const std::string port = std::to_string(l.port());
+    auto again = Listener::listen(address::parse("192.0.2.1:" + port).value());
     REQUIRE(!again);
+    INFO(again.error().message());
     CHECK(again.error() == std::errc::address_in_use);
+    CHECK(cm_call_of(again.error()) == cm_call::rdma_bind_addr);
+    CHECK(again.error().message().find("listen on 192.0.2.1:" + port + ": port in use") != std::string::npos);
+    // Both on every address: the kernel's EADDRNOTAVAIL is reported as the port in use.
+    auto twice = Listener::listen(address::parse(port).value());
+    REQUIRE(!twice);
+    INFO(twice.error().message());
+    CHECK(twice.error() == std::errc::address_in_use);
+    CHECK(twice.error().message().find("listen on 0.0.0.0:" + port + ": port in use") != std::string::npos);
     Listener null_l;
     CHECK(null_l.port() == 0);
     CHECK(null_l.fd() == -1);
@@ -115,6 +125,13 @@ TEST_CASE("cm_category: names, reject reasons, portable conditions", "[bad-input
       {cm_error(RDMA_CM_EVENT_DEVICE_REMOVAL, 0), std::errc::no_such_device, "DEVICE_REMOVAL"},
       {cm_timeout(cm_step::connect), std::errc::timed_out, "timed out waiting for RDMA_CM_EVENT_CONNECT_RESPONSE"},
       {cm_timeout(cm_step::request), std::errc::timed_out, "CONNECT_REQUEST"},
+      {cm_call_error(cm_call::rdma_resolve_addr, ENODEV), std::errc::no_such_device,
+       "rdma_resolve_addr failed: No such device"},
+      {cm_call_error(cm_call::rdma_bind_addr, EADDRINUSE), std::errc::address_in_use, "port in use"},
+      {cm_at(cm_timeout(cm_step::connect), cm_role::connect_to, address::parse("192.0.2.9:7471").value().native()),
+       std::errc::timed_out, "rdma_cm: connect to 192.0.2.9:7471: timed out waiting for RDMA_CM_EVENT_CONNECT_RESPONSE"},
+      {cm_at(cm_error(RDMA_CM_EVENT_REJECTED, 28), cm_role::accept_from, address::parse("[fe80::1]:9").value().native()),
+       std::errc::connection_refused, "rdma_cm: connection from [fe80::1]:9: connection setup: RDMA_CM_EVENT_REJECTED (reject reason 28"},
   };
   for (const auto &r : rows) {
     INFO(r.ec.message());
@@ -123,6 +140,14 @@ TEST_CASE("cm_category: names, reject reasons, portable conditions", "[bad-input
     CHECK(r.ec.message().find(r.words) != std::string::npos);
   }
   CHECK(cm_reject_reason(cm_error(RDMA_CM_EVENT_REJECTED, 28)) == 28);
+  CHECK(cm_reject_reason(cm_at(cm_error(RDMA_CM_EVENT_REJECTED, 8), cm_role::connect_to,
+                               address::parse("192.0.2.9:1").value().native())) == 8);
+  CHECK(cm_event_of(cm_call_error(cm_call::rdma_connect, EINVAL)) == -1);
+  CHECK(cm_call_of(cm_error(RDMA_CM_EVENT_REJECTED, 8)) == cm_call::none);
+  // A code already naming an address keeps it; other categories pass through unchanged.
+  const auto named = cm_at(cm_timeout(cm_step::connect), cm_role::connect_to, address::parse("192.0.2.9:2").value().native());
+  CHECK(cm_at(named, cm_role::listen_on, address::parse("192.0.2.9:3").value().native()) == named);
+  CHECK(cm_at(make_error_code(errc::timeout), cm_role::connect_to, nullptr) == make_error_code(errc::timeout));
   CHECK(cm_reject_reason(cm_error(RDMA_CM_EVENT_UNREACHABLE, 28)) == -1);
   CHECK(cm_event_of(cm_timeout(cm_step::accept)) == -1);
   CHECK(cm_event_of(make_error_code(errc::timeout)) == -1);

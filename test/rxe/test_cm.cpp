@@ -210,6 +210,58 @@ TEST_CASE("connect to a port nobody listens on is refused", "[cm]") {
   CHECK(c.error() == std::errc::connection_refused);
   CHECK(cm_reject_reason(c.error()) == 8); // invalid service ID
   CHECK(now_ms() - t0 < 10000);
+  // The message names the side, the address, the step and the reason.
+  const std::string m = c.error().message();
+  CHECK(m.find("connect to " + std::string(local_ip) + ":" + std::to_string(port) + ": ") != std::string::npos);
+  CHECK(m.find("connection setup: RDMA_CM_EVENT_REJECTED") != std::string::npos);
+  CHECK(m.find("nobody listens on that port") != std::string::npos);
+}
+
+TEST_CASE("connect to a wildcard address is refused before any rdma_cm call", "[cm]") {
+  // What a client given a server-style "7471" would do (it used to fail with "No such device").
+  for (const char *s : {"7471", "0.0.0.0:7471", "[::]:7471"}) {
+    INFO(s);
+    auto c = Connection::connect(addr(s), {.timeout_ms = 2000});
+    REQUIRE(!c);
+    INFO(c.error().message());
+    CHECK(c.error() == std::errc::destination_address_required);
+    CHECK(cm_call_of(c.error()) == cm_call::rdma_resolve_addr);
+    CHECK(c.error().message().find("a wildcard address names no peer") != std::string::npos);
+    CHECK(c.error().message().find(":7471: ") != std::string::npos);
+    CHECK(!Connection::start_connect(addr(s)));
+  }
+}
+
+TEST_CASE("a moved-from Connection answers null_handle", "[cm]") {
+  auto l = listen_any_port();
+  const std::uint16_t port = l.port();
+  std::error_code server_ec;
+  std::thread server([&] {
+    auto req = l.get_request(20000);
+    if (!req) { server_ec = req.error(); return; }
+    auto c = req.value().accept({.timeout_ms = 20000});
+    if (!c) { server_ec = c.error(); return; }
+    (void)c.value().wait_disconnected(20000);
+  });
+  auto c = Connection::connect(addr(std::string(local_ip) + ":" + std::to_string(port)), {.timeout_ms = 20000});
+  REQUIRE(c);
+  Connection moved = std::move(c).value();
+  Connection &from = c.value();
+  CHECK(!from);
+  CHECK(!from.qp());
+  std::byte b[8]{};
+  auto mr = need(MemoryRegion::reg(moved.pd(), b, sizeof b, access::local_write), "reg");
+  CHECK(from.qp().post_recv(1, mr.sge()).error() == errc::null_handle);
+  CHECK(from.advance().error() == errc::null_handle);
+  CHECK(from.disconnect().error() == errc::null_handle);
+  CHECK(from.peer_address().error() == errc::null_handle);
+  // The moved-to connection works.
+  CHECK(moved.qp());
+  CHECK(moved.state() == conn_state::established);
+  CHECK(moved.disconnect());
+  server.join();
+  INFO(server_ec.message());
+  CHECK(!server_ec);
 }
 
 TEST_CASE("connect to an unreachable address fails within the bound", "[cm]") {
@@ -221,6 +273,8 @@ TEST_CASE("connect to an unreachable address fails within the bound", "[cm]") {
   REQUIRE(!c);
   INFO(c.error().message() << " after " << took << " ms");
   CHECK((c.error() == std::errc::timed_out || c.error() == std::errc::host_unreachable));
+  CHECK(c.error().category() == cm_category());
+  CHECK(c.error().message().find("connect to 192.0.2.77:7471: ") != std::string::npos);
   // Each of the three steps (address, route, connect) is bounded by `bound`.
   CHECK(took < 3 * bound + 1000);
   // And a non-blocking start reports the same through advance().
@@ -238,6 +292,7 @@ TEST_CASE("connect to an unreachable address fails within the bound", "[cm]") {
   }
   INFO(ec.message());
   CHECK((ec == std::errc::timed_out || ec == std::errc::host_unreachable));
+  CHECK(ec.message().find("connect to 192.0.2.77:7471: ") != std::string::npos);
   CHECK(s.state() == conn_state::failed);
 }
 
@@ -258,6 +313,8 @@ TEST_CASE("listener on an address without an RDMA device, and on an address of n
   REQUIRE(!n);
   INFO(n.error().message());
   CHECK(n.error() == std::errc::address_not_available);
+  CHECK(n.error().message() == "rdma_cm: listen on 203.0.113.9:0: rdma_bind_addr failed: " +
+                                   std::generic_category().message(EADDRNOTAVAIL));
   if (have_if) {
     // A PD of another device (rxe1 on that interface) is refused with context_mismatch.
     const bool rxe1 = run("rdma link add rdmaxxcm1 type rxe netdev rdmaxxcm0 2>&1; echo rc=$?")

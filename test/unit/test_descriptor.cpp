@@ -76,7 +76,37 @@ TEST_CASE("descriptor: every truncation and any trailing byte is refused", "[uni
     CHECK(r.error() == errc::malformed_input);
   }
   b.push_back(std::byte{0});
-  CHECK(remote_descriptor::decode(b).error() == errc::malformed_input);
+  const auto trailing = remote_descriptor::decode(b).error();
+  CHECK(trailing.category() == descriptor_category());
+  CHECK(descriptor_errc(trailing) == errc::malformed_input);
+  CHECK(trailing.message().find("1 byte(s) after the descriptor") != std::string::npos);
+  CHECK(trailing.message().find("descriptor_header::peek") != std::string::npos);
+}
+
+TEST_CASE("descriptor: rdma_cm's padded private data is refused with a pointer to peek()", "[unit][descriptor]") {
+  auto b = bytes_of(sample());
+  b.resize(196); // what an accept's private data looks like on the active side
+  const auto r = remote_descriptor::decode(b);
+  REQUIRE_FALSE(r);
+  CHECK(descriptor_errc(r.error()) == errc::malformed_input);
+  CHECK(r.error().message().find("164 byte(s) after the descriptor") != std::string::npos);
+  // What the message says to do works.
+  auto h = descriptor_header::peek(b);
+  REQUIRE(h.has_value());
+  CHECK(remote_descriptor::decode(std::span<const std::byte>(b).first(h.value().total_size())).value() == sample());
+}
+
+TEST_CASE("descriptor: another kind is refused naming the kind expected and the kind found", "[unit][descriptor]") {
+  auto b = bytes_of(sample());
+  b[5] = std::byte{3}; // an endpoint's header
+  const auto r = remote_descriptor::decode(b);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().category() == descriptor_category());
+  CHECK(descriptor_errc(r.error()) == errc::wrong_type);
+  CHECK(r.error().message() == "descriptor: a descriptor of kind 3 (endpoint) where kind 1 (window) was expected");
+  CHECK(r.error().default_error_condition() == make_error_code(errc::wrong_type).default_error_condition());
+  b[5] = std::byte{9};
+  CHECK(remote_descriptor::decode(b).error().message().find("kind 9 (unknown)") != std::string::npos);
 }
 
 TEST_CASE("descriptor: malformed and wrong-version input is refused with the right code", "[unit][descriptor]") {
@@ -105,7 +135,7 @@ TEST_CASE("descriptor: malformed and wrong-version input is refused with the rig
     INFO(r.what);
     auto d = remote_descriptor::decode(b);
     REQUIRE_FALSE(d);
-    CHECK(d.error() == r.expect);
+    CHECK(make_error_code(descriptor_errc(d.error())) == r.expect);
   }
   // Zero length, and a range that wraps the address space.
   auto zero = sample();

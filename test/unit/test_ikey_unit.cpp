@@ -183,7 +183,7 @@ TEST_CASE("ikey descriptor: one header and one rights byte with window descripto
   CHECK(h.value().kind == std::uint8_t(descriptor_kind::indirect_key));
   CHECK(h.value().total_size() == ik.size());
   // each decoder refuses the other kind as such, not as garbage
-  CHECK(remote_descriptor::decode(ik).error() == errc::wrong_type);
+  CHECK(descriptor_errc(remote_descriptor::decode(ik).error()) == errc::wrong_type);
   const remote_descriptor w{0x2000, 64, 9, access::remote_read | access::remote_atomic, false};
   const auto wb = w.encode();
   CHECK(ikey_descriptor::decode(wb).error() == errc::wrong_type);

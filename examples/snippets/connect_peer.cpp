@@ -1,0 +1,25 @@
+// README "Connecting by address", the peer (client): connect by address, decode the grant from
+// the accept's private data, RDMA-write `src` through it and check the completion.
+#include <rdmaxx/connection.hpp>
+#include <rdmaxx/rdmaxx.hpp>
+
+#include <span>
+
+rdmaxx::result<void> peer(std::span<unsigned char> src) noexcept {
+  using namespace rdmaxx;
+  RDMAXX_TRY(to, address::parse("192.0.2.1:7471")); // a host address: a wildcard is refused
+  RDMAXX_TRY(c, Connection::connect(to, {.timeout_ms = 20000}));
+  auto pd = c.peer_private_data();                  // padded to 196 bytes by the transport
+  RDMAXX_TRY(h, descriptor_header::peek(pd));       // the descriptor's own length
+  if (h.total_size() > pd.size()) return make_error_code(errc::malformed_input);
+  RDMAXX_TRY(grant, remote_descriptor::decode(pd.first(h.total_size())));
+  RDMAXX_TRY(where, grant.slice(0, src.size()));     // errc::out_of_range past the grant
+  RDMAXX_TRY(src_mr, MemoryRegion::reg(c.pd(), src.data(), src.size(), access::local_write));
+  auto b = c.qp().start_send();                     // the QP is an ordinary rdmaxx QueuePair
+  b.write({.id = 1, .flags = send_flag::signaled}, where, src_mr.sge());
+  RDMAXX_TRYV(b.submit());
+  ibv_wc wc{};
+  RDMAXX_TRYV(c.cq().wait(std::span(&wc, 1), 20000));
+  if (auto ec = wc_error(wc)) return ec;            // e.g. remote access error once revoked
+  return success();                                 // c's destructor disconnects
+}

@@ -1,0 +1,30 @@
+// README "Indirect keys": one key over pieces of three regions, configured through `qp` (from
+// create_indirect_key_qp), waited for, and its descriptor encoded into `wire` for the peer
+// (`wire_len` bytes). The key is returned: it must outlive the peer's use of it.
+#include <rdmaxx/rdmaxx.hpp>
+
+#include <array>
+#include <cstddef>
+#include <span>
+
+rdmaxx::result<rdmaxx::IndirectKey> indirect_key(rdmaxx::ProtectionDomain &pd, rdmaxx::QueuePair &qp,
+                                         rdmaxx::CompletionQueue &cq, rdmaxx::MemoryRegion &m1,
+                                         rdmaxx::MemoryRegion &m2, rdmaxx::MemoryRegion &m3,
+                                         std::span<std::byte, rdmaxx::ikey_descriptor::max_encoded_size> wire,
+                                         std::size_t &wire_len) noexcept {
+  using namespace rdmaxx;
+  const layout l = layout::list({{m1, 3, 6}, {m3, 101, 5}, {m2, 7, 9}}); // (region, offset, length)
+  RDMAXX_TRY(key, IndirectKey::create(pd, 8));
+  RDMAXX_TRYV(key.configure(qp, l, access::local_write | access::remote_write,
+                            {.id = 1, .flags = send_flag::signaled}));
+  ibv_wc wc{};
+  RDMAXX_TRYV(cq.wait(std::span(&wc, 1), 5000));
+  key.complete(wc);                  // mlx5: confirms the configure; software: no-op
+  if (auto ec = wc_error(wc)) return ec;
+  RDMAXX_TRY(desc, key.descriptor());
+  // The peer: ikey_descriptor::decode(), then write_indirect(batch, wr, desc, offset, local_sge):
+  // one RDMA write per segment.
+  RDMAXX_TRY(n, desc.encode(wire));
+  wire_len = n;
+  return key;
+}
