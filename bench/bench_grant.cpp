@@ -7,6 +7,8 @@
 //     granted bytes, registered once (one StrictGrant per buffer slot, reused);
 //   - reg + write + dereg of exactly the 4 KiB (what a grant without windows costs);
 //   - a fresh StrictGrant per cycle (create + bind + write + revoke);
+//   - a fresh ExactGrant per cycle (create + write + revoke: the one-shot default), against
+//     reg + write + dereg;
 //   - indirect key, 6 segments: configure + write + invalidate with the exact-region mechanism
 //     (the default on rxe) against the type-2 software backend of before (trusted_peers).
 // Output: one line per variant, "base" = the baseline's ops/s, "cand" = the variant's, and the
@@ -119,6 +121,17 @@ int main() {
   vs.push_back({"ikey 6 segments: configure+write+invalidate, exact (default)",
                 [&](long n) { return ikey_cycle(k_safe, n); }, {}});
 
+  // The one-shot default (issue 24): against reg + write + dereg of the same bytes (vs[2]).
+  vs.push_back({"grant cycle: ExactGrant (create+write+revoke), one-shot", [&](long n) {
+                  for (long i = 0; i < n; ++i) {
+                    auto g = ExactGrant::create(s.pd, mr, {8192, 4096}, rights);
+                    if (!g) return false;
+                    const auto d = g.value().descriptor();
+                    if (!peer_write(d.addr, d.rkey) || !g.value().revoke()) return false;
+                  }
+                  return true;
+                }, {}});
+
   using clock = std::chrono::steady_clock;
   const int reps = 11;
   const long iters = bench::scaled(300);
@@ -149,6 +162,7 @@ int main() {
   };
   for (std::size_t j = 1; j < 4; ++j) emit(vs[0], vs[j]);
   emit(vs[4], vs[5]);
+  emit(vs[2], vs[6]);
   if (!safe.revoke() || !w2.dealloc() || !k_safe.destroy() || !k_t2.destroy()) return 1;
   return 0;
 }

@@ -238,6 +238,45 @@ inline std::error_code make_error_code(errc e) noexcept {
   return {static_cast<int>(e), error_category()};
 }
 
+/// Whether calling again can succeed (the std::errc conditions above group codes by kind, not by
+/// what the caller can do: pd_mismatch, qp_mismatch, null_handle and bad_address all compare
+/// equal to std::errc::invalid_argument, busy and grant_outstanding to device_or_resource_busy).
+enum class retry_hint : std::uint8_t {
+  no,             ///< the same call fails the same way: fix the call or the objects it names
+  after_progress, ///< once outstanding work moved on: hand completions to complete(), release a
+                  ///< lease, destroy children, submit the batch, then call again
+  yes,            ///< as is, perhaps after a pause: a transient condition (a timeout, EAGAIN)
+};
+/// The retry_hint of an rdmaxx code or an errno (std::generic_category / system_category); no
+/// for other categories.
+[[nodiscard]] inline retry_hint retry_hint_of(const std::error_code &ec) noexcept {
+  if (ec.category() == error_category()) {
+    switch (static_cast<errc>(ec.value())) {
+    case errc::timeout: return retry_hint::yes;
+    case errc::busy:
+    case errc::too_many_pending:
+    case errc::pool_exhausted:
+    case errc::grant_outstanding:
+    case errc::already_bound:
+    case errc::wrong_state: return retry_hint::after_progress;
+    default: return retry_hint::no;
+    }
+  }
+  if (ec.category() == std::generic_category() || ec.category() == std::system_category()) {
+    switch (ec.value()) {
+    case EAGAIN:
+    case EINTR:
+    case ETIMEDOUT:
+    case ENOMEM:
+    case ENOBUFS: return retry_hint::yes;
+    case EBUSY:
+    case EINPROGRESS: return retry_hint::after_progress;
+    default: return retry_hint::no;
+    }
+  }
+  return retry_hint::no;
+}
+
 // ---------------------------------------------------------------------------------------------
 // errno from verbs
 

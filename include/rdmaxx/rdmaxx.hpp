@@ -15,6 +15,7 @@
 #include "ikey_descriptor.hpp"
 #include "memory_window.hpp"
 #include "strict_grant.hpp"
+#include "exact_grant.hpp"
 #include "probe.hpp"
 #include "layout.hpp"
 #include "indirect_key.hpp"

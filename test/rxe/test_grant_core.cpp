@@ -240,3 +240,55 @@ TEST_CASE("GrantPool::revoke on a QP in ERR is refused (it would be flushed and 
   CHECK(all_equal(buf.address(), 8192, 0));
   lb.recover();
 }
+
+TEST_CASE("ExactGrant, the one-shot grant: exactly the bytes, live on return, dead after revoke, "
+          "a stray send-with-invalidate refused", "[grant-core]") {
+  loopback lb;
+  constexpr std::size_t N = 16384, off = 4097, len = 3001;
+  std::vector<unsigned char> mem(N, 0);
+  auto mr = need(MemoryRegion::reg(lb.pd, mem.data(), N, access::local_write), "owner mr");
+  std::vector<unsigned char> src(64, 0x6B);
+  auto src_mr = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "src");
+  // Refusals before any verb.
+  CHECK(ExactGrant::create(lb.pd, mr, {off, 0}, access::remote_write).error() == errc::zero_length);
+  CHECK(ExactGrant::create(lb.pd, mr, {N - 8, 64}, access::remote_write).error() == errc::out_of_range);
+  CHECK(ExactGrant::create(lb.pd, mr, {off, len}, access::local_write).error() == errc::invalid_argument);
+  auto ro = need(MemoryRegion::reg(lb.pd, mem.data(), N, {}), "read-only region");
+  CHECK(ExactGrant::create(lb.pd, ro, {off, len}, access::remote_write).error() == errc::missing_access);
+
+  auto g = need(ExactGrant::create(lb.pd, mr, {off, len}, access::remote_write), "grant");
+  const auto d = g.descriptor();
+  REQUIRE(d.length == len);
+  // Live on return: the last 64 bytes of the grant.
+  REQUIRE(lb.write(src_mr.sge(0, 64), d.at(len - 64)) == IBV_WC_SUCCESS);
+  CHECK(all_equal(mem.data() + off + len - 64, 64, 0x6B));
+  std::memset(mem.data() + off + len - 64, 0, 64);
+  // One byte past the grant: refused, nothing written (also not inside the grant).
+  CHECK(is_denial(peer_post(lb.a, lb.cq_a, IBV_WR_RDMA_WRITE, src_mr.sge(0, 64), d.addr + len - 63,
+                            d.rkey)));
+  CHECK(all_equal(mem.data(), N, 0));
+  lb.recover();
+  // One byte before it: refused.
+  CHECK(is_denial(peer_post(lb.a, lb.cq_a, IBV_WR_RDMA_WRITE, src_mr.sge(0, 1), d.addr - 1, d.rkey)));
+  CHECK(all_equal(mem.data(), N, 0));
+  lb.recover();
+  // A hostile peer's send-with-invalidate naming the key, twice: refused, no panic, and the
+  // grant still works afterwards.
+  std::vector<unsigned char> rx(64);
+  auto rx_mr = need(MemoryRegion::reg(lb.pd, rx.data(), rx.size(), access::local_write), "rx");
+  for (int i = 0; i < 2; ++i) {
+    need(lb.b.post_recv(500u + unsigned(i), rx_mr.sge()), "post_recv");
+    const auto st = peer_post(lb.a, lb.cq_a, IBV_WR_SEND_WITH_INV, src_mr.sge(0, 8), 0, d.rkey);
+    CHECK(st != IBV_WC_SUCCESS);
+    lb.recover();
+  }
+  REQUIRE(lb.write(src_mr.sge(0, 8), d.at(0)) == IBV_WC_SUCCESS);
+  CHECK(all_equal(mem.data() + off, 8, 0x6B));
+  std::memset(mem.data() + off, 0, 8);
+  // Dead after revoke.
+  need(g.revoke(), "revoke");
+  CHECK_FALSE(g);
+  CHECK(is_denial(peer_post(lb.a, lb.cq_a, IBV_WR_RDMA_WRITE, src_mr.sge(0, 8), d.addr, d.rkey)));
+  CHECK(all_equal(mem.data(), N, 0));
+  lb.recover();
+}

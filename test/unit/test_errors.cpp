@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cerrno>
+#include <future>
 
 using namespace rdmaxx;
 
@@ -201,4 +202,27 @@ TEST_CASE("rereg codes carry the state left behind (ibv_rereg_mr(3) table)", "[u
   }
   CHECK(rereg_state_of(make_error_code(errc::invalid_argument)) == rereg_state::old_valid);
   CHECK(rereg_state_of(errno_code(EINVAL)) == rereg_state::old_valid);
+}
+
+TEST_CASE("retry_hint_of tells codes that share a condition apart by what the caller can do",
+          "[unit][errors]") {
+  using rdmaxx::retry_hint;
+  using rdmaxx::retry_hint_of;
+  // Same std::errc condition, different advice.
+  CHECK(make_error_code(errc::pd_mismatch) == std::errc::invalid_argument);
+  CHECK(make_error_code(errc::null_handle) == std::errc::invalid_argument);
+  CHECK(retry_hint_of(make_error_code(errc::pd_mismatch)) == retry_hint::no);
+  CHECK(retry_hint_of(make_error_code(errc::qp_mismatch)) == retry_hint::no);
+  CHECK(make_error_code(errc::busy) == std::errc::device_or_resource_busy);
+  CHECK(make_error_code(errc::grant_outstanding) == std::errc::device_or_resource_busy);
+  CHECK(retry_hint_of(make_error_code(errc::busy)) == retry_hint::after_progress);
+  CHECK(retry_hint_of(make_error_code(errc::grant_outstanding)) == retry_hint::after_progress);
+  CHECK(retry_hint_of(make_error_code(errc::pool_exhausted)) == retry_hint::after_progress);
+  CHECK(retry_hint_of(make_error_code(errc::timeout)) == retry_hint::yes);
+  CHECK(retry_hint_of(make_error_code(errc::unsafe_grant)) == retry_hint::no);
+  CHECK(retry_hint_of(make_error_code(errc::malformed_input)) == retry_hint::no);
+  CHECK(retry_hint_of(std::error_code(EAGAIN, std::generic_category())) == retry_hint::yes);
+  CHECK(retry_hint_of(std::error_code(EBUSY, std::generic_category())) == retry_hint::after_progress);
+  CHECK(retry_hint_of(std::error_code(EINVAL, std::generic_category())) == retry_hint::no);
+  CHECK(retry_hint_of(std::error_code(1, std::future_category())) == retry_hint::no);
 }

@@ -1,0 +1,95 @@
+/// \file
+/// rdmaxx/exact_grant.hpp: ExactGrant, the cheapest safe one-shot grant: the bytes are registered
+/// again, alone, with the remote rights, and the peer uses that region's own rkey. No window.
+///
+/// When to use which grant: a fresh range each time (one-shot) -> ExactGrant: one ibv_reg_mr and
+/// one ibv_dereg_mr, the least a safe grant can cost where the device does not bound windows (the
+/// exact bytes must be registered anyway; a window on top only adds cost). The same buffer slot
+/// granted again and again -> StrictGrant kept per slot, or a GrantPool (a window bind and unbind
+/// per grant, no registration).
+///
+/// The promise, as for every grant: the key reaches exactly the granted bytes (the region's own
+/// bounds, which every device enforces); it works once create() returns (ibv_reg_mr is
+/// synchronous: there is no completion to wait for), and never after revoke() returns
+/// (ibv_dereg_mr is synchronous). A peer's send-with-invalidate naming the key is refused on rxe
+/// (user MRs cannot be remotely invalidated; tested) and costs the connection, not the kernel.
+#pragma once
+
+#include "access.hpp"
+#include "error.hpp"
+#include "memory_region.hpp"
+#include "memory_window.hpp"
+#include "protection_domain.hpp"
+#include "remote_descriptor.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+namespace rdmaxx {
+
+/// A one-shot grant: a region of exactly the granted bytes registered with the granted remote
+/// rights (see the top of this header). Move-only, null after move; ibv_dereg_mr on destruction.
+class ExactGrant {
+public:
+  /// An empty grant.
+  ExactGrant() noexcept = default;
+
+  /// Register [r.offset, r.offset + r.length) of `mr` again, alone, on `pd` (which may be another
+  /// PD of the same device, e.g. the peer's), with `rights` (ibv_reg_mr; remote write and atomic
+  /// rights also register LOCAL_WRITE, which verbs requires). The key is live when this returns.
+  /// \errors
+  /// - errc::null_handle: `pd` or `mr` is null.
+  /// - errc::unusable: `mr` is unusable.
+  /// - errc::context_mismatch: `pd` of another device.
+  /// - errc::zero_length: `r` is empty.
+  /// - errc::out_of_range: `r` is not inside `mr`.
+  /// - errc::invalid_argument: `rights` has no remote right, or bits other than remote_read,
+  ///   remote_write and remote_atomic.
+  /// - errc::missing_access: remote write or atomic rights on a region without local_write (the
+  ///   caller's memory is not writable through it).
+  /// - the errno of ibv_reg_mr.
+  /// \mallocs What MemoryRegion::reg allocates (its node, besides what verbs allocates).
+  [[nodiscard]] static result<ExactGrant> create(const ProtectionDomain &pd, const MemoryRegion &mr,
+                                                 window_range r, access_flags rights) noexcept {
+    constexpr access_flags remote = access::remote_read | access::remote_write | access::remote_atomic;
+    if (!pd) return make_error_code(errc::null_handle);
+    if (auto ec = mr.usable()) return ec;
+    if (mr.native_handle()->context != pd.context()) return make_error_code(errc::context_mismatch);
+    if (r.length == 0) return make_error_code(errc::zero_length);
+    if (r.offset > mr.length() || r.length > mr.length() - r.offset)
+      return make_error_code(errc::out_of_range);
+    if (rights.empty() || (rights & remote) != rights) return make_error_code(errc::invalid_argument);
+    const bool writes = rights.any(access::remote_write | access::remote_atomic);
+    if (writes && !mr.access().any(access::local_write)) return make_error_code(errc::missing_access);
+    ExactGrant g;
+    RDMAXX_TRY(region, MemoryRegion::reg(pd, mr.data() + r.offset, std::size_t(r.length),
+                                         rights | (writes ? access::local_write : access_flags{})));
+    g.region_ = std::move(region);
+    g.rights_ = rights;
+    return g;
+  }
+
+  /// The grant as the peer must use it: the region's address, length and rkey, and the rights.
+  [[nodiscard]] remote_descriptor descriptor() const noexcept {
+    if (!region_) return {};
+    return {region_.iova(), region_.length(), region_.rkey(), rights_, false};
+  }
+  /// The region registered for exactly the granted bytes.
+  [[nodiscard]] const MemoryRegion &region() const noexcept { return region_; }
+  /// True while the grant holds its region (false when empty, moved from or revoked).
+  [[nodiscard]] explicit operator bool() const noexcept { return bool(region_); }
+
+  /// Revoke: ibv_dereg_mr; the key is dead when this returns.
+  /// \errors
+  /// - errc::busy: windows are bound to the region (only if the caller bound some).
+  /// - the errno of ibv_dereg_mr (the grant then stays live and unchanged).
+  /// \mallocs None.
+  result<void> revoke() noexcept { return region_.dereg(); }
+
+private:
+  MemoryRegion region_;
+  access_flags rights_;
+};
+
+} // namespace rdmaxx
