@@ -89,13 +89,15 @@ struct recorder {
     return true;
   }
   // Poll what the device completes: each signaled WQE in order (an unsignaled one gives no CQE
-  // and is retired by the next signaled one's tail update, cq.c:807). `fail` names a wr_id that
+  // and is retired only by a later CQE's tail update, cq.c:807). `fail` names a wr_id that
   // completes with `status`; the QP then goes to ERR and every later WQE completes with
   // IBV_WC_WR_FLUSH_ERR, signaled or not (IBTA: work requests completed in error always
   // generate a completion). Error completions carry only wr_id, status and qp_num.
   std::vector<ibv_wc> poll(std::uint64_t fail = ~std::uint64_t(0), ibv_wc_status status = IBV_WC_SUCCESS) {
     std::vector<ibv_wc> out;
-    for (const wqe &q : sq.posted) {
+    std::size_t retired = 0; // WQEs up to the last one that gave a CQE
+    for (std::size_t i = 0; i < sq.posted.size(); ++i) {
+      const wqe &q = sq.posted[i];
       ibv_wc wc{};
       wc.wr_id = q.wr_id;
       wc.qp_num = qpx.qp_base.qp_num;
@@ -111,9 +113,10 @@ struct recorder {
         continue;
       }
       out.push_back(wc);
+      retired = i + 1;
     }
-    sq.tail += unsigned(sq.posted.size());
-    sq.posted.clear();
+    sq.tail += unsigned(retired);
+    sq.posted.erase(sq.posted.begin(), sq.posted.begin() + std::ptrdiff_t(retired));
     return out;
   }
 };
@@ -1037,12 +1040,39 @@ TEST_CASE("mlx5 contract: IndirectKey rolls back on a failed, flushed or dropped
 
 
 namespace {
-// mlx5dv_create_qp as the provider behaves (rdma-core v44.0, verbs.c:1667-1669): it writes the
-// granted caps back into the attributes, the inline size rounded up to what the WQE holds.
+// The send WQE of an RC QP as rdma-core 44 sizes it: _sq_overhead (verbs.c:1463-1530) takes the
+// largest operation (a UMR: ctrl + umr ctrl + mkey context + 64, for local invalidate, bind or
+// the MR_LIST / MR_INTERLEAVED mlx5 ops), mlx5_calc_send_wqe (verbs.c:1583-1622) adds the inline
+// data (or the SGEs) and rounds to 64-byte basic blocks, mlx5_calc_sq_size (verbs.c:1644-1692)
+// grants max_inline_data = wqe - overhead - 4 and max_post = pow2(max_send_wr * wqe) / wqe.
+struct sq_grant {
+  std::uint32_t wqe_size, max_inline_data, max_send_wr;
+};
+sq_grant provider_grant(std::uint64_t ops, std::uint64_t mlx5_ops, std::uint32_t max_send_wr,
+                        std::uint32_t max_send_sge, std::uint32_t max_inline) {
+  std::size_t size = sizeof(mlx5_wqe_ctrl_seg);
+  if (ops & (IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ))
+    size = std::max(size, sizeof(mlx5_wqe_ctrl_seg) + sizeof(mlx5_wqe_raddr_seg));
+  if (ops & (IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD))
+    size = std::max(size, sizeof(mlx5_wqe_ctrl_seg) + sizeof(mlx5_wqe_raddr_seg) + sizeof(mlx5_wqe_atomic_seg));
+  if ((ops & (IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV)) ||
+      (mlx5_ops & (MLX5DV_QP_EX_WITH_MR_INTERLEAVED | MLX5DV_QP_EX_WITH_MR_LIST)))
+    size = std::max(size, sizeof(mlx5_wqe_ctrl_seg) + sizeof(mlx5_wqe_umr_ctrl_seg) +
+                              sizeof(mlx5_wqe_mkey_context_seg) + std::max<std::size_t>(sizeof(mlx5_wqe_umr_klm_seg), 64));
+  const std::size_t overhead = size;
+  const std::size_t inl = max_inline ? overhead + ((sizeof(mlx5_wqe_inl_data_seg) + max_inline + 15) & ~std::size_t(15)) : 0;
+  const std::size_t tot = std::max(overhead + max_send_sge * sizeof(mlx5_wqe_data_seg), inl);
+  const std::uint32_t wqe = std::uint32_t((tot + MLX5_SEND_WQE_BB - 1) & ~std::size_t(MLX5_SEND_WQE_BB - 1));
+  std::uint32_t wq = 1;
+  while (wq < max_send_wr * wqe) wq <<= 1;
+  return {wqe, std::uint32_t(wqe - overhead - sizeof(mlx5_wqe_inl_data_seg)), wq / wqe};
+}
+
+// mlx5dv_create_qp as the provider behaves: it writes the granted caps back into the attributes
+// (verbs.c:1667-1669, 2623), computed as above.
 int verb_calls = 0;
 ibv_qp_init_attr_ex verb_attr{};
 mlx5dv_qp_init_attr verb_dv{};
-std::uint32_t granted_inline = 0;
 struct standin_qp {
   ibv_qp_ex qpx{};
   unsigned char verbs_qp_tail[256]{}; // verbs_qp's comp_mask reads 0: ibv_qp_to_qp_ex gives NULL
@@ -1051,8 +1081,10 @@ ibv_qp *granting_verb(ibv_context *c, ibv_qp_init_attr_ex *a, mlx5dv_qp_init_att
   ++verb_calls;
   verb_attr = *a;
   verb_dv = *dv;
-  a->cap.max_inline_data = granted_inline;
-  a->cap.max_send_wr = 128; // rounded up too
+  const sq_grant g = provider_grant(a->send_ops_flags, dv->send_ops_flags, a->cap.max_send_wr,
+                                    a->cap.max_send_sge, a->cap.max_inline_data);
+  a->cap.max_inline_data = g.max_inline_data;
+  a->cap.max_send_wr = g.max_send_wr;
   made_qp.qpx.qp_base.context = c;
   made_qp.qpx.qp_base.pd = a->pd;
   made_qp.qpx.qp_base.qp_num = 0x66;
@@ -1071,7 +1103,6 @@ TEST_CASE("mlx5 contract: create_umr_qp keeps the inline size the provider grant
   ProtectionDomain pd = test_access::pd(raw_pd);
   CompletionQueue cq = test_access::cq(raw_cq);
   verb_calls = 0;
-  granted_inline = 124; // asked 60: 4 list entries; granted 124: 8
   auto r = mlx5::qp_factory::create_with(pd, cq, cq, {.max_send_wr = 100, .max_inline_data = 60},
                                          send_op::rdma_write, granting_verb);
   REQUIRE(r.has_value());
@@ -1085,16 +1116,24 @@ TEST_CASE("mlx5 contract: create_umr_qp keeps the inline size the provider grant
   CHECK(verb_dv.comp_mask == mlx5::umr_dv_attr().comp_mask);
   CHECK(verb_dv.create_flags == mlx5::umr_dv_attr().create_flags);
   CHECK(verb_dv.send_ops_flags == mlx5::umr_send_ops);
-  // what the QueuePair keeps: the grant, not the request
-  CHECK(qp.caps().max_inline_data == 124);
+  // what the QueuePair keeps: the grant, not the request. A UMR op makes the overhead 192 bytes,
+  // 60 inline bytes fit in a 256-byte WQE exactly: 60 granted; 100 x 256 -> 32 KiB -> 128 WRs.
+  CHECK(qp.caps().max_inline_data == 60);
   CHECK(qp.caps().max_send_wr == 128);
   CHECK(qp.mlx5_send_ops() == mlx5::umr_send_ops);
   CHECK(qp.qp_num() == 0x66);
-  // and the key's limits through that QP follow the grant: (124 + 4) / 16 = 8 list entries
+  // and the key's limits through that QP follow the grant: (60 + 4) / 16 = 4 list entries
   mlx5dv_mkey mkey{1, 1};
   IndirectKey key = test_access::mlx5_key(&mkey, &raw_pd, 32, to_dv_recorder);
-  CHECK(key.limits(qp).max_entries == 8);
-  CHECK(key.limits(qp).max_repeat_entries == 7);
+  CHECK(key.limits(qp).max_entries == 4);
+  CHECK(key.limits(qp).max_repeat_entries == 3);
+  // rdmaxx's UMR QP against pyverbs' (IBV_QP_EX_WITH_SEND, MKEY_CONFIGURE only): with 512 inline
+  // bytes a 768-byte WQE granting 572, against 576 bytes granting 556; both hold 32 list entries
+  const sq_grant ours = provider_grant(mlx5::umr_verbs_ops(all_send_ops).native(), mlx5::umr_send_ops, 64, 1, 512);
+  const sq_grant py = provider_grant(IBV_QP_EX_WITH_SEND, MLX5DV_QP_EX_WITH_MKEY_CONFIGURE, 64, 1, 512);
+  CHECK((ours.wqe_size == 768 && ours.max_inline_data == 572));
+  CHECK((py.wqe_size == 576 && py.max_inline_data == 556));
+  CHECK(mlx5::inline_list_capacity(ours.max_inline_data) >= layout::capacity);
   test_access::disown(key);
   test_access::disown_created(qp);
 
@@ -1436,6 +1475,41 @@ TEST_CASE("mlx5 contract: a peer's send-with-invalidate revokes the key", "[unit
     CHECK(g.phase() == mlx5::key_phase::idle);
     CHECK(mr_a.children == 0);
   }
+}
+
+TEST_CASE("mlx5 contract: a configure on a full send queue (rdma-core 44) fails at submit; the key rolls back", "[unit][mlx5][ikey]") {
+  // mlx5_wq_overflow (qp.c:186-199) counts posted WQEs not yet retired by a polled completion.
+  // With the queue full, _common_wqe_init_op sets ENOMEM and the builders go on writing through
+  // the last posted WQE (qp.c:2849-2852): rdmaxx cannot see the provider's queue and does not
+  // count the QP's outstanding work yet (issue 21, point 2), so this shows what happens today.
+  mlx5_rig g;
+  g.rec.sq.max_post = 2;
+  detail::parent_node mr_a;
+  region_ref a = mr(0x10000, 4096, 7);
+  a.node = &mr_a;
+  {
+    auto b = g.qp.start_send();
+    post_write(b, 0x30, false);
+    post_write(b, 0x31, true);
+    REQUIRE(b.submit().has_value());
+  }
+  CHECK(g.rec.sq.head - g.rec.sq.tail == 2);
+  auto r = g.key.configure(g.qp, layout::list({{a, 0, 64}}), rw, {0x32});
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error() == std::errc::not_enough_memory);
+  CHECK(g.rec.sq.stale_writes == 1); // the provider's defect: a posted WQE was written to
+  CHECK(g.phase() == mlx5::key_phase::idle);
+  CHECK(mr_a.children == 0);
+  CHECK(g.key.rkey() == 0x7700);
+  // once the queue drains (the signaled write's CQE retires both), the same configure goes
+  // through with the same (first) tag
+  CHECK(g.rec.poll().size() == 1);
+  CHECK(g.rec.sq.head - g.rec.sq.tail == 0);
+  g.rec.calls.clear();
+  configure_confirmed(g, g.key, layout::list({{a, 0, 64}}), 0x33);
+  CHECK(g.rec.calls[1].tag == 0);
+  CHECK(mr_a.children == 1);
+  invalidate_confirmed(g, g.key, 0x34);
 }
 
 #endif // RDMAXX_HAVE_MLX5
