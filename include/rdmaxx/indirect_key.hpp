@@ -506,8 +506,9 @@ public:
   }
 
   /// Local use: SGEs for bytes [offset, offset + length) of the key, into `out` (give it the
-  /// QP's max_send_sge entries). mlx5: one SGE {offset, length, lkey} (zero-based). Software: one
-  /// SGE per touched segment. Returns the number written.
+  /// QP's max_send_sge entries). mlx5: one SGE {offset, length, lkey} (zero-based), to be posted
+  /// only on a QP from mlx5::create_umr_qp (scatter-to-CQE disabled): sges(qp, ...) checks
+  /// that. Software: one SGE per touched segment. Returns the number written.
   /// Inline.
   /// \errors
   /// - errc::null_handle: the key is null.
@@ -542,6 +543,25 @@ public:
       out[k++] = {g.addr + p.segment_offset, p.length, g.lkey};
     });
     return n;
+  }
+
+  /// sges() for work on `qp`. mlx5: refused unless `qp` comes from mlx5::create_umr_qp (or
+  /// create_indirect_key_qp): rdmaxx's other QPs keep the provider's scatter-to-CQE default
+  /// (verbs.c:2330-2331), and the provider then copies a small receive or read response itself
+  /// to the SGE's address taken as a pointer (cq.c:237-242, 778-783 for a read response), but the key's SGE is
+  /// zero-based ({offset, length, lkey}). Software: as sges(). Inline.
+  /// \errors
+  /// - errc::not_umr_qp: mlx5: `qp` is not a UMR QP (also a null `qp`).
+  /// - those of sges().
+  /// \mallocs None.
+  [[nodiscard]] result<std::size_t> sges(const QueuePair &qp, std::uint64_t offset, std::uint64_t length,
+                                         std::span<ibv_sge> out) const noexcept {
+#if RDMAXX_HAVE_MLX5
+    if (h_ && st().mkey && !mlx5::has_umr_ops(qp.mlx5_send_ops())) return make_error_code(errc::not_umr_qp);
+#else
+    (void)qp;
+#endif
+    return sges(offset, length, out);
   }
 
   /// What a peer needs (send it encoded). mlx5: one segment {0, length, rkey}, only once the

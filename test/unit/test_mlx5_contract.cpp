@@ -437,7 +437,7 @@ TEST_CASE("mlx5 contract: the UMR QP is created as pyverbs creates it", "[unit][
   CHECK(qa.comp_mask == (IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS));
   CHECK(qa.send_ops_flags ==
         (IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_LOCAL_INV));
-  // every default op is one the mlx5 RC QP accepts (qp.c:3588: ops & ~MLX5_SUPPORTED_SEND_OPS_FLAGS_RC)
+  // every default op is one the mlx5 RC QP accepts (qp.c:3589: ops & ~MLX5_SUPPORTED_SEND_OPS_FLAGS_RC)
   CHECK((mlx5::umr_verbs_ops(all_send_ops).native() & IBV_QP_EX_WITH_LOCAL_INV) != 0);
   // 512 inline bytes hold 32 list entries, the most a layout has
   CHECK(mlx5::inline_list_capacity(mlx5::umr_default_caps.max_inline_data) == layout::capacity);
@@ -927,6 +927,16 @@ TEST_CASE("mlx5 contract: IndirectKey posts the configure, then follows its comp
   CHECK(g.phase() == mlx5::key_phase::configured);
   CHECK(g.key.sges(0, 128, sge).value() == 1u);
   CHECK((sge[0].addr == 0 && sge[0].length == 128 && sge[0].lkey == 0x7700));
+  // for a QP: only a UMR QP (scatter-to-CQE disabled); an ordinary QP keeps the provider's
+  // default (verbs.c:2330-2331), which would copy a small receive to address 0 + offset
+  CHECK(g.key.sges(g.qp, 0, 128, sge).value() == 1u);
+  {
+    ibv_qp_ex plain{};
+    QueuePair ordinary = test_access::qp(plain, {.max_inline_data = 512}, 0);
+    CHECK(g.key.sges(ordinary, 0, 128, sge).error() == errc::not_umr_qp);
+    CHECK(g.key.sges(QueuePair{}, 0, 128, sge).error() == errc::not_umr_qp);
+    test_access::disown(ordinary);
+  }
   CHECK_FALSE(g.key.pending());
   CHECK(g.key.configured());
   auto d = g.key.descriptor();
