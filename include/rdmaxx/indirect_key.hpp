@@ -60,6 +60,7 @@
 #include "protection_domain.hpp"
 #include "queue_pair.hpp"
 #if RDMAXX_HAVE_MLX5
+#include "mlx5/context_mlx5.hpp"
 #include "mlx5/indirect_key_mlx5.hpp"
 #endif
 
@@ -179,7 +180,9 @@ public:
   ///   ikey_descriptor::max_segments; mlx5 (forced, or chosen automatically on an mlx5 device):
   ///   `max_entries` above mlx5::max_mkey_entries (65532: the provider's round-up to a multiple
   ///   of 4 would wrap its 16-bit field to 0).
-  /// - errc::unsupported: backend mlx5 forced on a device or build without it.
+  /// - errc::unsupported: backend mlx5 forced on a device or build without it, or on a device
+  ///   reporting umr_modify_atomic_disabled (mlx5::query_umr_atomic; chosen automatically, such
+  ///   a device gets the software backend).
   /// - the errno of mlx5dv_create_mkey when mlx5 is forced.
   /// - ENOMEM.
   /// \mallocs The key's state (new(nothrow)) and, software, its segment table and window table;
@@ -206,6 +209,19 @@ public:
         delete st;
         return make_error_code(errc::out_of_range);
       }
+      // A device that cannot modify an mkey's atomic right through a UMR fails every configure
+      // of rdma-core 44 (the setter always sets that bit): the software backend, or refused.
+      if (mlx5::query_umr_atomic(pd.context()) == mlx5::umr_atomic::disabled) {
+        if (o.backend == umr_backend::mlx5) {
+          delete st;
+          return make_error_code(errc::unsupported);
+        }
+        want_mlx5 = false;
+      }
+#endif
+    }
+    if (want_mlx5) {
+#if RDMAXX_HAVE_MLX5
       // One entry more than asked: `max_entries` repeat entries are promised (mkey_entries_for).
       auto k = mlx5::create_mkey(st->pd, mlx5::mkey_entries_for(max_entries), o.remote_invalidate);
       if (k) {

@@ -1522,4 +1522,48 @@ TEST_CASE("mlx5 contract: a configure on a full send queue (rdma-core 44) fails 
   invalidate_confirmed(g, g.key, 0x34);
 }
 
+namespace {
+// mlx5dv_devx_general_cmd as the firmware answers QUERY_HCA_CAP: the command checked as
+// rdma-core 44 builds it (get_hca_general_caps, verbs.c:3784-3796), the reply a 16-byte header
+// and the capability union with cmd_hca_cap.umr_modify_atomic_disabled at bit 0x208
+// (mlx5_ifc.h:819-983, 1499-1508; DEVX_SET/GET are big-endian, bit 0 the MSB of dword 0).
+int devx_calls = 0;
+bool atomic_disabled = false;
+int standin_devx_cmd(ibv_context *, const void *in, size_t inlen, void *out, size_t outlen) {
+  ++devx_calls;
+  REQUIRE(inlen == 16);
+  REQUIRE(outlen == 16 + 4096);
+  const auto *i = static_cast<const std::uint32_t *>(in);
+  CHECK(be32toh(i[0]) >> 16 == 0x100u); // MLX5_CMD_OP_QUERY_HCA_CAP
+  CHECK((be32toh(i[1]) & 0xffff) == 1u); // MLX5_CAP_GENERAL << 1 | HCA_CAP_OPMOD_GET_CUR
+  auto *o = static_cast<std::uint32_t *>(out);
+  // a device with every neighbouring UMR cap bit set, so that an off-by-one reads a 1
+  auto set_bit = [o](std::size_t cap_bit) {
+    const std::size_t b = 128 + cap_bit;
+    o[b / 32] = htobe32(be32toh(o[b / 32]) | (1u << (31 - b % 32)));
+  };
+  set_bit(0x207); // umr_modify_entity_size_disabled
+  set_bit(0x209); // umr_indirect_mkey_disabled
+  if (atomic_disabled) set_bit(0x208);
+  return 0;
+}
+int failing_devx_cmd(ibv_context *, const void *, size_t, void *, size_t) {
+  ++devx_calls;
+  return EPERM;
+}
+} // namespace
+
+TEST_CASE("mlx5 contract: umr_modify_atomic_disabled is read from the HCA capabilities", "[unit][mlx5]") {
+  ibv_context ctx{};
+  devx_calls = 0;
+  atomic_disabled = false;
+  CHECK(mlx5::query_umr_atomic(&ctx, standin_devx_cmd) == mlx5::umr_atomic::allowed);
+  atomic_disabled = true;
+  CHECK(mlx5::query_umr_atomic(&ctx, standin_devx_cmd) == mlx5::umr_atomic::disabled);
+  CHECK(mlx5::query_umr_atomic(&ctx, failing_devx_cmd) == mlx5::umr_atomic::unknown);
+  CHECK(mlx5::query_umr_atomic(nullptr, standin_devx_cmd) == mlx5::umr_atomic::unknown);
+  CHECK(devx_calls == 3);
+  atomic_disabled = false;
+}
+
 #endif // RDMAXX_HAVE_MLX5

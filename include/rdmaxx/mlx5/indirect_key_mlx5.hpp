@@ -58,9 +58,9 @@ namespace rdmaxx::mlx5 {
 /// The only rights an mlx5 indirect mkey is configured with. Remote atomic stays allowed: UCX
 /// checks the HCA cap umr_modify_atomic_disabled before granting atomics through a UMR, but
 /// rdma-core 44 puts the atomic bit into the mkey mask of every access-flags setter, atomic
-/// asked or not (qp.c:2929-2933), so on such a device every configure would fail at completion
-/// (not checked on hardware; the key state then rolls back, see key_state): refusing atomics
-/// alone would not help, and the cap is readable only through a DEVX command.
+/// asked or not (qp.c:2929-2933), so on such a device every configure would fail at completion:
+/// refusing atomics alone would not help. IndirectKey::create reads the cap
+/// (mlx5::query_umr_atomic, DEVX QUERY_HCA_CAP) and does not choose this backend there.
 inline constexpr access_flags allowed_access =
     access::local_write | access::remote_read | access::remote_write | access::remote_atomic;
 
