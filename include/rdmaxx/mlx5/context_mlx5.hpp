@@ -66,7 +66,9 @@ enum class umr_atomic : std::uint8_t {
 };
 
 /// Read umr_modify_atomic_disabled with QUERY_HCA_CAP (mlx5dv_devx_general_cmd; the contract
-/// tests hand a stand-in `cmd`). Allocation-free (the 4 KiB reply is on the stack).
+/// tests hand a stand-in `cmd`). On a context of another provider the command answers
+/// EOPNOTSUPP (verbs.c:5883-5892, mlx5.c:2732-2740): unknown. Allocation-free (the 4 KiB reply is
+/// on the stack).
 [[nodiscard]] inline umr_atomic query_umr_atomic(ibv_context *ctx,
                                                  devx_cmd_verb cmd = &::mlx5dv_devx_general_cmd) noexcept {
   if (!ctx) return umr_atomic::unknown;
