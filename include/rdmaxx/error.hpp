@@ -140,6 +140,15 @@ enum class errc : int {
   /// reach it: revoke it and hand the pool the completion, or call GrantPool::revoke_all() once
   /// the connection's QP is down and drained.
   grant_outstanding,
+  /// An operation of the object was posted and its completion has not been handed back yet, so
+  /// whether the device did it is unknown (e.g. an mlx5 IndirectKey's configure or invalidate):
+  /// hand the operation's completion to complete() (or cancel it) first. Unlike errc::busy, no
+  /// child object is involved.
+  operation_unconfirmed,
+  /// The key cannot be configured again without a peer's revoked key answering once more (an
+  /// mlx5 mkey whose 8-bit tag cannot be rotated further, or at all on this device): destroy it
+  /// and create a new one.
+  key_retired,
 };
 
 namespace detail {
@@ -195,6 +204,10 @@ public:
       return "pool exhausted: every slot is leased or waits for its revocation to be confirmed";
     case errc::grant_outstanding:
       return "grant outstanding: the buffer is granted or its revocation is not confirmed yet";
+    case errc::operation_unconfirmed:
+      return "operation unconfirmed: hand its completion to complete() first";
+    case errc::key_retired:
+      return "key retired: reconfiguring would revive a revoked key; create a new key";
     }
     return "unknown rdmaxx error";
   }
@@ -209,6 +222,8 @@ public:
     case errc::too_many_pending:
     case errc::pool_exhausted: return std::errc::resource_unavailable_try_again;
     case errc::grant_outstanding: return std::errc::device_or_resource_busy;
+    case errc::operation_unconfirmed: return std::errc::operation_in_progress;
+    case errc::key_retired: return std::errc::operation_not_permitted;
     case errc::unsafe_grant: return std::errc::operation_not_permitted;
     case errc::unsupported: return std::errc::operation_not_supported;
     case errc::no_device: return std::errc::no_such_device;
@@ -257,6 +272,7 @@ enum class retry_hint : std::uint8_t {
     case errc::too_many_pending:
     case errc::pool_exhausted:
     case errc::grant_outstanding:
+    case errc::operation_unconfirmed:
     case errc::already_bound:
     case errc::wrong_state: return retry_hint::after_progress;
     default: return retry_hint::no;

@@ -60,6 +60,7 @@
 #include "protection_domain.hpp"
 #include "queue_pair.hpp"
 #if RDMAXX_HAVE_MLX5
+#include "mlx5/context_mlx5.hpp"
 #include "mlx5/indirect_key_mlx5.hpp"
 #endif
 
@@ -175,7 +176,10 @@ public:
   IndirectKey() noexcept = default;
 
   /// Create a key on `pd` whose layouts hold up to `max_entries` entries. mlx5:
-  /// mlx5dv_create_mkey (indirect); max_entries() reads back the provider's rounded-up value.
+  /// mlx5dv_create_mkey (indirect) for `max_entries` + 1 entries (a repeat layout's header takes
+  /// one), with MLX5DV_MKEY_INIT_ATTR_FLAGS_UPDATE_TAG where the kernel allows it (then each
+  /// configure after the first rotates the mkey's tag; see configure()); max_entries() reads back
+  /// the provider's rounded-up value.
   /// Software: allocates the segment table (windows are allocated by configure()).
   /// \errors
   /// - errc::null_handle: `pd` is null.
@@ -184,7 +188,9 @@ public:
   ///   ikey_descriptor::max_segments; mlx5 (forced, or chosen automatically on an mlx5 device):
   ///   `max_entries` above mlx5::max_mkey_entries (65532: the provider's round-up to a multiple
   ///   of 4 would wrap its 16-bit field to 0).
-  /// - errc::unsupported: backend mlx5 forced on a device or build without it.
+  /// - errc::unsupported: backend mlx5 forced on a device or build without it, or on a device
+  ///   reporting umr_modify_atomic_disabled (mlx5::query_umr_atomic; chosen automatically, such
+  ///   a device gets the software backend).
   /// - the errno of mlx5dv_create_mkey when mlx5 is forced.
   /// - software: the errno of ibv_query_device_ex (the grant mechanism is chosen from it; no key
   ///   rather than a guess).
@@ -213,14 +219,34 @@ public:
         delete st;
         return make_error_code(errc::out_of_range);
       }
-      std::uint32_t granted = max_entries;
-      auto k = mlx5::create_mkey(st->pd, granted, o.remote_invalidate);
+      // A device that cannot modify an mkey's atomic right through a UMR fails every configure
+      // of rdma-core 44 (the setter always sets that bit): the software backend, or refused.
+      if (mlx5::query_umr_atomic(pd.context()) == mlx5::umr_atomic::disabled) {
+        if (o.backend == umr_backend::mlx5) {
+          delete st;
+          return make_error_code(errc::unsupported);
+        }
+        want_mlx5 = false;
+      }
+#endif
+    }
+    if (want_mlx5) {
+#if RDMAXX_HAVE_MLX5
+      // One entry more than asked: `max_entries` repeat entries are promised (mkey_entries_for).
+      auto k = mlx5::create_mkey(st->pd, mlx5::mkey_entries_for(max_entries), o.remote_invalidate);
       if (k) {
+        // The key's child counter: an outer key nesting this one, while configured, counts here.
+        detail::parent_node *node = detail::new_parent_node();
+        if (!node) {
+          (void)::mlx5dv_destroy_mkey(k.value().mkey);
+          delete st;
+          return std::make_error_code(std::errc::not_enough_memory);
+        }
         st->backend = umr_backend::mlx5;
-        st->mkey = k.value();
-        st->mk.mkey = k.value();
-        st->max_entries = granted;
-        return IndirectKey(st, pd);
+        st->mkey = k.value().mkey;
+        mlx5::init_key(st->mk, k.value().mkey, k.value().update_tag);
+        st->max_entries = k.value().max_entries;
+        return IndirectKey(st, pd, node);
       }
       if (o.backend == umr_backend::mlx5) {
         delete st;
@@ -265,7 +291,8 @@ public:
   [[nodiscard]] umr_backend backend() const noexcept { return h_ ? st().backend : umr_backend::none; }
   /// The mlx5 mkey (nullptr for the software backend).
   [[nodiscard]] ::mlx5dv_mkey *native_handle() const noexcept { return h_ ? st().mkey : nullptr; }
-  /// Layout entries allowed (mlx5: as rounded up by the provider).
+  /// Layout entries allowed (mlx5: as created and rounded up by the provider, at least the number
+  /// asked for plus one).
   [[nodiscard]] std::uint32_t max_entries() const noexcept { return h_ ? st().max_entries : 0; }
   /// Software: flat segments the key can hold.
   [[nodiscard]] std::uint32_t max_segments() const noexcept { return h_ ? st().max_segments : 0; }
@@ -326,8 +353,12 @@ public:
       r.problem = errc::null_handle;
       return r;
     }
-    if (!st().configured || !usable_locally()) {
+    if (!st().configured) {
       r.problem = errc::wrong_state;
+      return r;
+    }
+    if (!usable_locally()) {
+      r.problem = errc::operation_unconfirmed;
       return r;
     }
     r.indirect = true;
@@ -337,6 +368,7 @@ public:
     if (st().mkey) {
       r.lkey = mkey_lkey();
       r.rkey = mkey_rkey();
+      r.node = h_.node(); // an outer key configured over this one counts as its child
     } else {
       r.segments = st().segs;
       r.nsegments = st().nsegs;
@@ -354,16 +386,23 @@ public:
   /// key, so the underlying regions need no remote rights and no MW_BIND (remote write/atomic:
   /// LOCAL_WRITE); type-2 windows over the underlying regions otherwise, which must then grant
   /// the rights and have IBV_ACCESS_MW_BIND. mlx5: every underlying region grants the rights.
-  /// mlx5: `qp` must come from mlx5::create_umr_qp (or create_indirect_key_qp); the key is then
-  /// pending until the configure's completion is handed to complete() (descriptor() refuses
-  /// until then). If the batch is dropped or its submit() fails, the batch undoes the configure
+  /// mlx5: `qp` must come from mlx5::create_umr_qp (or create_indirect_key_qp); the work request
+  /// is posted signaled whatever w.flags says, and the key is pending until that completion
+  /// (this QP, w.id, MLX5DV_WC_UMR) is handed to complete(): descriptor(), sges() and nesting
+  /// refuse until then. Give w.id a value no other outstanding work request of the QP has. Each
+  /// configure after the first gives the mkey a new 8-bit tag, so lkey()/rkey() change and no
+  /// rkey of an earlier configure answers again; while configured the key counts as a child of
+  /// each MemoryRegion and nested key of its layout (their dereg()/destroy() answer
+  /// errc::busy). If the batch is dropped or its submit() fails, the batch undoes the configure
   /// (mlx5: as cancel_pending(); software: the windows and exact regions are destroyed, the key
   /// is not configured): keep the key alive and in place until then.
   /// \errors Nothing is then added to the batch:
   /// - errc::null_handle: a null key or QP.
   /// - errc::already_bound: configured (invalidate first).
-  /// - errc::busy: mlx5: an operation is unconfirmed.
+  /// - errc::operation_unconfirmed: mlx5: an operation is unconfirmed.
   /// - errc::not_umr_qp: mlx5: `qp` lacks the mlx5 UMR send operations.
+  /// - errc::key_retired: mlx5: the mkey's tags are used up (the second configure where the
+  ///   kernel has no tag update, the 257th otherwise): create a new key.
   /// - errc::qp_mismatch: batch not of `qp`.
   /// - errc::wrong_state: batch submitted.
   /// - errc::too_many_pending: the batch already carries SendBatch::max_undo window and key
@@ -384,7 +423,7 @@ public:
     if (!h_ || !qp) return make_error_code(errc::null_handle);
     detail::ikey_state &s = st();
 #if RDMAXX_HAVE_MLX5
-    if (s.backend == umr_backend::mlx5 && s.mk.pending()) return make_error_code(errc::busy);
+    if (s.backend == umr_backend::mlx5 && s.mk.pending()) return make_error_code(errc::operation_unconfirmed);
 #endif
     if (s.configured) return make_error_code(errc::already_bound);
     if (auto ec = detail::check_batch_of(batch, qp)) return ec;
@@ -454,8 +493,9 @@ public:
   }
 
   /// Invalidate: the key stops working. mlx5: a local invalidate of the mkey added to `batch`
-  /// (ibv_wr_local_inv); the key stays configured() (it may still work) and pending() until the
-  /// invalidate's completion is handed to complete(); a dropped batch or a failed submit() undoes
+  /// (ibv_wr_local_inv), posted signaled whatever w.flags says; the key stays configured() (it
+  /// may still work) and pending() until that completion (this QP, w.id, IBV_WC_LOCAL_INV) is
+  /// handed to complete(); a dropped batch or a failed submit() undoes
   /// it (the key stays configured). Software: the windows are deallocated now (ibv_dealloc_mw), so
   /// peers' rkeys fail at once; nothing is added to the batch. Either way the key can be
   /// configured again.
@@ -465,7 +505,7 @@ public:
   /// - errc::wrong_state: mlx5: batch submitted.
   /// - errc::too_many_pending: mlx5: the batch already carries SendBatch::max_undo window and key
   ///   operations.
-  /// - errc::busy: mlx5: an operation is unconfirmed.
+  /// - errc::operation_unconfirmed: mlx5: an operation is unconfirmed.
   /// - the errno of ibv_dealloc_mw (the key is invalid regardless).
   /// \mallocs None.
   [[nodiscard]] result<void> invalidate(SendBatch &batch, wr w = {}) noexcept {
@@ -507,12 +547,15 @@ public:
   }
 
   /// Local use: SGEs for bytes [offset, offset + length) of the key, into `out` (give it the
-  /// QP's max_send_sge entries). mlx5: one SGE {offset, length, lkey} (zero-based). Software: one
-  /// SGE per touched segment. Returns the number written.
+  /// QP's max_send_sge entries). mlx5: one SGE {offset, length, lkey} (zero-based), to be posted
+  /// only on a QP from mlx5::create_umr_qp (scatter-to-CQE disabled): sges(qp, ...) checks
+  /// that. Software: one SGE per touched segment. Returns the number written.
   /// Inline.
   /// \errors
   /// - errc::null_handle: the key is null.
   /// - errc::wrong_state: not configured.
+  /// - errc::operation_unconfirmed: mlx5: the configure or an invalidate is unconfirmed (work on
+  ///   another QP is not ordered after the configure, and it may still fail).
   /// - errc::zero_length: `length` is 0.
   /// - errc::out_of_range: beyond the layout.
   /// - errc::buffer_too_small: more SGEs than `out` holds.
@@ -521,7 +564,8 @@ public:
                                          std::span<ibv_sge> out) const noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     const detail::ikey_state &s = st();
-    if (!s.configured || !usable_locally()) return make_error_code(errc::wrong_state);
+    if (!s.configured) return make_error_code(errc::wrong_state);
+    if (!usable_locally()) return make_error_code(errc::operation_unconfirmed);
     if (length == 0) return make_error_code(errc::zero_length);
     if (offset > s.length || length > s.length - offset) return make_error_code(errc::out_of_range);
     if (s.mkey) {
@@ -542,14 +586,34 @@ public:
     return n;
   }
 
+  /// sges() for work on `qp`. mlx5: refused unless `qp` comes from mlx5::create_umr_qp (or
+  /// create_indirect_key_qp): rdmaxx's other QPs keep the provider's scatter-to-CQE default
+  /// (verbs.c:2330-2331), and the provider then copies a small receive or read response itself
+  /// to the SGE's address taken as a pointer (cq.c:237-242, 778-783 for a read response), but the key's SGE is
+  /// zero-based ({offset, length, lkey}). Software: as sges(). Inline.
+  /// \errors
+  /// - errc::not_umr_qp: mlx5: `qp` is not a UMR QP (also a null `qp`).
+  /// - those of sges().
+  /// \mallocs None.
+  [[nodiscard]] result<std::size_t> sges(const QueuePair &qp, std::uint64_t offset, std::uint64_t length,
+                                         std::span<ibv_sge> out) const noexcept {
+#if RDMAXX_HAVE_MLX5
+    if (h_ && st().mkey && !mlx5::has_umr_ops(qp.mlx5_send_ops())) return make_error_code(errc::not_umr_qp);
+#else
+    (void)qp;
+#endif
+    return sges(offset, length, out);
+  }
+
   /// What a peer needs (send it encoded), only once the configure is confirmed by its own
   /// completion (complete()): a configure that fails at submit or completion must not hand a
   /// peer a key. mlx5: one segment {0, length, rkey}. Software: the segments with their window
   /// rkeys.
   /// \errors
   /// - errc::null_handle: the key is null.
-  /// - errc::wrong_state: not configured; configure unconfirmed (its completion not yet handed to
-  ///   complete()); mlx5: invalidate unconfirmed.
+  /// - errc::wrong_state: not configured.
+  /// - errc::operation_unconfirmed: the configure's completion was not handed to complete() yet
+  ///   (mlx5: also an unconfirmed invalidate).
   /// - errc::missing_access: no remote rights.
   /// - errc::too_many_entries / out_of_range: an mlx5 key longer than one segment can say (more
   ///   than 4 GiB).
@@ -559,9 +623,9 @@ public:
     const detail::ikey_state &s = st();
     if (!s.configured) return make_error_code(errc::wrong_state);
 #if RDMAXX_HAVE_MLX5
-    if (s.mkey && s.mk.phase != mlx5::key_phase::configured) return make_error_code(errc::wrong_state);
+    if (s.mkey && s.mk.pending()) return make_error_code(errc::operation_unconfirmed);
 #endif
-    if (s.binds_unconfirmed) return make_error_code(errc::wrong_state);
+    if (s.binds_unconfirmed) return make_error_code(errc::operation_unconfirmed);
     const access_flags rights = s.access & ikey_descriptor::remote_rights;
     if (rights.empty()) return make_error_code(errc::missing_access);
     std::array<remote_segment, ikey_descriptor::max_segments> rs;
@@ -575,19 +639,29 @@ public:
   }
 
   /// Destroy now: software windows deallocated, mlx5 mkey destroyed (mlx5dv_destroy_mkey).
-  /// \errors
-  /// - the errno of the verbs; on failure the key stays valid.
+  /// \errors On failure the key stays valid:
+  /// - errc::operation_unconfirmed: mlx5: a configure or invalidate is posted and its completion
+  ///   not handed to complete() (the device may still be writing the mkey).
+  /// - errc::busy: mlx5: an outer key configured over this one is alive.
+  /// - the errno of the verbs.
   /// \mallocs None.
-  result<void> destroy() noexcept { return h_.destroy(); }
+  result<void> destroy() noexcept {
+#if RDMAXX_HAVE_MLX5
+    if (h_ && st().mkey && st().mk.pending()) return make_error_code(errc::operation_unconfirmed);
+#endif
+    return h_.destroy();
+  }
 
-  /// Hand a send completion of the QP the key was configured or invalidated through (mlx5):
-  /// the unconfirmed operation's own completion confirms it (success) or undoes it (error:
-  /// configure -> not configured, invalidate -> still configured); a successful send completion
-  /// of a later work request of that QP confirms it too. Software with remote rights: the
-  /// configure's last bind is always signaled; its completion (matched by the configure's wr_id
-  /// and QP) confirms the binds (descriptor() refuses before), an error one (a failed or flushed
-  /// bind) undoes the configure (windows and exact regions go, the key is not configured).
-  /// Returns true when the completion concerned the key. Inline, allocation-free.
+  /// Hand a completion to the key (mlx5, see mlx5::complete_key): the unconfirmed operation's own
+  /// completion (the QP it was posted on, its wr_id and, when successful, its opcode) confirms
+  /// it (success) or undoes it (error: configure -> not configured, invalidate -> still
+  /// configured); no other completion confirms anything. A receive completion of any QP with
+  /// IBV_WC_WITH_INV naming the key's rkey (a peer's send-with-invalidate) revokes it. Returns
+  /// true when the key's state changed. Software with remote rights: the configure's last bind is
+  /// always signaled; its completion (matched by the configure's wr_id and QP) confirms the binds
+  /// (descriptor() refuses before), an error one (a failed or flushed bind) undoes the configure
+  /// (windows and exact regions go, the key is not configured); true when it concerned the key.
+  /// Inline, allocation-free.
   bool complete(const ibv_wc &wc) noexcept {
     if (!h_) return false;
 #if RDMAXX_HAVE_MLX5
@@ -614,7 +688,9 @@ public:
   }
 
   /// Configure through a batch of its own on `qp` (start_send, configure, submit); the work
-  /// request is signaled unless `w.flags` says otherwise. If the submit fails the key is left as
+  /// request is signaled (mlx5: always). Never call it while a batch of this thread is open on
+  /// `qp`: the provider's send-queue lock is held from ibv_wr_start to ibv_wr_complete
+  /// (qp.c:1180, 1215), so a second start deadlocks; use the batch form. If the submit fails the key is left as
   /// before (the batch's undo: mlx5 as cancel_pending(); software: the windows are deallocated).
   /// mlx5: hand the completion to complete() before descriptor().
   /// \errors
@@ -628,8 +704,9 @@ public:
     RDMAXX_TRYV(configure(qp, batch, l, acc, w));
     return batch.submit(); // a failed submit undid the configure
   }
-  /// Invalidate through a batch of its own on `qp` (mlx5: signaled unless `w.flags` says
-  /// otherwise; hand the completion to complete()); software: as invalidate(). If the submit
+  /// Invalidate through a batch of its own on `qp` (mlx5: always signaled; hand the completion to
+  /// complete(); never while a batch is open on `qp`, see configure(qp, l, acc)); software: as
+  /// invalidate(). If the submit
   /// fails the key stays configured.
   /// \errors
   /// - those of invalidate(batch, w).
@@ -662,8 +739,8 @@ private:
     }
   };
   friend struct detail::test_access;
-  IndirectKey(detail::ikey_state *s, const ProtectionDomain &pd) noexcept
-      : h_(s, detail::handle_access::node(pd), nullptr) {}
+  IndirectKey(detail::ikey_state *s, const ProtectionDomain &pd, detail::parent_node *own = nullptr) noexcept
+      : h_(s, detail::handle_access::node(pd), own) {}
   [[nodiscard]] detail::ikey_state &st() const noexcept { return *h_.get(); }
   // The undo a batch-form configure or (mlx5) invalidate registers with its batch: nothing of the
   // batch was posted. mlx5: the unconfirmed operation is dropped; software (a configure): the
@@ -679,12 +756,11 @@ private:
 #endif
     if (self->st().configured) (void)self->invalidate();
   }
-  // mlx5: local use (sges(), nesting) is ordered after the configure on the QP, so it is allowed
-  // while the configure is unconfirmed, not while an invalidate is.
+  // mlx5: local use (sges(), nesting) only once the configure is confirmed: work on another QP
+  // is not ordered after the UMR, and a configure may still fail.
   [[nodiscard]] bool usable_locally() const noexcept {
 #if RDMAXX_HAVE_MLX5
-    return !st().mkey || st().mk.phase == mlx5::key_phase::configuring ||
-           st().mk.phase == mlx5::key_phase::configured;
+    return !st().mkey || st().mk.phase == mlx5::key_phase::configured;
 #else
     return true;
 #endif

@@ -178,13 +178,13 @@ TEST_CASE("a software IndirectKey hands out its descriptor only once its binds' 
   need(key.configure(lb.b, b, l, access::local_write | access::remote_write, {41, {}}), "configure");
   need(b.submit(), "submit");
   CHECK(key.pending());
-  CHECK(key.descriptor().error() == errc::wrong_state); // not confirmed yet
+  CHECK(key.descriptor().error() == errc::operation_unconfirmed); // not confirmed yet
   const ibv_wc wc = wait_one(lb.cq_b);
   REQUIRE(wc.wr_id == 41);
   ibv_wc other = wc;
   other.wr_id = 40; // another work request's completion confirms nothing
   CHECK_FALSE(key.complete(other));
-  CHECK(key.descriptor().error() == errc::wrong_state);
+  CHECK(key.descriptor().error() == errc::operation_unconfirmed);
   CHECK(key.complete(wc));
   CHECK_FALSE(key.pending());
   const auto d = need(key.descriptor(), "descriptor");

@@ -86,6 +86,8 @@ TEST_CASE("rdmaxx::errc: every code has a message and a portable condition", "[u
       {errc::bad_address, std::errc::invalid_argument, "bad address"},
       {errc::pool_exhausted, std::errc::resource_unavailable_try_again, "pool exhausted"},
       {errc::grant_outstanding, std::errc::device_or_resource_busy, "grant outstanding"},
+      {errc::operation_unconfirmed, std::errc::operation_in_progress, "operation unconfirmed"},
+      {errc::key_retired, std::errc::operation_not_permitted, "key retired"},
   };
   for (const auto &r : rows) {
     const std::error_code ec = r.e;

@@ -19,6 +19,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,32 @@ struct call {
   std::vector<ibv_sge> sges;
   std::vector<mlx5dv_mr_interleaved> il;
   std::uint32_t key = 0;
+  std::uint8_t tag = 0; // mkey_configure: the tag written into the mkey context (lkey & 0xff)
+};
+
+// One WQE as the provider files it in _common_wqe_init_op (qp.c:1256-1265): its wr_id, whether
+// it asks for a CQE (IBV_SEND_SIGNALED -> MLX5_WQE_CTRL_CQ_UPDATE, qp.c:1278-1280) and the
+// opcode its completion reports (wr_data: IBV_WC_DRIVER1 for a configure, IBV_WC_LOCAL_INV for
+// a local invalidate; cq.c:193-196 reports UMR completions with it).
+struct wqe {
+  std::uint64_t wr_id = 0;
+  bool signaled = false;
+  ibv_wc_opcode opcode = IBV_WC_SEND;
+};
+
+// The send queue of rdma-core 44's mlx5 QP, as far as the UMR path meets it. max_post 0: never
+// full (the tests that do not look at the queue).
+struct sq_model {
+  unsigned max_post = 0;   // sq.max_post, the granted max_send_wr (verbs.c:1689, 2623)
+  unsigned head = 0;       // sq.head: WQEs rung (post_send_db)
+  unsigned tail = 0;       // sq.tail: advanced by polled completions (cq.c:807)
+  unsigned nreq = 0;       // WQEs of the open batch
+  int err = 0;             // mqp->err: cleared by wr_start (qp.c:1183), answered by wr_complete
+  bool ctx_update_tag = true; // MLX5_CTX_FLAGS_MKEY_UPDATE_TAG_SUPPORTED (mlx5.c:2410-2412)
+  bool in_error = false;   // the QP moved to ERR after an error completion
+  int stale_writes = 0;    // builders that wrote through the last posted WQE's control segment
+  std::vector<wqe> batch;  // built in the open batch
+  std::vector<wqe> posted; // rung, not yet completed
 };
 
 // The recording QP: one ibv_qp_ex and its mlx5dv_qp_ex, as the provider would pair them.
@@ -45,10 +72,56 @@ struct recorder {
   ibv_qp_ex qpx{};
   mlx5dv_qp_ex mqp{};
   std::vector<call> calls;
+  sq_model sq;
   recorder();
+  // _common_wqe_init_op (qp.c:1236-1287): on a full queue (mlx5_wq_overflow, qp.c:186-199:
+  // head - tail + nreq >= max_post) it sets ENOMEM and returns without a new cur_ctrl; the
+  // mkey-configure and local-invalidate builders do not look at mqp->err and go on writing
+  // through mqp->cur_ctrl, the last WQE already posted (qp.c:2849-2852, 1595-1597).
+  bool wqe_init(ibv_wc_opcode op) {
+    if (sq.max_post && sq.head - sq.tail + sq.nreq >= sq.max_post) {
+      if (!sq.err) sq.err = ENOMEM;
+      ++sq.stale_writes;
+      return false;
+    }
+    sq.batch.push_back({qpx.wr_id, (qpx.wr_flags & IBV_SEND_SIGNALED) != 0, op});
+    ++sq.nreq;
+    return true;
+  }
+  // Poll what the device completes: each signaled WQE in order (an unsignaled one gives no CQE
+  // and is retired only by a later CQE's tail update, cq.c:807). `fail` names a wr_id that
+  // completes with `status`; the QP then goes to ERR and every later WQE completes with
+  // IBV_WC_WR_FLUSH_ERR, signaled or not (IBTA: work requests completed in error always
+  // generate a completion). Error completions carry only wr_id, status and qp_num.
+  std::vector<ibv_wc> poll(std::uint64_t fail = ~std::uint64_t(0), ibv_wc_status status = IBV_WC_SUCCESS) {
+    std::vector<ibv_wc> out;
+    std::size_t retired = 0; // WQEs up to the last one that gave a CQE
+    for (std::size_t i = 0; i < sq.posted.size(); ++i) {
+      const wqe &q = sq.posted[i];
+      ibv_wc wc{};
+      wc.wr_id = q.wr_id;
+      wc.qp_num = qpx.qp_base.qp_num;
+      if (sq.in_error) {
+        wc.status = IBV_WC_WR_FLUSH_ERR;
+      } else if (q.wr_id == fail && status != IBV_WC_SUCCESS) {
+        wc.status = status;
+        sq.in_error = true;
+      } else if (q.signaled) {
+        wc.status = IBV_WC_SUCCESS;
+        wc.opcode = q.opcode;
+      } else {
+        continue;
+      }
+      out.push_back(wc);
+      retired = i + 1;
+    }
+    sq.tail += unsigned(retired);
+    sq.posted.erase(sq.posted.begin(), sq.posted.begin() + std::ptrdiff_t(retired));
+    return out;
+  }
 };
 recorder *current = nullptr;
-int wr_complete_rc = 0; // what the recorder's ibv_wr_complete answers
+int wr_complete_rc = 0; // what the recorder's ibv_wr_complete answers (0: as the provider)
 
 call &record(const char *name) {
   call c;
@@ -67,6 +140,15 @@ recorder::recorder() {
     c.mkey = k;
     c.num_setters = n;
     c.attr = *a;
+    c.tag = std::uint8_t(k->lkey & 0xff);
+    sq_model &sq = current->sq;
+    if (!(current->qpx.wr_flags & IBV_SEND_INLINE)) { // qp.c:2837-2840
+      sq.err = EOPNOTSUPP;
+      return;
+    }
+    if (!current->wqe_init(IBV_WC_DRIVER1)) return; // qp.c:2849
+    // a tag other than 0 needs the kernel's tag update (qp.c:2868-2874)
+    if ((k->lkey & 0xff) && !sq.ctx_update_tag) sq.err = EOPNOTSUPP;
   };
   mqp.wr_set_mkey_access_flags = [](mlx5dv_qp_ex *q, uint32_t f) {
     REQUIRE(q == &current->mqp);
@@ -90,21 +172,38 @@ recorder::recorder() {
   qpx.wr_local_inv = [](ibv_qp_ex *q, uint32_t k) {
     REQUIRE(q == &current->qpx);
     record("local_inv").key = k;
+    (void)current->wqe_init(IBV_WC_LOCAL_INV); // _build_umr_wqe, qp.c:1595
   };
-  qpx.wr_rdma_write = [](ibv_qp_ex *, uint32_t, uint64_t) { record("rdma_write"); };
+  qpx.wr_rdma_write = [](ibv_qp_ex *, uint32_t, uint64_t) {
+    record("rdma_write");
+    (void)current->wqe_init(IBV_WC_RDMA_WRITE);
+  };
   // the batch verbs, for the IndirectKey wrappers (SendBatch: ibv_wr_start, _complete, _abort)
-  qpx.wr_start = [](ibv_qp_ex *q) {
+  qpx.wr_start = [](ibv_qp_ex *q) { // qp.c:1176-1187
     REQUIRE(q == &current->qpx);
     record("wr_start");
+    current->sq.err = 0;
+    current->sq.nreq = 0;
+    current->sq.batch.clear();
   };
-  qpx.wr_complete = [](ibv_qp_ex *q) {
+  qpx.wr_complete = [](ibv_qp_ex *q) { // qp.c:1200-1218: an error rolls the batch back
     REQUIRE(q == &current->qpx);
     record("wr_complete");
-    return wr_complete_rc;
+    sq_model &sq = current->sq;
+    const int rc = wr_complete_rc ? wr_complete_rc : sq.err;
+    if (rc == 0) {
+      sq.posted.insert(sq.posted.end(), sq.batch.begin(), sq.batch.end());
+      sq.head += sq.nreq;
+    }
+    sq.batch.clear();
+    sq.nreq = 0;
+    return rc;
   };
-  qpx.wr_abort = [](ibv_qp_ex *q) {
+  qpx.wr_abort = [](ibv_qp_ex *q) { // qp.c:1221-1230
     REQUIRE(q == &current->qpx);
     record("wr_abort");
+    current->sq.batch.clear();
+    current->sq.nreq = 0;
   };
 }
 
@@ -338,7 +437,7 @@ TEST_CASE("mlx5 contract: the UMR QP is created as pyverbs creates it", "[unit][
   CHECK(qa.comp_mask == (IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS));
   CHECK(qa.send_ops_flags ==
         (IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_LOCAL_INV));
-  // every default op is one the mlx5 RC QP accepts (qp.c:3588: ops & ~MLX5_SUPPORTED_SEND_OPS_FLAGS_RC)
+  // every default op is one the mlx5 RC QP accepts (qp.c:3589: ops & ~MLX5_SUPPORTED_SEND_OPS_FLAGS_RC)
   CHECK((mlx5::umr_verbs_ops(all_send_ops).native() & IBV_QP_EX_WITH_LOCAL_INV) != 0);
   // 512 inline bytes hold 32 list entries, the most a layout has
   CHECK(mlx5::inline_list_capacity(mlx5::umr_default_caps.max_inline_data) == layout::capacity);
@@ -386,7 +485,7 @@ TEST_CASE("mlx5 contract: list entries and totals at and over 2 GiB", "[unit][ml
   };
   const row rows[] = {
       // umr_sg_list_create sums into an int (qp.c:2102, 2115) and stores it sign-extended as the
-      // mkey length (qp.c:2122, 3036): a list of 2^31 bytes or more in total gets a wrong length
+      // mkey length (qp.c:2121, 3036): a list of 2^31 bytes or more in total gets a wrong length
       {"one entry of 2^31 - 1", layout::list({{big, 0, G2 - 1}}), true, no_entry},
       {"one entry of 2^31", layout::list({{big, 0, G2}}), false, 0},
       {"two entries of 2^30: total 2^31", layout::list({{big, 0, G2 / 2}, {big, G2 / 2, G2 / 2}}), false, 1},
@@ -468,7 +567,7 @@ TEST_CASE("mlx5 contract: key state follows the submit and the completion", "[un
   rec.qpx.qp_base.qp_num = 0x22;
   mlx5dv_mkey mkey{0x4400, 0x4400};
   mlx5::key_state k;
-  k.mkey = &mkey;
+  mlx5::init_key(k, &mkey, true);
   const layout l = layout::list({{mr(0x10000, 4096, 7), 0, 64}});
   auto configure = [&](std::uint64_t id) {
     return mlx5::configure_key(k, mlx5::umr_send_ops, &rec.qpx, pd1, {id, send_flag::signaled}, l, rw,
@@ -482,8 +581,8 @@ TEST_CASE("mlx5 contract: key state follows the submit and the completion", "[un
   CHECK(k.phase == mlx5::key_phase::configuring);
   CHECK(k.live());
   CHECK(k.pending());
-  CHECK(configure(2).error() == errc::busy);
-  CHECK(mlx5::invalidate_key(k, &rec.qpx, {3}).error() == errc::busy);
+  CHECK(configure(2).error() == errc::operation_unconfirmed);
+  CHECK(mlx5::invalidate_key(k, &rec.qpx, {3}).error() == errc::operation_unconfirmed);
   // the batch was aborted or its submit failed (ENOMEM full SQ, EINVAL/EOPNOTSUPP builder error,
   // QP before RTS): nothing was posted
   mlx5::cancel_key(k);
@@ -524,11 +623,16 @@ TEST_CASE("mlx5 contract: key state follows the submit and the completion", "[un
   REQUIRE(mlx5::invalidate_key(k, &rec.qpx, {10}).has_value());
   CHECK(mlx5::complete_key(k, wc_of(10, 0x22, IBV_WC_LOC_PROT_ERR))); // failed: still configured
   CHECK(k.phase == mlx5::key_phase::configured);
-  REQUIRE(mlx5::invalidate_key(k, &rec.qpx, {11}).has_value()); // unsignaled
-  CHECK(mlx5::complete_key(k, wc_of(12, 0x22, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE))); // a later WR
+  rec.calls.clear();
+  REQUIRE(mlx5::invalidate_key(k, &rec.qpx, {11}).has_value()); // asked unsignaled: posted signaled
+  CHECK(rec.calls.back().wr_flags == unsigned(IBV_SEND_SIGNALED));
+  CHECK_FALSE(mlx5::complete_key(k, wc_of(12, 0x22, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE))); // another WR
+  CHECK_FALSE(mlx5::complete_key(k, wc_of(11, 0x22, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE))); // same id, a write
+  CHECK(k.phase == mlx5::key_phase::invalidating);
+  CHECK(mlx5::complete_key(k, wc_of(11, 0x22, IBV_WC_SUCCESS, IBV_WC_LOCAL_INV))); // its own
   CHECK(k.phase == mlx5::key_phase::idle);
   CHECK_FALSE(k.live());
-  CHECK_FALSE(mlx5::complete_key(k, wc_of(11, 0x22))); // nothing pending
+  CHECK_FALSE(mlx5::complete_key(k, wc_of(11, 0x22, IBV_WC_SUCCESS, IBV_WC_LOCAL_INV))); // nothing pending
 }
 
 TEST_CASE("mlx5 contract: refused operations leave the key state alone", "[unit][mlx5]") {
@@ -627,17 +731,19 @@ struct test_access {
     q.h_.replace(nullptr);
     q.qpx_.release();
   }
+  // As IndirectKey::create makes one (a child counter of its own, the tag-update choice).
   static IndirectKey mlx5_key(mlx5dv_mkey *mkey, ibv_pd *pd, std::uint32_t max_entries,
-                              mlx5::to_dv_qp to_dv) {
+                              mlx5::to_dv_qp to_dv, bool update_tag = true) {
     auto *st = new ikey_state;
     st->backend = umr_backend::mlx5;
     st->pd = pd;
     st->max_entries = max_entries;
     st->mkey = mkey;
-    st->mk.mkey = mkey;
+    mlx5::init_key(st->mk, mkey, update_tag);
     st->to_dv = to_dv;
-    return IndirectKey(st, ProtectionDomain{});
+    return IndirectKey(st, ProtectionDomain{}, new_parent_node());
   }
+  static std::uint32_t children(const IndirectKey &k) { return k.h_.live_children(); }
   static const mlx5::key_state &mk(const IndirectKey &k) { return k.st().mk; }
   // Never mlx5dv_destroy_mkey on the stand-in mkey.
   static void disown(IndirectKey &k) {
@@ -673,7 +779,7 @@ constexpr std::uint32_t umr_qpn = 0x44;
 // A recorder-backed UMR QP (connected: RTS) and an mlx5 key of 32 entries on pd1.
 struct mlx5_rig {
   recorder rec;
-  mlx5dv_mkey mkey{0x7700, 0x7701};
+  mlx5dv_mkey mkey{0x7700, 0x7700}; // rkey == lkey, tag 0 (verbs.c:6826-6827)
   QueuePair qp;
   IndirectKey key;
   explicit mlx5_rig(qp_caps caps = {.max_inline_data = 512}, std::uint64_t ops = mlx5::umr_send_ops) {
@@ -800,13 +906,15 @@ TEST_CASE("mlx5 contract: IndirectKey posts the configure, then follows its comp
   CHECK(g.key.configured());
   CHECK(g.key.length() == 128);
   CHECK(g.key.lkey() == 0x7700);
-  CHECK(g.key.rkey() == 0x7701);
-  CHECK(g.key.descriptor().error() == errc::wrong_state);
+  CHECK(g.key.rkey() == 0x7700);
+  CHECK(g.key.descriptor().error() == errc::operation_unconfirmed);
   ibv_sge sge[1];
-  CHECK(g.key.sges(0, 128, sge).value() == 1u);
-  // a second operation while one is unconfirmed: busy, before already_bound, nothing added
-  CHECK(g.key.configure(g.qp, batch, l, rw).error() == errc::busy);
-  CHECK(g.key.invalidate(batch).error() == errc::busy);
+  // local use waits for the confirmation too: work on another QP is not ordered after the UMR
+  CHECK(g.key.sges(0, 128, sge).error() == errc::operation_unconfirmed);
+  CHECK(region_ref(g.key).problem == errc::operation_unconfirmed);
+  // a second operation while one is unconfirmed: before already_bound, nothing added
+  CHECK(g.key.configure(g.qp, batch, l, rw).error() == errc::operation_unconfirmed);
+  CHECK(g.key.invalidate(batch).error() == errc::operation_unconfirmed);
   REQUIRE(batch.submit().has_value());
   CHECK(g.names() == with(with({"wr_start"}, configure_calls), {"wr_complete"}));
 
@@ -817,12 +925,24 @@ TEST_CASE("mlx5 contract: IndirectKey posts the configure, then follows its comp
   CHECK(g.key.pending());
   CHECK(g.key.complete(wc_of(0x51, umr_qpn))); // MLX5DV_WC_UMR
   CHECK(g.phase() == mlx5::key_phase::configured);
+  CHECK(g.key.sges(0, 128, sge).value() == 1u);
+  CHECK((sge[0].addr == 0 && sge[0].length == 128 && sge[0].lkey == 0x7700));
+  // for a QP: only a UMR QP (scatter-to-CQE disabled); an ordinary QP keeps the provider's
+  // default (verbs.c:2330-2331), which would copy a small receive to address 0 + offset
+  CHECK(g.key.sges(g.qp, 0, 128, sge).value() == 1u);
+  {
+    ibv_qp_ex plain{};
+    QueuePair ordinary = test_access::qp(plain, {.max_inline_data = 512}, 0);
+    CHECK(g.key.sges(ordinary, 0, 128, sge).error() == errc::not_umr_qp);
+    CHECK(g.key.sges(QueuePair{}, 0, 128, sge).error() == errc::not_umr_qp);
+    test_access::disown(ordinary);
+  }
   CHECK_FALSE(g.key.pending());
   CHECK(g.key.configured());
   auto d = g.key.descriptor();
   REQUIRE(d.has_value());
   REQUIRE(d.value().segments().size() == 1);
-  CHECK(d.value().segments()[0].rkey == 0x7701);
+  CHECK(d.value().segments()[0].rkey == 0x7700);
   CHECK(d.value().segments()[0].length == 128);
   CHECK(d.value().length() == 128);
 
@@ -840,17 +960,21 @@ TEST_CASE("mlx5 contract: IndirectKey posts the configure, then follows its comp
   CHECK(g.rec.calls[1].wr_flags == unsigned(IBV_SEND_SIGNALED));
   CHECK(g.phase() == mlx5::key_phase::invalidating);
   CHECK(g.key.configured()); // it may still work
-  CHECK(g.key.descriptor().error() == errc::wrong_state);
-  CHECK(g.key.sges(0, 1, sge).error() == errc::wrong_state);
+  CHECK(g.key.descriptor().error() == errc::operation_unconfirmed);
+  CHECK(g.key.sges(0, 1, sge).error() == errc::operation_unconfirmed);
   REQUIRE(b2.submit().has_value());
   CHECK(g.key.complete(wc_of(0x61, umr_qpn, IBV_WC_LOC_PROT_ERR))); // failed: still configured
   CHECK(g.phase() == mlx5::key_phase::configured);
   CHECK(g.key.configured());
   CHECK_FALSE(g.key.pending());
   auto b3 = g.qp.start_send();
-  REQUIRE(g.key.invalidate(b3, {0x62}).has_value()); // unsignaled
+  g.rec.calls.clear();
+  REQUIRE(g.key.invalidate(b3, {0x62}).has_value()); // asked unsignaled: posted signaled
+  CHECK(g.rec.calls.back().wr_flags == unsigned(IBV_SEND_SIGNALED));
   REQUIRE(b3.submit().has_value());
-  CHECK(g.key.complete(wc_of(0x63, umr_qpn, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE))); // a later WR
+  CHECK_FALSE(g.key.complete(wc_of(0x63, umr_qpn, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE))); // another WR
+  CHECK(g.phase() == mlx5::key_phase::invalidating);
+  CHECK(g.key.complete(wc_of(0x62, umr_qpn, IBV_WC_SUCCESS, IBV_WC_LOCAL_INV)));
   CHECK(g.phase() == mlx5::key_phase::idle);
   CHECK_FALSE(g.key.configured());
   CHECK(g.key.length() == 0);
@@ -919,19 +1043,46 @@ TEST_CASE("mlx5 contract: IndirectKey rolls back on a failed, flushed or dropped
     CHECK(g.key.descriptor().has_value());
     wr_complete_rc = 0;
     REQUIRE(g.key.invalidate(g.qp, {0x76, send_flag::signaled}).has_value());
-    CHECK(g.key.complete(wc_of(0x76, umr_qpn)));
+    CHECK(g.key.complete(wc_of(0x76, umr_qpn, IBV_WC_SUCCESS, IBV_WC_LOCAL_INV)));
     CHECK_FALSE(g.key.configured());
   }
 }
 
 
 namespace {
-// mlx5dv_create_qp as the provider behaves (rdma-core v44.0, verbs.c:1667-1669): it writes the
-// granted caps back into the attributes, the inline size rounded up to what the WQE holds.
+// The send WQE of an RC QP as rdma-core 44 sizes it: _sq_overhead (verbs.c:1463-1530) takes the
+// largest operation (a UMR: ctrl + umr ctrl + mkey context + 64, for local invalidate, bind or
+// the MR_LIST / MR_INTERLEAVED mlx5 ops), mlx5_calc_send_wqe (verbs.c:1583-1622) adds the inline
+// data (or the SGEs) and rounds to 64-byte basic blocks, mlx5_calc_sq_size (verbs.c:1644-1692)
+// grants max_inline_data = wqe - overhead - 4 and max_post = pow2(max_send_wr * wqe) / wqe.
+struct sq_grant {
+  std::uint32_t wqe_size, max_inline_data, max_send_wr;
+};
+sq_grant provider_grant(std::uint64_t ops, std::uint64_t mlx5_ops, std::uint32_t max_send_wr,
+                        std::uint32_t max_send_sge, std::uint32_t max_inline) {
+  std::size_t size = sizeof(mlx5_wqe_ctrl_seg);
+  if (ops & (IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ))
+    size = std::max(size, sizeof(mlx5_wqe_ctrl_seg) + sizeof(mlx5_wqe_raddr_seg));
+  if (ops & (IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD))
+    size = std::max(size, sizeof(mlx5_wqe_ctrl_seg) + sizeof(mlx5_wqe_raddr_seg) + sizeof(mlx5_wqe_atomic_seg));
+  if ((ops & (IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV)) ||
+      (mlx5_ops & (MLX5DV_QP_EX_WITH_MR_INTERLEAVED | MLX5DV_QP_EX_WITH_MR_LIST)))
+    size = std::max(size, sizeof(mlx5_wqe_ctrl_seg) + sizeof(mlx5_wqe_umr_ctrl_seg) +
+                              sizeof(mlx5_wqe_mkey_context_seg) + std::max<std::size_t>(sizeof(mlx5_wqe_umr_klm_seg), 64));
+  const std::size_t overhead = size;
+  const std::size_t inl = max_inline ? overhead + ((sizeof(mlx5_wqe_inl_data_seg) + max_inline + 15) & ~std::size_t(15)) : 0;
+  const std::size_t tot = std::max(overhead + max_send_sge * sizeof(mlx5_wqe_data_seg), inl);
+  const std::uint32_t wqe = std::uint32_t((tot + MLX5_SEND_WQE_BB - 1) & ~std::size_t(MLX5_SEND_WQE_BB - 1));
+  std::uint32_t wq = 1;
+  while (wq < max_send_wr * wqe) wq <<= 1;
+  return {wqe, std::uint32_t(wqe - overhead - sizeof(mlx5_wqe_inl_data_seg)), wq / wqe};
+}
+
+// mlx5dv_create_qp as the provider behaves: it writes the granted caps back into the attributes
+// (verbs.c:1667-1669, 2623), computed as above.
 int verb_calls = 0;
 ibv_qp_init_attr_ex verb_attr{};
 mlx5dv_qp_init_attr verb_dv{};
-std::uint32_t granted_inline = 0;
 struct standin_qp {
   ibv_qp_ex qpx{};
   unsigned char verbs_qp_tail[256]{}; // verbs_qp's comp_mask reads 0: ibv_qp_to_qp_ex gives NULL
@@ -940,8 +1091,10 @@ ibv_qp *granting_verb(ibv_context *c, ibv_qp_init_attr_ex *a, mlx5dv_qp_init_att
   ++verb_calls;
   verb_attr = *a;
   verb_dv = *dv;
-  a->cap.max_inline_data = granted_inline;
-  a->cap.max_send_wr = 128; // rounded up too
+  const sq_grant g = provider_grant(a->send_ops_flags, dv->send_ops_flags, a->cap.max_send_wr,
+                                    a->cap.max_send_sge, a->cap.max_inline_data);
+  a->cap.max_inline_data = g.max_inline_data;
+  a->cap.max_send_wr = g.max_send_wr;
   made_qp.qpx.qp_base.context = c;
   made_qp.qpx.qp_base.pd = a->pd;
   made_qp.qpx.qp_base.qp_num = 0x66;
@@ -960,7 +1113,6 @@ TEST_CASE("mlx5 contract: create_umr_qp keeps the inline size the provider grant
   ProtectionDomain pd = test_access::pd(raw_pd);
   CompletionQueue cq = test_access::cq(raw_cq);
   verb_calls = 0;
-  granted_inline = 124; // asked 60: 4 list entries; granted 124: 8
   auto r = mlx5::qp_factory::create_with(pd, cq, cq, {.max_send_wr = 100, .max_inline_data = 60},
                                          send_op::rdma_write, granting_verb);
   REQUIRE(r.has_value());
@@ -974,16 +1126,24 @@ TEST_CASE("mlx5 contract: create_umr_qp keeps the inline size the provider grant
   CHECK(verb_dv.comp_mask == mlx5::umr_dv_attr().comp_mask);
   CHECK(verb_dv.create_flags == mlx5::umr_dv_attr().create_flags);
   CHECK(verb_dv.send_ops_flags == mlx5::umr_send_ops);
-  // what the QueuePair keeps: the grant, not the request
-  CHECK(qp.caps().max_inline_data == 124);
+  // what the QueuePair keeps: the grant, not the request. A UMR op makes the overhead 192 bytes,
+  // 60 inline bytes fit in a 256-byte WQE exactly: 60 granted; 100 x 256 -> 32 KiB -> 128 WRs.
+  CHECK(qp.caps().max_inline_data == 60);
   CHECK(qp.caps().max_send_wr == 128);
   CHECK(qp.mlx5_send_ops() == mlx5::umr_send_ops);
   CHECK(qp.qp_num() == 0x66);
-  // and the key's limits through that QP follow the grant: (124 + 4) / 16 = 8 list entries
+  // and the key's limits through that QP follow the grant: (60 + 4) / 16 = 4 list entries
   mlx5dv_mkey mkey{1, 1};
   IndirectKey key = test_access::mlx5_key(&mkey, &raw_pd, 32, to_dv_recorder);
-  CHECK(key.limits(qp).max_entries == 8);
-  CHECK(key.limits(qp).max_repeat_entries == 7);
+  CHECK(key.limits(qp).max_entries == 4);
+  CHECK(key.limits(qp).max_repeat_entries == 3);
+  // rdmaxx's UMR QP against pyverbs' (IBV_QP_EX_WITH_SEND, MKEY_CONFIGURE only): with 512 inline
+  // bytes a 768-byte WQE granting 572, against 576 bytes granting 556; both hold 32 list entries
+  const sq_grant ours = provider_grant(mlx5::umr_verbs_ops(all_send_ops).native(), mlx5::umr_send_ops, 64, 1, 512);
+  const sq_grant py = provider_grant(IBV_QP_EX_WITH_SEND, MLX5DV_QP_EX_WITH_MKEY_CONFIGURE, 64, 1, 512);
+  CHECK((ours.wqe_size == 768 && ours.max_inline_data == 572));
+  CHECK((py.wqe_size == 576 && py.max_inline_data == 556));
+  CHECK(mlx5::inline_list_capacity(ours.max_inline_data) >= layout::capacity);
   test_access::disown(key);
   test_access::disown_created(qp);
 
@@ -998,6 +1158,412 @@ TEST_CASE("mlx5 contract: create_umr_qp keeps the inline size the provider grant
   CHECK(verb_calls == 2);
   test_access::disown(pd);
   test_access::disown(cq);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 21: key state and revocation against the provider model of the recorder (sq_model: the
+// send queue, error and flush completions, the tag check of rdma-core 44).
+
+namespace {
+const layout one_entry = layout::list({{mr(0x10000, 4096, 7), 0, 64}});
+// Post an RDMA write on the open batch of the recorder (as SendBatch's write would).
+void post_write(SendBatch &b, std::uint64_t id, bool signaled) {
+  ibv_qp_ex *x = b.native_handle();
+  x->wr_id = id;
+  x->wr_flags = signaled ? IBV_SEND_SIGNALED : 0;
+  ::ibv_wr_rdma_write(x, 0x55, 0x1000);
+}
+// Hand every completion to the key; the number that changed its state.
+int feed(IndirectKey &k, const std::vector<ibv_wc> &wcs) {
+  int n = 0;
+  for (const ibv_wc &wc : wcs) n += k.complete(wc) ? 1 : 0;
+  return n;
+}
+// Configure `k` through the rig's QP and confirm it with the device's completions.
+void configure_confirmed(mlx5_rig &g, IndirectKey &k, const layout &l, std::uint64_t id) {
+  REQUIRE(k.configure(g.qp, l, rw, {id}).has_value());
+  REQUIRE(feed(k, g.rec.poll()) == 1);
+  REQUIRE(test_access::mk(k).phase == mlx5::key_phase::configured);
+}
+void invalidate_confirmed(mlx5_rig &g, IndirectKey &k, std::uint64_t id) {
+  REQUIRE(k.invalidate(g.qp, {id}).has_value());
+  REQUIRE(feed(k, g.rec.poll()) == 1);
+  REQUIRE(test_access::mk(k).phase == mlx5::key_phase::idle);
+}
+} // namespace
+
+TEST_CASE("mlx5 contract: only the configure's own completion confirms it", "[unit][mlx5][ikey]") {
+  mlx5_rig g;
+  auto batch = g.qp.start_send();
+  post_write(batch, 0x90, true);
+  post_write(batch, 0x91, true); // the same wr_id as the configure, another opcode
+  // asked unsignaled: posted signaled all the same, or no completion would ever say it ran
+  REQUIRE(g.key.configure(g.qp, batch, one_entry, rw, {0x91}).has_value());
+  CHECK(g.rec.calls.back().name == "set_mkey_layout_list");
+  CHECK(g.rec.calls[3].name == "mkey_configure");
+  CHECK(g.rec.calls[3].wr_flags == (IBV_SEND_SIGNALED | IBV_SEND_INLINE));
+  REQUIRE(batch.submit().has_value());
+  SECTION("the earlier writes complete first") {
+    const auto wcs = g.rec.poll();
+    REQUIRE(wcs.size() == 3);
+    CHECK(wcs[2].opcode == IBV_WC_DRIVER1); // MLX5DV_WC_UMR (cq.c:193-196)
+    CHECK_FALSE(g.key.complete(wcs[0]));
+    CHECK_FALSE(g.key.complete(wcs[1])); // wr_id 0x91, IBV_WC_RDMA_WRITE
+    CHECK(g.key.pending());
+    CHECK(g.key.descriptor().error() == errc::operation_unconfirmed); // no rkey before the UMR ran
+    CHECK(g.key.complete(wcs[2]));
+    CHECK(g.phase() == mlx5::key_phase::configured);
+    CHECK(g.key.descriptor().value().segments()[0].rkey == 0x7700);
+  }
+  SECTION("an earlier write fails: the QP goes to ERR, the configure is flushed and undone") {
+    const auto wcs = g.rec.poll(0x90, IBV_WC_REM_ACCESS_ERR);
+    REQUIRE(wcs.size() == 3);
+    CHECK(wcs[1].status == IBV_WC_WR_FLUSH_ERR);
+    CHECK(wcs[2].status == IBV_WC_WR_FLUSH_ERR);
+    CHECK_FALSE(g.key.complete(wcs[0])); // another wr_id: the configure's own completion follows
+    CHECK(g.key.pending());
+    // An error completion carries no opcode (ibv_poll_cq(3)), so the write's flush with the
+    // configure's wr_id undoes it: right all the same, the QP is in ERR and the configure
+    // behind it cannot run. Success needs the opcode too (above).
+    CHECK(g.key.complete(wcs[1]));
+    CHECK(g.phase() == mlx5::key_phase::idle);
+    CHECK_FALSE(g.key.complete(wcs[2])); // nothing pending any more
+    CHECK_FALSE(g.key.configured());
+    CHECK(g.key.descriptor().error() == errc::wrong_state);
+  }
+}
+
+TEST_CASE("mlx5 contract: an invalidate is done only at its own completion", "[unit][mlx5][ikey]") {
+  mlx5_rig g;
+  configure_confirmed(g, g.key, one_entry, 0x1);
+  auto batch = g.qp.start_send();
+  post_write(batch, 0x20, true);
+  REQUIRE(g.key.invalidate(batch, {0x21}).has_value()); // asked unsignaled
+  CHECK(g.rec.calls.back().name == "local_inv");
+  CHECK(g.rec.calls.back().wr_flags == unsigned(IBV_SEND_SIGNALED));
+  REQUIRE(batch.submit().has_value());
+  const auto wcs = g.rec.poll();
+  REQUIRE(wcs.size() == 2);
+  CHECK(wcs[1].opcode == IBV_WC_LOCAL_INV);
+  CHECK_FALSE(g.key.complete(wcs[0])); // the write before it says nothing about the invalidate
+  CHECK(g.phase() == mlx5::key_phase::invalidating);
+  CHECK(g.key.configured()); // a peer's write may still land: the buffer is not free yet
+  CHECK(g.key.complete(wcs[1]));
+  CHECK(g.phase() == mlx5::key_phase::idle);
+  CHECK_FALSE(g.key.configured());
+}
+
+TEST_CASE("mlx5 contract: each configure gives the mkey a new tag; a revoked rkey never returns", "[unit][mlx5][ikey]") {
+  SECTION("tag update: 256 generations, every rkey different, then retired") {
+    mlx5_rig g;
+    std::vector<std::uint32_t> seen;
+    for (int gen = 0; gen < 256; ++gen) {
+      g.rec.calls.clear();
+      configure_confirmed(g, g.key, one_entry, 0x100 + std::uint64_t(gen));
+      CHECK(g.rec.calls[1].tag == std::uint8_t(gen)); // what the provider writes (qp.c:2874)
+      const std::uint32_t rkey = g.key.descriptor().value().segments()[0].rkey;
+      CHECK(rkey == g.key.rkey());
+      CHECK(std::find(seen.begin(), seen.end(), rkey) == seen.end());
+      seen.push_back(rkey);
+      CHECK((rkey >> 8) == 0x77u); // same mkey index
+      invalidate_confirmed(g, g.key, 0x900);
+      CHECK(g.rec.calls[g.rec.calls.size() - 2].key == g.key.lkey()); // invalidates the current key
+    }
+    CHECK(g.rec.sq.err == 0); // the model's tag check held: the context has tag update
+    g.rec.calls.clear();
+    CHECK(g.key.configure(g.qp, one_entry, rw).error() == errc::key_retired);
+    CHECK(g.names() == (names{"wr_start", "wr_abort"})); // no builder reached
+    CHECK_FALSE(g.key.configured());
+  }
+  SECTION("no tag update: one generation, then retired") {
+    mlx5_rig g;
+    g.rec.sq.ctx_update_tag = false;
+    test_access::disown(g.key);
+    g.key = test_access::mlx5_key(&g.mkey, pd1, 32, to_dv_recorder, false);
+    configure_confirmed(g, g.key, one_entry, 1);
+    invalidate_confirmed(g, g.key, 2);
+    g.rec.calls.clear();
+    CHECK(g.key.configure(g.qp, one_entry, rw).error() == errc::key_retired);
+    CHECK(g.names() == (names{"wr_start", "wr_abort"}));
+    CHECK(g.key.rkey() == 0x7700); // unchanged, and never configured again
+  }
+  SECTION("a configure that never reached the device gives its tag back") {
+    mlx5_rig g;
+    configure_confirmed(g, g.key, one_entry, 1);
+    invalidate_confirmed(g, g.key, 2);
+    wr_complete_rc = ENOMEM;
+    CHECK(g.key.configure(g.qp, one_entry, rw).error() == std::errc::not_enough_memory);
+    CHECK(g.key.rkey() == 0x7700);
+    wr_complete_rc = 0;
+    g.rec.calls.clear();
+    configure_confirmed(g, g.key, one_entry, 3);
+    CHECK(g.rec.calls[1].tag == 1);
+    CHECK(g.key.rkey() == 0x7701); // index 0x77, tag 1
+    CHECK(g.key.lkey() == 0x7701);
+  }
+  SECTION("a configure that failed on the device burns its tag") {
+    mlx5_rig g;
+    REQUIRE(g.key.configure(g.qp, one_entry, rw, {1}).has_value());
+    CHECK(feed(g.key, g.rec.poll(1, IBV_WC_LOC_PROT_ERR)) == 1);
+    CHECK_FALSE(g.key.configured());
+    g.rec.sq.in_error = false; // the QP was recovered
+    g.rec.calls.clear();
+    configure_confirmed(g, g.key, one_entry, 2);
+    CHECK(g.rec.calls[1].tag == 1);
+  }
+}
+
+namespace {
+// mlx5dv_create_mkey as rdma-core 44 answers (verbs.c:6738-6831): the create flags checked
+// against those the context allows, UPDATE_TAG only with MLX5_CTX_FLAGS_MKEY_UPDATE_TAG_SUPPORTED
+// (6751-6763, EOPNOTSUPP otherwise); num_desc = align(max_entries, 4) (6802) written back
+// (6825); lkey = mkey_index << 8 with tag 0, rkey = lkey (6826-6827).
+bool ctx_update_tag = true;
+std::vector<mlx5dv_mkey_init_attr> mkey_asked;
+mlx5dv_mkey made_mkey{};
+mlx5dv_mkey *standin_create_mkey(mlx5dv_mkey_init_attr *a) {
+  mkey_asked.push_back(*a);
+  const unsigned allowed = MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT | MLX5DV_MKEY_INIT_ATTR_FLAGS_BLOCK_SIGNATURE |
+                           MLX5DV_MKEY_INIT_ATTR_FLAGS_CRYPTO |
+                           (ctx_update_tag ? unsigned(MLX5DV_MKEY_INIT_ATTR_FLAGS_UPDATE_TAG) : 0u) |
+                           MLX5DV_MKEY_INIT_ATTR_FLAGS_REMOTE_INVALIDATE;
+  if (!a->create_flags || (a->create_flags & ~allowed)) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  a->max_entries = std::uint16_t((a->max_entries + 3) & ~3u);
+  made_mkey.lkey = made_mkey.rkey = (0x123u << 8) | 0;
+  return &made_mkey;
+}
+} // namespace
+
+TEST_CASE("mlx5 contract: the mkey is created with tag update where the kernel has it", "[unit][mlx5]") {
+  ibv_pd raw_pd{};
+  for (bool tag : {true, false}) {
+    INFO("context with tag update: " << tag);
+    ctx_update_tag = tag;
+    mkey_asked.clear();
+    auto r = mlx5::create_mkey(&raw_pd, mlx5::mkey_entries_for(4), true, standin_create_mkey);
+    REQUIRE(r.has_value());
+    CHECK(r.value().mkey == &made_mkey);
+    CHECK(r.value().update_tag == tag);
+    CHECK(r.value().max_entries == 8); // asked 5: rounded up
+    REQUIRE(mkey_asked.size() == (tag ? 1u : 2u));
+    const unsigned base = MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT | MLX5DV_MKEY_INIT_ATTR_FLAGS_REMOTE_INVALIDATE;
+    CHECK(mkey_asked[0].create_flags == (base | MLX5DV_MKEY_INIT_ATTR_FLAGS_UPDATE_TAG));
+    CHECK(mkey_asked.back().create_flags == (tag ? base | MLX5DV_MKEY_INIT_ATTR_FLAGS_UPDATE_TAG : base));
+    CHECK(mkey_asked[0].max_entries == 5);
+    mlx5::key_state k;
+    mlx5::init_key(k, r.value().mkey, r.value().update_tag);
+    CHECK(k.max_generations() == (tag ? 256u : 1u));
+    CHECK(k.first_tag == 0);
+  }
+  ctx_update_tag = true;
+  // another refusal is not retried
+  mkey_asked.clear();
+  auto refuse = [](mlx5dv_mkey_init_attr *a) -> mlx5dv_mkey * {
+    mkey_asked.push_back(*a);
+    errno = ENOMEM;
+    return nullptr;
+  };
+  CHECK(mlx5::create_mkey(&raw_pd, 4, false, refuse).error() == std::errc::not_enough_memory);
+  CHECK(mkey_asked.size() == 1);
+}
+
+TEST_CASE("mlx5 contract: a key of N entries takes N repeat entries", "[unit][mlx5]") {
+  // IndirectKey::create asks the provider for mkey_entries_for(N) entries: with 4, the old
+  // request of 4 gave num_desc 4 and only 3 repeat entries (the header takes one, qp.c:2175).
+  for (std::uint32_t n = 1; n <= layout::capacity; ++n) {
+    INFO(n);
+    const std::uint32_t granted = (mlx5::mkey_entries_for(n) + 3) & ~3u; // verbs.c:6802
+    const auto l = mlx5::limits_for({512, granted});
+    CHECK(l.max_entries >= n);
+    CHECK(l.max_repeat_entries >= std::min<std::uint32_t>(n, 31)); // 31: what 512 inline bytes hold
+  }
+  CHECK(mlx5::mkey_entries_for(mlx5::max_mkey_entries) == mlx5::max_mkey_entries); // never wraps
+}
+
+TEST_CASE("mlx5 contract: a configured key is a child of its regions and nested keys", "[unit][mlx5][ikey]") {
+  mlx5_rig g;
+  detail::parent_node mr_a, mr_b;
+  region_ref a = mr(0x10000, 4096, 7);
+  a.node = &mr_a;
+  region_ref b = mr(0x20000, 4096, 9);
+  b.node = &mr_b;
+  const layout l = layout::list({{a, 0, 64}, {b, 0, 64}, {a, 100, 8}});
+  REQUIRE(g.key.configure(g.qp, l, rw, {1}).has_value());
+  CHECK(mr_a.children == 2); // posted: the device may be reading the layout already
+  CHECK(mr_b.children == 1);
+  CHECK(feed(g.key, g.rec.poll(1, IBV_WC_LOC_PROT_ERR)) == 1); // failed: released
+  CHECK(mr_a.children == 0);
+  CHECK(mr_b.children == 0);
+  g.rec.sq.in_error = false;
+  wr_complete_rc = ENOMEM; // never posted: released
+  CHECK_FALSE(g.key.configure(g.qp, l, rw, {2}).has_value());
+  CHECK(mr_a.children == 0);
+  wr_complete_rc = 0;
+  configure_confirmed(g, g.key, l, 3);
+  CHECK(mr_a.children == 2);
+  CHECK(mr_b.children == 1);
+
+  // an outer key over this one: the inner key cannot be destroyed under it
+  mlx5dv_mkey outer_mkey{0x8800, 0x8800};
+  IndirectKey outer = test_access::mlx5_key(&outer_mkey, pd1, 32, to_dv_recorder);
+  const layout nested = layout::list({{g.key, 0, 100}, {b, 0, 1}});
+  configure_confirmed(g, outer, nested, 4);
+  CHECK(test_access::children(g.key) == 1);
+  CHECK(mr_b.children == 2);
+  CHECK(g.key.destroy().error() == errc::busy);
+  CHECK(g.key.configured());
+  invalidate_confirmed(g, outer, 5);
+  CHECK(test_access::children(g.key) == 0);
+  CHECK(mr_b.children == 1);
+  invalidate_confirmed(g, g.key, 6);
+  CHECK(mr_a.children == 0);
+  CHECK(mr_b.children == 0);
+  test_access::disown(outer);
+}
+
+TEST_CASE("mlx5 contract: destroy() refuses while an operation is unconfirmed", "[unit][mlx5][ikey]") {
+  mlx5_rig g;
+  REQUIRE(g.key.configure(g.qp, one_entry, rw, {1}).has_value());
+  auto r = g.key.destroy();
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error() == errc::operation_unconfirmed);
+  CHECK(r.error() != errc::busy); // no child is involved
+  CHECK(g.key);
+  CHECK(g.key.pending());
+  REQUIRE(feed(g.key, g.rec.poll()) == 1);
+  REQUIRE(g.key.invalidate(g.qp, {2}).has_value());
+  CHECK(g.key.destroy().error() == errc::operation_unconfirmed);
+  REQUIRE(feed(g.key, g.rec.poll()) == 1);
+  CHECK_FALSE(g.key.pending()); // destroy() would now reach mlx5dv_destroy_mkey (not on a stand-in)
+}
+
+TEST_CASE("mlx5 contract: a peer's send-with-invalidate revokes the key", "[unit][mlx5][ikey]") {
+  // cq.c:313-316: MLX5_CQE_RESP_SEND_INV gives IBV_WC_RECV, IBV_WC_WITH_INV and the rkey, on
+  // whatever QP the peer's send arrived (not the UMR QP).
+  auto recv_inv = [](std::uint32_t rkey, std::uint32_t qpn = 0x99) {
+    ibv_wc wc{};
+    wc.wr_id = 0x4242;
+    wc.qp_num = qpn;
+    wc.status = IBV_WC_SUCCESS;
+    wc.opcode = IBV_WC_RECV;
+    wc.wc_flags = IBV_WC_WITH_INV;
+    wc.invalidated_rkey = rkey;
+    return wc;
+  };
+  mlx5_rig g;
+  detail::parent_node mr_a;
+  region_ref a = mr(0x10000, 4096, 7);
+  a.node = &mr_a;
+  const layout l = layout::list({{a, 0, 64}});
+  configure_confirmed(g, g.key, l, 1);
+  SECTION("configured") {
+    ibv_wc plain = recv_inv(g.key.rkey());
+    plain.wc_flags = 0; // a plain receive
+    CHECK_FALSE(g.key.complete(plain));
+    CHECK_FALSE(g.key.complete(recv_inv(g.key.rkey() + 1))); // another key
+    CHECK(g.key.configured());
+    CHECK(g.key.complete(recv_inv(g.key.rkey())));
+    CHECK(g.phase() == mlx5::key_phase::idle);
+    CHECK_FALSE(g.key.configured());
+    CHECK(g.key.descriptor().error() == errc::wrong_state);
+    CHECK(mr_a.children == 0);
+    // the next generation does not answer to the old rkey's invalidation
+    const std::uint32_t old = g.key.rkey();
+    configure_confirmed(g, g.key, l, 2);
+    CHECK_FALSE(g.key.complete(recv_inv(old)));
+    CHECK(g.key.configured());
+  }
+  SECTION("while the local invalidate is unconfirmed") {
+    REQUIRE(g.key.invalidate(g.qp, {3}).has_value());
+    CHECK(g.key.complete(recv_inv(g.key.rkey())));
+    CHECK(g.key.pending());
+    // the local invalidate of a key the peer already invalidated fails: the key is gone anyway
+    CHECK(feed(g.key, g.rec.poll(3, IBV_WC_MW_BIND_ERR)) == 1);
+    CHECK(g.phase() == mlx5::key_phase::idle);
+    CHECK(mr_a.children == 0);
+  }
+}
+
+TEST_CASE("mlx5 contract: a configure on a full send queue (rdma-core 44) fails at submit; the key rolls back", "[unit][mlx5][ikey]") {
+  // mlx5_wq_overflow (qp.c:186-199) counts posted WQEs not yet retired by a polled completion.
+  // With the queue full, _common_wqe_init_op sets ENOMEM and the builders go on writing through
+  // the last posted WQE (qp.c:2849-2852): rdmaxx cannot see the provider's queue and does not
+  // count the QP's outstanding work yet (issue 21, point 2), so this shows what happens today.
+  mlx5_rig g;
+  g.rec.sq.max_post = 2;
+  detail::parent_node mr_a;
+  region_ref a = mr(0x10000, 4096, 7);
+  a.node = &mr_a;
+  {
+    auto b = g.qp.start_send();
+    post_write(b, 0x30, false);
+    post_write(b, 0x31, true);
+    REQUIRE(b.submit().has_value());
+  }
+  CHECK(g.rec.sq.head - g.rec.sq.tail == 2);
+  auto r = g.key.configure(g.qp, layout::list({{a, 0, 64}}), rw, {0x32});
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error() == std::errc::not_enough_memory);
+  CHECK(g.rec.sq.stale_writes == 1); // the provider's defect: a posted WQE was written to
+  CHECK(g.phase() == mlx5::key_phase::idle);
+  CHECK(mr_a.children == 0);
+  CHECK(g.key.rkey() == 0x7700);
+  // once the queue drains (the signaled write's CQE retires both), the same configure goes
+  // through with the same (first) tag
+  CHECK(g.rec.poll().size() == 1);
+  CHECK(g.rec.sq.head - g.rec.sq.tail == 0);
+  g.rec.calls.clear();
+  configure_confirmed(g, g.key, layout::list({{a, 0, 64}}), 0x33);
+  CHECK(g.rec.calls[1].tag == 0);
+  CHECK(mr_a.children == 1);
+  invalidate_confirmed(g, g.key, 0x34);
+}
+
+namespace {
+// mlx5dv_devx_general_cmd as the firmware answers QUERY_HCA_CAP: the command checked as
+// rdma-core 44 builds it (get_hca_general_caps, verbs.c:3784-3796), the reply a 16-byte header
+// and the capability union with cmd_hca_cap.umr_modify_atomic_disabled at bit 0x208
+// (mlx5_ifc.h:819-983, 1499-1508; DEVX_SET/GET are big-endian, bit 0 the MSB of dword 0).
+int devx_calls = 0;
+bool atomic_disabled = false;
+int standin_devx_cmd(ibv_context *, const void *in, size_t inlen, void *out, size_t outlen) {
+  ++devx_calls;
+  REQUIRE(inlen == 16);
+  REQUIRE(outlen == 16 + 4096);
+  const auto *i = static_cast<const std::uint32_t *>(in);
+  CHECK(be32toh(i[0]) >> 16 == 0x100u); // MLX5_CMD_OP_QUERY_HCA_CAP
+  CHECK((be32toh(i[1]) & 0xffff) == 1u); // MLX5_CAP_GENERAL << 1 | HCA_CAP_OPMOD_GET_CUR
+  auto *o = static_cast<std::uint32_t *>(out);
+  // a device with every neighbouring UMR cap bit set, so that an off-by-one reads a 1
+  auto set_bit = [o](std::size_t cap_bit) {
+    const std::size_t b = 128 + cap_bit;
+    o[b / 32] = htobe32(be32toh(o[b / 32]) | (1u << (31 - b % 32)));
+  };
+  set_bit(0x207); // umr_modify_entity_size_disabled
+  set_bit(0x209); // umr_indirect_mkey_disabled
+  if (atomic_disabled) set_bit(0x208);
+  return 0;
+}
+int failing_devx_cmd(ibv_context *, const void *, size_t, void *, size_t) {
+  ++devx_calls;
+  return EPERM;
+}
+} // namespace
+
+TEST_CASE("mlx5 contract: umr_modify_atomic_disabled is read from the HCA capabilities", "[unit][mlx5]") {
+  ibv_context ctx{};
+  devx_calls = 0;
+  atomic_disabled = false;
+  CHECK(mlx5::query_umr_atomic(&ctx, standin_devx_cmd) == mlx5::umr_atomic::allowed);
+  atomic_disabled = true;
+  CHECK(mlx5::query_umr_atomic(&ctx, standin_devx_cmd) == mlx5::umr_atomic::disabled);
+  CHECK(mlx5::query_umr_atomic(&ctx, failing_devx_cmd) == mlx5::umr_atomic::unknown);
+  CHECK(mlx5::query_umr_atomic(nullptr, standin_devx_cmd) == mlx5::umr_atomic::unknown);
+  CHECK(devx_calls == 3);
+  atomic_disabled = false;
 }
 
 #endif // RDMAXX_HAVE_MLX5

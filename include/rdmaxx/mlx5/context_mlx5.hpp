@@ -17,6 +17,11 @@
 #include <infiniband/mlx5dv.h>
 #include <infiniband/verbs.h>
 
+#include <endian.h>
+
+#include <cstddef>
+#include <cstdint>
+
 namespace rdmaxx::mlx5 {
 
 /// The attributes given to mlx5dv_open_device: a DEVX context, nothing else.
@@ -36,11 +41,54 @@ namespace rdmaxx::mlx5 {
   return ::mlx5dv_open_device(dev, &a);
 }
 
+/// The signature of mlx5dv_devx_general_cmd(3).
+using devx_cmd_verb = int (*)(ibv_context *, const void *, size_t, void *, size_t);
+
+/// QUERY_HCA_CAP for the general device capabilities, current values, as rdma-core 44 builds it
+/// (get_hca_general_caps, verbs.c:3784-3796): opcode MLX5_CMD_OP_QUERY_HCA_CAP = 0x100 in bits 0x00-0x0f, op_mod
+/// (MLX5_CAP_GENERAL << 1) | HCA_CAP_OPMOD_GET_CUR = 1 in bits 0x30-0x3f (providers/mlx5/mlx5_ifc.h
+/// v44.0, lines 38-45, 1510-1521, 1533), big-endian as DEVX_SET writes it.
+inline constexpr std::uint16_t query_hca_cap_opcode = 0x100;
+inline constexpr std::uint16_t hca_cap_general_cur = 1;
+/// The reply: a 16-byte header (status, syndrome, reserved), then the 4096-byte capability union
+/// (mlx5_ifc.h:1484-1508). umr_modify_atomic_disabled is bit 0x208 of cmd_hca_cap
+/// (mlx5_ifc.h:819-983; its neighbours umr_modify_entity_size_disabled at 0x207 and
+/// umr_indirect_mkey_disabled at 0x209).
+inline constexpr std::size_t hca_cap_out_bytes = 16 + 4096;
+inline constexpr std::size_t umr_modify_atomic_disabled_bit = 16 * 8 + 0x208;
+
+/// What the device says about changing the atomic right of an mkey through a UMR.
+enum class umr_atomic : std::uint8_t {
+  allowed,  ///< umr_modify_atomic_disabled is 0
+  disabled, ///< 1: rdma-core 44 puts the atomic bit into every access-flags setter's mask
+            ///< (qp.c:2929-2933), so every mkey configure fails at completion
+  unknown,  ///< the command failed (no DEVX, not permitted): nothing is known
+};
+
+/// Read umr_modify_atomic_disabled with QUERY_HCA_CAP (mlx5dv_devx_general_cmd; the contract
+/// tests hand a stand-in `cmd`). On a context of another provider the command answers
+/// EOPNOTSUPP (verbs.c:5883-5892, mlx5.c:2732-2740): unknown. Allocation-free (the 4 KiB reply is
+/// on the stack).
+[[nodiscard]] inline umr_atomic query_umr_atomic(ibv_context *ctx,
+                                                 devx_cmd_verb cmd = &::mlx5dv_devx_general_cmd) noexcept {
+  if (!ctx) return umr_atomic::unknown;
+  std::uint32_t in[4] = {};
+  in[0] = htobe32(std::uint32_t(query_hca_cap_opcode) << 16);
+  in[1] = htobe32(hca_cap_general_cur);
+  std::uint32_t out[hca_cap_out_bytes / 4] = {};
+  if (cmd(ctx, in, sizeof in, out, sizeof out) != 0) return umr_atomic::unknown;
+  const std::size_t bit = umr_modify_atomic_disabled_bit;
+  const std::uint32_t dw = be32toh(out[bit / 32]);
+  return ((dw >> (31 - bit % 32)) & 1) ? umr_atomic::disabled : umr_atomic::allowed;
+}
+
 /// True when an indirect mkey (4 entries) can be created on `pd` (mlx5dv_create_mkey, then
-/// mlx5dv_destroy_mkey): the context has DEVX and the device UMR. The live probe behind
+/// mlx5dv_destroy_mkey): the context has DEVX and the device UMR, and the device does not
+/// report umr_modify_atomic_disabled (query_umr_atomic). The live probe behind
 /// Capabilities::mlx5_devx / umr; IndirectKey::create decides the same way.
 [[nodiscard]] inline bool probe_umr(ibv_pd *pd) noexcept {
   if (!pd || !::mlx5dv_is_supported(pd->context->device)) return false;
+  if (query_umr_atomic(pd->context) == umr_atomic::disabled) return false; // every configure fails
   mlx5dv_mkey_init_attr a{};
   a.pd = pd;
   a.create_flags = MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT;

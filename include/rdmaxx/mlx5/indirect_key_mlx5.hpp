@@ -26,9 +26,12 @@
 ///   - invalidation is a local invalidate of the mkey (ibv_wr_local_inv).
 ///
 /// Key state follows what the device did, not what was queued: a configure or invalidate added
-/// to a batch is unconfirmed until its completion (or a later successful completion of the same
-/// send queue) is handed to complete_key(); a batch that is dropped or whose submit() fails is
-/// undone with cancel_key(). See key_state.
+/// to a batch is posted signaled and unconfirmed until its own completion is handed to
+/// complete_key(); a batch that is dropped or whose submit() fails is undone with cancel_key().
+/// A revoked rkey never answers again: each configure after the first rotates the mkey's 8-bit
+/// tag (where the kernel allows it, MLX5DV_MKEY_INIT_ATTR_FLAGS_UPDATE_TAG), and a key whose
+/// tags are used up (all 256, or the only one without tag update) refuses to be configured
+/// again (errc::key_retired). See key_state.
 ///
 /// Allocation: create_mkey() allocates inside the provider (mlx5dv_create_mkey); nothing else
 /// here allocates (post_configure() builds its entry array on the stack).
@@ -39,6 +42,7 @@
 #include "../access.hpp"
 #include "../error.hpp"
 #include "../layout.hpp"
+#include "../detail/handle.hpp"
 #include "../queue_pair.hpp"
 #include "umr_qp.hpp"
 
@@ -46,6 +50,7 @@
 #include <infiniband/verbs.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 
 namespace rdmaxx::mlx5 {
@@ -53,9 +58,9 @@ namespace rdmaxx::mlx5 {
 /// The only rights an mlx5 indirect mkey is configured with. Remote atomic stays allowed: UCX
 /// checks the HCA cap umr_modify_atomic_disabled before granting atomics through a UMR, but
 /// rdma-core 44 puts the atomic bit into the mkey mask of every access-flags setter, atomic
-/// asked or not (qp.c:2929-2933), so on such a device every configure would fail at completion
-/// (not checked on hardware; the key state then rolls back, see key_state): refusing atomics
-/// alone would not help, and the cap is readable only through a DEVX command.
+/// asked or not (qp.c:2929-2933), so on such a device every configure would fail at completion:
+/// refusing atomics alone would not help. IndirectKey::create reads the cap
+/// (mlx5::query_umr_atomic, DEVX QUERY_HCA_CAP) and does not choose this backend there.
 inline constexpr access_flags allowed_access =
     access::local_write | access::remote_read | access::remote_write | access::remote_atomic;
 
@@ -103,7 +108,7 @@ inline constexpr std::uint64_t max_list_entry_length = std::uint64_t(1) << 31;
 #define RDMAXX_MLX5_LIST_TOTAL_FIXED 0
 #endif
 /// The longest list layout in total: rdma-core before 61 sums the entry lengths into an int
-/// (qp.c:2102, 2115) and stores it sign-extended as the mkey length (qp.c:2122, 3036).
+/// (qp.c:2102, 2115) and stores it sign-extended as the mkey length (qp.c:2121, 3036).
 inline constexpr std::uint64_t max_list_total =
     RDMAXX_MLX5_LIST_TOTAL_FIXED ? UINT64_MAX : (std::uint64_t(1) << 31) - 1;
 
@@ -126,33 +131,63 @@ inline constexpr std::uint64_t max_list_total =
 
 /// The attributes given to mlx5dv_create_mkey for an indirect mkey of `max_entries` entries;
 /// `remote_invalidate` adds MLX5DV_MKEY_INIT_ATTR_FLAGS_REMOTE_INVALIDATE (en_rinval,
-/// verbs.c:6820-6822), without which a peer's send-with-invalidate naming the key fails.
+/// verbs.c:6820-6822), without which a peer's send-with-invalidate naming the key fails;
+/// `update_tag` adds MLX5DV_MKEY_INIT_ATTR_FLAGS_UPDATE_TAG (accepted only where the kernel
+/// reports MLX5_CTX_FLAGS_MKEY_UPDATE_TAG_SUPPORTED, verbs.c:6751-6763).
 [[nodiscard]] inline mlx5dv_mkey_init_attr mkey_init_attr(ibv_pd *pd, std::uint16_t max_entries,
-                                                          bool remote_invalidate = false) noexcept {
+                                                          bool remote_invalidate = false,
+                                                          bool update_tag = false) noexcept {
   mlx5dv_mkey_init_attr a{};
   a.pd = pd;
   a.create_flags = MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT |
-                   (remote_invalidate ? unsigned(MLX5DV_MKEY_INIT_ATTR_FLAGS_REMOTE_INVALIDATE) : 0u);
+                   (remote_invalidate ? unsigned(MLX5DV_MKEY_INIT_ATTR_FLAGS_REMOTE_INVALIDATE) : 0u) |
+                   (update_tag ? unsigned(MLX5DV_MKEY_INIT_ATTR_FLAGS_UPDATE_TAG) : 0u);
   a.max_entries = max_entries;
   return a;
 }
 
-/// mlx5dv_create_mkey (indirect; remote invalidation enabled when `remote_invalidate`). On
-/// success `max_entries` holds what the provider granted (it rounds up).
+/// The max_entries to create an mkey with for a key promised `n` layout entries: one more, as an
+/// interleaved layout's repeat header takes a translation entry of the mkey (qp.c:2175), so
+/// limits_for() then allows `n` repeat entries (capped at max_mkey_entries).
+[[nodiscard]] constexpr std::uint32_t mkey_entries_for(std::uint32_t n) noexcept {
+  return n < max_mkey_entries ? n + 1 : max_mkey_entries;
+}
+
+/// The signature of mlx5dv_create_mkey(3).
+using create_mkey_verb = mlx5dv_mkey *(*)(mlx5dv_mkey_init_attr *);
+
+/// What create_mkey made.
+struct created_mkey {
+  mlx5dv_mkey *mkey = nullptr;
+  std::uint32_t max_entries = 0; ///< as granted (rounded up to a multiple of 4, verbs.c:6802, 6825)
+  /// Created with MLX5DV_MKEY_INIT_ATTR_FLAGS_UPDATE_TAG: each configure may carry a new 8-bit
+  /// tag (qp.c:2868-2874 writes lkey & 0xff into the mkey context).
+  bool update_tag = false;
+};
+
+/// mlx5dv_create_mkey (indirect; remote invalidation enabled when `remote_invalidate`), first
+/// with MLX5DV_MKEY_INIT_ATTR_FLAGS_UPDATE_TAG and, when that is refused with EOPNOTSUPP (no
+/// tag update in this kernel, verbs.c:6751-6763), again without it.
 /// \errors
 /// - errc::null_handle: `pd` is null.
 /// - errc::out_of_range: `max_entries` 0 or above max_mkey_entries.
 /// - the errno of mlx5dv_create_mkey (EOPNOTSUPP: no DEVX context, ENOMEM, EINVAL).
 /// \mallocs What mlx5dv_create_mkey allocates inside the provider.
-[[nodiscard]] inline result<mlx5dv_mkey *> create_mkey(ibv_pd *pd, std::uint32_t &max_entries,
-                                                       bool remote_invalidate = false) noexcept {
+[[nodiscard]] inline result<created_mkey> create_mkey(ibv_pd *pd, std::uint32_t max_entries,
+                                                      bool remote_invalidate = false,
+                                                      create_mkey_verb verb = &::mlx5dv_create_mkey) noexcept {
   if (!pd) return make_error_code(errc::null_handle);
   if (max_entries == 0 || max_entries > max_mkey_entries) return make_error_code(errc::out_of_range);
-  mlx5dv_mkey_init_attr a = mkey_init_attr(pd, std::uint16_t(max_entries), remote_invalidate);
-  mlx5dv_mkey *k = ::mlx5dv_create_mkey(&a);
+  mlx5dv_mkey_init_attr a = mkey_init_attr(pd, std::uint16_t(max_entries), remote_invalidate, true);
+  bool tag = true;
+  mlx5dv_mkey *k = verb(&a);
+  if (!k && errno == EOPNOTSUPP) {
+    a = mkey_init_attr(pd, std::uint16_t(max_entries), remote_invalidate, false);
+    tag = false;
+    k = verb(&a);
+  }
   if (!k) return last_errno();
-  max_entries = a.max_entries;
-  return k;
+  return created_mkey{k, a.max_entries, tag};
 }
 
 /// Post one mkey-configure work request: mlx5dv_wr_mkey_configure (2 setters),
@@ -216,7 +251,8 @@ inline constexpr std::uint64_t max_list_total =
 /// error).
 enum class key_phase : std::uint8_t { idle, configuring, configured, invalidating };
 
-/// The state of an mlx5 indirect key. One unconfirmed operation at a time.
+/// The state of an mlx5 indirect key. One unconfirmed operation at a time. Move-only (it holds
+/// the links to the layout's sources).
 struct key_state {
   /// The indirect mkey (create_mkey), or nullptr.
   ::mlx5dv_mkey *mkey = nullptr;
@@ -224,13 +260,47 @@ struct key_state {
   key_phase phase = key_phase::idle;
   std::uint64_t wr_id = 0;  ///< of the unconfirmed operation
   std::uint32_t qp_num = 0; ///< the QP it was posted on
+  /// The mkey's 8-bit tag can be changed (created with MLX5DV_MKEY_INIT_ATTR_FLAGS_UPDATE_TAG).
+  bool update_tag = false;
+  /// A peer's send-with-invalidate named the key while its local invalidate was unconfirmed.
+  bool remotely_invalidated = false;
+  std::uint8_t first_tag = 0;     ///< lkey & 0xff at creation (0 on rdma-core 44, verbs.c:6826)
+  std::uint32_t generations = 0;  ///< configures handed to the device, each with its own tag
+  std::uint32_t prev_lkey = 0;    ///< the mkey's keys before the unconfirmed configure
+  std::uint32_t prev_rkey = 0;
+  /// While a layout is posted or configured: one link per entry to its source's child counter
+  /// (a MemoryRegion, or a nested IndirectKey), so neither can be destroyed under the layout.
+  detail::child_link links[layout::capacity];
   /// The key may grant access (configured, or either operation not yet confirmed).
   [[nodiscard]] bool live() const noexcept { return phase != key_phase::idle; }
   /// An operation is posted and not yet confirmed.
   [[nodiscard]] bool pending() const noexcept {
     return phase == key_phase::configuring || phase == key_phase::invalidating;
   }
+  /// Configures this mkey can carry, each with a tag no earlier one had: 256 with tag update,
+  /// else 1 (a second configure would make every revoked rkey of the key answer again).
+  [[nodiscard]] std::uint32_t max_generations() const noexcept { return update_tag ? 256 : 1; }
 };
+
+/// Start tracking `mkey` (from create_mkey) in `k`.
+inline void init_key(key_state &k, ::mlx5dv_mkey *mkey, bool update_tag) noexcept {
+  k.mkey = mkey;
+  k.update_tag = update_tag;
+  k.first_tag = mkey ? std::uint8_t(mkey->lkey & 0xff) : 0;
+  k.generations = 0;
+  k.phase = key_phase::idle;
+}
+
+/// The tag of generation `g` (the first configure keeps the tag the mkey was created with).
+[[nodiscard]] constexpr std::uint8_t tag_of(std::uint8_t first, std::uint32_t g) noexcept {
+  return std::uint8_t((first + g) & 0xff);
+}
+/// Give the mkey tag `t`: the provider writes lkey & 0xff into the mkey context of the next
+/// configure (qp.c:2868-2874) and the rkey is the lkey (verbs.c:6826-6827), so both change.
+inline void set_tag(::mlx5dv_mkey *m, std::uint8_t t) noexcept {
+  m->lkey = (m->lkey & ~0xffu) | t;
+  m->rkey = (m->rkey & ~0xffu) | t;
+}
 
 /// Converts a QP's ibv_qp_ex to its mlx5dv_qp_ex (mlx5dv_qp_ex_from_ibv_qp_ex in real use).
 using to_dv_qp = mlx5dv_qp_ex *(*)(ibv_qp_ex *) noexcept;
@@ -240,41 +310,61 @@ using to_dv_qp = mlx5dv_qp_ex *(*)(ibv_qp_ex *) noexcept;
 }
 
 /// Add a configure of `k` to the open batch `qpx` of a QP created with mlx5dv send operations
-/// `qp_mlx5_ops` (QueuePair::mlx5_send_ops()). On success the key is configuring.
+/// `qp_mlx5_ops` (QueuePair::mlx5_send_ops()). Posted signaled whatever `w.flags` says: only
+/// its own completion (this QP, w.id, opcode MLX5DV_WC_UMR) confirms it. Each configure after
+/// the first gives the mkey a new tag (set_tag), so the rkeys of earlier generations stay dead.
+/// The key then links to each entry's source (layout entries' region_ref::node). On success the
+/// key is configuring.
 /// \errors Nothing is then added, the state unchanged:
 /// - errc::null_handle: the key's mkey or `qpx` is null.
+/// - errc::operation_unconfirmed: an operation is unconfirmed (hand its completion to
+///   complete_key, or cancel_key).
 /// - errc::already_bound: configured.
-/// - errc::busy: an operation is unconfirmed (hand its completion to complete_key, or
-///   cancel_key).
 /// - errc::not_umr_qp: the QP lacks the UMR builders (checked before the mlx5dv_qp_ex is even
 ///   computed).
+/// - errc::key_retired: every tag of the mkey has been used (max_generations()).
 /// - the codes of post_configure.
 /// \mallocs None.
 [[nodiscard]] inline result<void> configure_key(key_state &k, std::uint64_t qp_mlx5_ops, ibv_qp_ex *qpx,
                                                 ibv_pd *pd, wr w, const layout &l, access_flags acc,
                                                 const umr_limits &u, to_dv_qp to_dv = dv_qp_of) noexcept {
   if (!k.mkey || !qpx) return make_error_code(errc::null_handle);
-  if (k.pending()) return make_error_code(errc::busy);
+  if (k.pending()) return make_error_code(errc::operation_unconfirmed);
   if (k.phase == key_phase::configured) return make_error_code(errc::already_bound);
   if (!has_umr_ops(qp_mlx5_ops)) return make_error_code(errc::not_umr_qp);
-  RDMAXX_TRYV(post_configure(qpx, to_dv(qpx), k.mkey, pd, w, l, acc, u));
+  if (k.generations >= k.max_generations()) return make_error_code(errc::key_retired);
+  const std::uint32_t old_lkey = k.mkey->lkey, old_rkey = k.mkey->rkey;
+  if (k.generations > 0) set_tag(k.mkey, tag_of(k.first_tag, k.generations));
+  w.flags |= send_flags(send_flag::signaled);
+  if (auto r = post_configure(qpx, to_dv(qpx), k.mkey, pd, w, l, acc, u); !r) {
+    k.mkey->lkey = old_lkey;
+    k.mkey->rkey = old_rkey;
+    return r.error();
+  }
+  k.prev_lkey = old_lkey;
+  k.prev_rkey = old_rkey;
+  for (std::size_t i = 0; i < l.size(); ++i) k.links[i] = detail::child_link(l[i].source.node);
+  ++k.generations;
   k.phase = key_phase::configuring;
   k.wr_id = w.id;
   k.qp_num = qpx->qp_base.qp_num;
+  k.remotely_invalidated = false;
   return success();
 }
 
-/// Add a local invalidate of `k` to the open batch `qpx`. On success the key is invalidating
+/// Add a local invalidate of `k` to the open batch `qpx`, signaled whatever `w.flags` says (only
+/// its own completion, opcode IBV_WC_LOCAL_INV, confirms it). On success the key is invalidating
 /// (it still counts as live until confirmed).
 /// \errors Nothing is then added:
 /// - errc::null_handle: the key's mkey or `qpx` is null.
+/// - errc::operation_unconfirmed: an operation is unconfirmed.
 /// - errc::not_bound: not configured.
-/// - errc::busy: an operation is unconfirmed.
 /// \mallocs None.
 [[nodiscard]] inline result<void> invalidate_key(key_state &k, ibv_qp_ex *qpx, wr w) noexcept {
   if (!k.mkey || !qpx) return make_error_code(errc::null_handle);
-  if (k.pending()) return make_error_code(errc::busy);
+  if (k.pending()) return make_error_code(errc::operation_unconfirmed);
   if (k.phase != key_phase::configured) return make_error_code(errc::not_bound);
+  w.flags |= send_flags(send_flag::signaled);
   RDMAXX_TRYV(post_invalidate(qpx, k.mkey, w));
   k.phase = key_phase::invalidating;
   k.wr_id = w.id;
@@ -282,39 +372,77 @@ using to_dv_qp = mlx5dv_qp_ex *(*)(ibv_qp_ex *) noexcept;
   return success();
 }
 
-/// The unconfirmed operation did not take effect: back to the state before it.
+/// The layout no longer reaches its sources: release the links.
+inline void drop_links(key_state &k) noexcept {
+  for (auto &l : k.links) l.drop();
+}
+/// The key is revoked (its invalidate confirmed, or a peer invalidated it).
+inline void revoked(key_state &k) noexcept {
+  k.phase = key_phase::idle;
+  k.remotely_invalidated = false;
+  drop_links(k);
+}
+
+/// The unconfirmed operation reached the device and failed: a configure leaves the key idle (its
+/// tag stays used), an invalidate leaves it configured unless a peer invalidated it meanwhile.
 inline void undo_key(key_state &k) noexcept {
-  if (k.phase == key_phase::configuring) k.phase = key_phase::idle;
+  if (k.phase == key_phase::configuring) revoked(k);
+  else if (k.phase == key_phase::invalidating && k.remotely_invalidated) revoked(k);
   else if (k.phase == key_phase::invalidating) k.phase = key_phase::configured;
 }
 /// The unconfirmed operation took effect.
 inline void confirm_key(key_state &k) noexcept {
   if (k.phase == key_phase::configuring) k.phase = key_phase::configured;
-  else if (k.phase == key_phase::invalidating) k.phase = key_phase::idle;
+  else if (k.phase == key_phase::invalidating) revoked(k);
 }
 
-/// Hand a completion to the key. A completion of the unconfirmed operation (same QP, same
-/// wr_id) confirms it when successful and undoes it otherwise; a successful send-queue
-/// completion of another work request of that QP confirms it too (a send queue completes in
-/// order). Returns true when the state changed; any other completion is ignored. Inline,
-/// allocation-free.
+/// Hand a completion to the key. Returns true when the key's state changed; any other
+/// completion is ignored. Inline, allocation-free.
+///   - The unconfirmed operation's own completion (same QP, same wr_id; when successful, also
+///     its opcode: MLX5DV_WC_UMR == IBV_WC_DRIVER1 for a configure, IBV_WC_LOCAL_INV for an
+///     invalidate, as qp.c:1256-1261 records them and cq.c:193-196 reports them) confirms it;
+///     in error (ibv_poll_cq(3): then only wr_id, status and qp_num are valid) it undoes it.
+///     Nothing else confirms: an earlier work request's completion says nothing about this one.
+///   - A receive completion of any QP with IBV_WC_WITH_INV naming the key's current rkey (a
+///     peer's send-with-invalidate, cq.c:313-316) revokes a configured key; while a local
+///     invalidate is unconfirmed, its completion then revokes it whatever its status.
 inline bool complete_key(key_state &k, const ibv_wc &wc) noexcept {
-  if (!k.pending() || wc.qp_num != k.qp_num) return false;
+  if (wc.status == IBV_WC_SUCCESS && (wc.wc_flags & IBV_WC_WITH_INV) && k.mkey &&
+      wc.invalidated_rkey == k.mkey->rkey) {
+    if (k.phase == key_phase::configured) {
+      revoked(k);
+      return true;
+    }
+    if (k.phase == key_phase::invalidating && !k.remotely_invalidated) {
+      k.remotely_invalidated = true;
+      return true;
+    }
+    return false;
+  }
+  if (!k.pending() || wc.qp_num != k.qp_num || wc.wr_id != k.wr_id) return false;
   if (wc.status == IBV_WC_SUCCESS) {
-    // a receive says nothing about the send queue. Not `opcode & IBV_WC_RECV` alone: a UMR
-    // completes as MLX5DV_WC_UMR == IBV_WC_DRIVER1 (mlx5dv.h:437, qp.c:1263), which has that bit.
-    if ((wc.opcode & IBV_WC_RECV) && wc.opcode < IBV_WC_DRIVER1) return false;
+    const unsigned own = k.phase == key_phase::configuring ? unsigned(MLX5DV_WC_UMR) : unsigned(IBV_WC_LOCAL_INV);
+    if (unsigned(wc.opcode) != own) return false; // another work request with the same wr_id
     confirm_key(k);
     return true;
   }
-  if (wc.wr_id != k.wr_id) return false;
   undo_key(k);
   return true;
 }
 
 /// The batch holding the unconfirmed operation was dropped, or its submit() failed: nothing of
-/// it was posted, undo it.
-inline void cancel_key(key_state &k) noexcept { undo_key(k); }
+/// it was posted, undo it (a configure gives its tag back: the device never saw it).
+inline void cancel_key(key_state &k) noexcept {
+  if (k.phase == key_phase::configuring) {
+    --k.generations;
+    k.mkey->lkey = k.prev_lkey;
+    k.mkey->rkey = k.prev_rkey;
+    revoked(k);
+    return;
+  }
+  if (k.phase == key_phase::invalidating) k.phase = k.remotely_invalidated ? key_phase::idle : key_phase::configured;
+  if (k.phase == key_phase::idle) revoked(k);
+}
 
 } // namespace rdmaxx::mlx5
 

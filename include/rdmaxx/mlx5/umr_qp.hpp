@@ -13,9 +13,13 @@
 /// The QP is built on QueuePair's one construction path (same checks, same lifetime: a child of
 /// its PD and of both CQs, destroy it first), only the creation verb differs.
 ///
-/// Created like pyverbs' tests/test_mlx5_mkey.py (v44.0, Mlx5MkeyResources.create_qps), which
-/// passes on hardware: MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS | _SEND_OPS_FLAGS, create flag
-/// MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE, and max_inline_data 512. Scatter-to-CQE is on by
+/// Modelled on pyverbs' tests/test_mlx5_mkey.py (v44.0, Mlx5MkeyResources), which passes on
+/// hardware: MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS | _SEND_OPS_FLAGS, create flag
+/// MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE, and max_inline_data 512. Not identical: pyverbs asks
+/// for IBV_QP_EX_WITH_SEND only (test_mlx5_mkey.py:36), rdmaxx for `ops` plus local invalidate,
+/// and the provider's per-WQE overhead depends on the send operations (sq_overhead,
+/// verbs.c:1532, used by mlx5_calc_send_wqe, verbs.c:1583), so the WQE may be larger and the
+/// granted max_send_wr / max_inline_data differ: caps() holds the grant. Scatter-to-CQE is on by
 /// default (verbs.c:2330-2331, use_scatter_to_cqe()); for a small receive the provider then
 /// copies the data itself to the receive SGE's address taken as a pointer (cq.c:237-242 ->
 /// qp.c:74-101, copy_to_scat), but an SGE of an indirect key is zero-based ({offset, length,
