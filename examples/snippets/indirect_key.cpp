@@ -19,7 +19,7 @@ rdmaxx::result<rdmaxx::IndirectKey> indirect_key(rdmaxx::ProtectionDomain &pd, r
                             {.id = 1, .flags = send_flag::signaled}));
   ibv_wc wc{};
   RDMAXX_TRYV(cq.wait(std::span(&wc, 1), 5000));
-  key.complete(wc);                  // mlx5: confirms the configure; software: no-op
+  key.complete(wc);                  // the configure is confirmed by its own completion
   if (auto ec = wc_error(wc)) return ec;
   RDMAXX_TRY(desc, key.descriptor());
   // The peer: ikey_descriptor::decode(), then write_indirect(batch, wr, desc, offset, local_sge):
