@@ -12,6 +12,12 @@
 // `bench_fastpath count1 raw|rdmaxx N` counts one work request per batch: N rounds of {start,
 // one signalled 64 B write, submit; wait until it completed; poll 1}. Post and poll are separate
 // count_* functions, so callgrind_annotate splits the figure between them.
+// `bench_fastpath loops N` runs a user's loop, raw and rdmaxx in the same process: post, wait,
+// poll written in one function, 1 WR per batch and 16 WRs per batch, N rounds of each. Whether
+// SendBatch::submit() is inlined into such a loop is the compiler's choice, so
+// `tools/bench fastpath-builds` compiles this TU with the flags of common build types and counts
+// each count_*_loop function (callgrind --toggle-collect='*count_*', callgrind_annotate
+// --inclusive=yes); the wait is count_pause, whose own toggle takes it out of the count.
 #include "common.hpp"
 #include "harness.hpp"
 
@@ -111,6 +117,31 @@ constexpr std::uint32_t len = 64;
   return true;
 }
 
+// Wait (without polling) until the writes of a batch have certainly completed.
+void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(2)); }
+// Named count_* so that callgrind's --toggle-collect='*count_*' switches counting off inside it.
+[[gnu::noinline]] void count_pause() { settle(); }
+
+// A user's loop, raw: K writes per batch (the last signalled), then wait, then one poll.
+template <int K>
+[[gnu::noinline]] bool count_raw_loop(ibv_qp_ex *qpx, ibv_cq *cq, ibv_sge sge, std::uint64_t raddr,
+                                      std::uint32_t rkey, long n) {
+  ibv_wc wc[K];
+  for (long i = 0; i < n; ++i) {
+    ibv_wr_start(qpx);
+    for (int j = 0; j < K; ++j) {
+      qpx->wr_id = std::uint64_t(i);
+      qpx->wr_flags = j == K - 1 ? IBV_SEND_SIGNALED : 0;
+      ibv_wr_rdma_write(qpx, rkey, raddr);
+      ibv_wr_set_sge(qpx, sge.lkey, sge.addr, sge.length);
+    }
+    if (ibv_wr_complete(qpx)) return false;
+    count_pause();
+    if (ibv_poll_cq(cq, K, wc) != 1 || wc[0].status != IBV_WC_SUCCESS) return false;
+  }
+  return true;
+}
+
 // ---- rdmaxx ----
 [[gnu::noinline]] bool rdmaxx_write_poll(QueuePair &qp, CompletionQueue &cq, const ibv_sge &sge,
                                          remote_addr r, long n) {
@@ -166,8 +197,23 @@ constexpr std::uint32_t len = 64;
   return true;
 }
 
-// Wait (without polling) until the k writes of a batch have certainly completed.
-void settle() { std::this_thread::sleep_for(std::chrono::milliseconds(2)); }
+// The same loop through rdmaxx.
+template <int K>
+[[gnu::noinline]] bool count_rdmaxx_loop(QueuePair &qp, CompletionQueue &cq, ibv_sge sge,
+                                         remote_addr r, long n) {
+  ibv_wc wc[K];
+  for (long i = 0; i < n; ++i) {
+    auto batch = qp.start_send();
+    for (int j = 0; j < K; ++j)
+      batch.write({std::uint64_t(i), j == K - 1 ? send_flags(send_flag::signaled) : send_flags{}},
+                  r, sge);
+    if (!batch.submit()) return false;
+    count_pause();
+    auto p = cq.poll(wc); // checked as RDMAXX_TRY does: the error, then assume_value()
+    if (!p || p.assume_value() != 1 || wc[0].status != IBV_WC_SUCCESS) return false;
+  }
+  return true;
+}
 
 } // namespace
 
@@ -217,6 +263,23 @@ int main(int argc, char **argv) {
       }
     }
     std::printf("counted %ld rounds of {1 write per batch} (%s)\n", rounds, raw ? "raw" : "rdmaxx");
+    return 0;
+  }
+
+  if (argc == 3 && std::strcmp(argv[1], "loops") == 0) {
+    const long rounds = std::atol(argv[2]);
+    // Warm the provider's paths (and lazy symbol binding) outside the counted functions.
+    bool ok = raw_write_poll(qpx, cq, sge, dst.addr, dst.rkey, 10) &&
+              rdmaxx_write_poll(s.a, s.cq_a, sge, dst, 10);
+    ok = ok && count_raw_loop<1>(qpx, cq, sge, dst.addr, dst.rkey, rounds);
+    ok = ok && count_rdmaxx_loop<1>(s.a, s.cq_a, sge, dst, rounds);
+    ok = ok && count_raw_loop<16>(qpx, cq, sge, dst.addr, dst.rkey, rounds);
+    ok = ok && count_rdmaxx_loop<16>(s.a, s.cq_a, sge, dst, rounds);
+    if (!ok) {
+      std::fprintf(stderr, "loops: a work request failed\n");
+      return 1;
+    }
+    std::printf("counted %ld rounds of each loop (1 and 16 writes per batch, raw and rdmaxx)\n", rounds);
     return 0;
   }
 

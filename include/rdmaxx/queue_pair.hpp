@@ -228,7 +228,7 @@ namespace detail {
 // ibv_wr_* entries do nothing and whose state is RESET, so that submit() aborts it with
 // errc::wrong_state. It keeps the real batch free of a null test per operation (the compiler
 // sees ibv_wr_start dereference the pointer). Per thread, because begin() writes wr_id/wr_flags.
-[[gnu::cold, gnu::noinline]] inline ibv_qp_ex *closed_qp() noexcept {
+[[gnu::cold, gnu::noinline, gnu::returns_nonnull]] inline ibv_qp_ex *closed_qp() noexcept {
   static thread_local ibv_qp_ex q = [] {
     ibv_qp_ex x{};
     x.qp_base.state = IBV_QPS_RESET;
@@ -296,25 +296,38 @@ public:
   // Precondition: !full() (callers check before adding their work request).
   void add(undo_fn f, void *object, std::uint64_t tag) noexcept { e_[n_++] = {f, object, tag}; }
   void clear() noexcept { n_ = 0; }
-  void run() noexcept {
-    if (n_ != 0) [[unlikely]] run_all();
+  // Always inlined: called out of line (gcc does that on cold paths) it would take the batch's
+  // address, and the batch would live in memory on the hot path too.
+  [[gnu::always_inline]] void run() noexcept {
+    if (n_ != 0) [[unlikely]] {
+      const entries copy = e_; // see run_all
+      run_all(copy, n_);
+      n_ = 0;
+    }
   }
 
 private:
-  // Newest first: a later operation of one object is undone before an earlier one.
-  [[gnu::cold, gnu::noinline]] void run_all() noexcept {
-    while (n_ != 0) {
-      --n_;
-      e_[n_].f(e_[n_].object, e_[n_].tag);
-    }
-  }
   struct entry {
     undo_fn f;
     void *object;
     std::uint64_t tag;
   };
+  struct entries {
+    entry e[capacity];
+    entry &operator[](std::size_t i) noexcept { return e[i]; }
+    const entry &operator[](std::size_t i) const noexcept { return e[i]; }
+  };
+  // Newest first: a later operation of one object is undone before an earlier one. It reads a
+  // copy: a pointer into the list itself, passed to a call, would keep the whole batch in memory
+  // (clang's SROA gives up on an object whose address escapes, even on a cold path).
+  [[gnu::cold, gnu::noinline]] static void run_all(const entries &e, std::size_t n) noexcept {
+    while (n != 0) {
+      --n;
+      e[n].f(e[n].object, e[n].tag);
+    }
+  }
   std::size_t n_ = 0;
-  entry e_[capacity];
+  entries e_;
 };
 } // namespace detail
 
@@ -334,6 +347,12 @@ private:
 /// and MemoryWindow::invalidate(qp) open a batch of their own: do not call them while a batch of
 /// yours is open on that QP.
 ///
+/// The fast path does not depend on the inliner's choices (issue 24): submit(), the destructor
+/// and the rollback's test are always inlined, and what only failures run (abort, rollback, the
+/// error code) is out of line and cold and never gets a pointer to the batch or to submit()'s
+/// result, so that the compiler keeps both in registers. A batch of plain work requests then adds
+/// to the ibv_wr_* calls only the null-QP and before-RTS tests (README, "Benchmarks").
+///
 /// Known rxe defect (rdma-core 44 provider, measured): ibv_wr_set_sge_list sends num_sge x the
 /// FIRST SGE's length and still completes successfully. On a QP of an rxe device the
 /// std::span<const ibv_sge> overloads therefore never hand it SGEs of unequal lengths: a gather
@@ -348,9 +367,9 @@ public:
   SendBatch(SendBatch &&) noexcept = default;
   SendBatch &operator=(SendBatch &&) = delete;
   /// Aborts an open batch (ibv_wr_abort) and rolls back the window and key operations it carried.
-  ~SendBatch() {
-    if (ibv_qp_ex *q = qp_.release()) ::ibv_wr_abort(q);
-    undo_.run();
+  [[gnu::always_inline]] ~SendBatch() {
+    if (ibv_qp_ex *q = qp_.release()) [[unlikely]] abort_open(q);
+    undo_.run(); // after the abort, as in submit(): rollbacks run with no batch open
   }
 
   /// Window and key operations (those that register an undo) one batch can carry.
@@ -364,7 +383,7 @@ public:
   }
   /// RDMA write gathering several local SGEs (ibv_wr_rdma_write, ibv_wr_set_sge_list).
   SendBatch &write(wr w, remote_addr r, std::span<const ibv_sge> s) noexcept {
-    if (split_needed(s)) return split(w, r, s, false);
+    if (split_needed(s)) [[unlikely]] return split(w, r, s, false);
     if (begin(w)) { ::ibv_wr_rdma_write(q(), r.rkey, r.addr); set(s); }
     return *this;
   }
@@ -386,7 +405,7 @@ public:
   }
   /// RDMA read scattering into several local SGEs (ibv_wr_rdma_read, ibv_wr_set_sge_list).
   SendBatch &read(wr w, remote_addr r, std::span<const ibv_sge> s) noexcept {
-    if (split_needed(s)) return split(w, r, s, true);
+    if (split_needed(s)) [[unlikely]] return split(w, r, s, true);
     if (begin(w)) { ::ibv_wr_rdma_read(q(), r.rkey, r.addr); set(s); }
     return *this;
   }
@@ -397,7 +416,7 @@ public:
   }
   /// Send gathering several SGEs (ibv_wr_send, ibv_wr_set_sge_list).
   SendBatch &send(wr w, std::span<const ibv_sge> s) noexcept {
-    if (split_needed(s)) return fail(errc::provider_defect);
+    if (split_needed(s)) [[unlikely]] return fail(errc::provider_defect);
     if (begin(w)) { ::ibv_wr_send(q()); set(s); }
     return *this;
   }
@@ -414,7 +433,7 @@ public:
   }
   /// Send that invalidates the peer's rkey `invalidate_rkey` (a type-2 window or an indirect key).
   SendBatch &send_inv(wr w, std::uint32_t invalidate_rkey, std::span<const ibv_sge> s) noexcept {
-    if (split_needed(s)) return fail(errc::provider_defect);
+    if (split_needed(s)) [[unlikely]] return fail(errc::provider_defect);
     if (begin(w)) { ::ibv_wr_send_inv(q(), invalidate_rkey); set(s); }
     return *this;
   }
@@ -452,20 +471,16 @@ public:
   /// - the errno of ibv_wr_complete (ENOMEM: send queue full, EINVAL: a malformed work
   ///   request).
   /// \mallocs None.
-  result<void> submit() noexcept {
+  [[gnu::always_inline]] result<void> submit() noexcept {
     ibv_qp_ex *qp = qp_.release();
-    if (!qp) [[unlikely]] {
+    if (!qp || detail::before_rts(qp->qp_base)) [[unlikely]] {
+      const std::error_code e = refused(qp, fault_); // aborts an open batch first
       undo_.run();
-      return make_error_code(fault_ != errc{} ? fault_ : errc::wrong_state);
-    }
-    if (detail::before_rts(qp->qp_base)) [[unlikely]] {
-      ::ibv_wr_abort(qp);
-      undo_.run();
-      return make_error_code(errc::wrong_state);
+      return failure(e);
     }
     if (const int rc = ::ibv_wr_complete(qp)) [[unlikely]] {
       undo_.run();
-      return errno_code(rc);
+      return failure(complete_failed(rc));
     }
     undo_.clear(); // posted: the operations stand
     return success();
@@ -478,7 +493,11 @@ private:
   friend class MemoryWindow; // undo_
   friend class IndirectKey;  // undo_
   SendBatch(ibv_qp_ex *q, bool sge_list_defect) noexcept : qp_(q), sge_list_defect_(sge_list_defect) {
-    ::ibv_wr_start(q); // never null: a null QueuePair hands over detail::closed_qp()
+    // Never null: a null QueuePair hands over detail::closed_qp(). Said to the compiler too, so
+    // that begin() of an inlined batch tests nothing until submit() (clang does not infer it
+    // from the dereference in ibv_wr_start).
+    if (!q) __builtin_unreachable();
+    ::ibv_wr_start(q);
   }
   ibv_qp_ex *q() const noexcept { return qp_.get(); }
   // False when the batch is not open (submitted or moved from): the operation is then ignored
@@ -500,30 +519,52 @@ private:
       if (e.length != s.front().length) [[unlikely]] return true;
     return false;
   }
+  SendBatch &split(wr w, remote_addr r, std::span<const ibv_sge> s, bool read) noexcept {
+    if (ibv_qp_ex *qp = q()) split_wrs(qp, w, r, s, read);
+    return *this;
+  }
   // One RDMA write/read per SGE at consecutive remote addresses: the same bytes land, and only
-  // the last WR signals (the caller still sees one completion with its wr_id).
-  [[gnu::cold]] SendBatch &split(wr w, remote_addr r, std::span<const ibv_sge> s, bool read) noexcept {
+  // the last WR signals (the caller still sees one completion with its wr_id). Static, as are
+  // the other cold parts: a pointer to the batch would keep an inlined batch out of registers.
+  [[gnu::cold, gnu::noinline]] static void split_wrs(ibv_qp_ex *qp, wr w, remote_addr r,
+                                                     std::span<const ibv_sge> s, bool read) noexcept {
     const send_flags last_only = send_flag::signaled | send_flag::solicited;
     std::uint64_t at = r.addr;
     for (std::size_t i = 0; i < s.size(); ++i) {
       wr part = w;
       if (i + 1 < s.size()) part.flags &= ~last_only;
       if (i > 0) part.flags &= ~send_flags(send_flag::fence);
-      if (!begin(part)) return *this;
+      qp->wr_id = part.id;
+      qp->wr_flags = part.flags.native();
       if (read)
-        ::ibv_wr_rdma_read(q(), r.rkey, at);
+        ::ibv_wr_rdma_read(qp, r.rkey, at);
       else
-        ::ibv_wr_rdma_write(q(), r.rkey, at);
-      set(s[i]);
+        ::ibv_wr_rdma_write(qp, r.rkey, at);
+      ::ibv_wr_set_sge(qp, s[i].lkey, s[i].addr, s[i].length);
       at += s[i].length;
     }
-    return *this;
   }
   // Abort the batch (nothing of it is posted); submit() then answers `e`.
-  [[gnu::cold]] SendBatch &fail(errc e) noexcept {
-    if (ibv_qp_ex *qp = qp_.release()) ::ibv_wr_abort(qp);
+  SendBatch &fail(errc e) noexcept {
+    if (ibv_qp_ex *qp = qp_.release()) abort_open(qp);
     fault_ = e;
     return *this;
+  }
+  [[gnu::cold, gnu::noinline]] static void abort_open(ibv_qp_ex *qp) noexcept { ::ibv_wr_abort(qp); }
+  // submit() of a batch that is not open (null `qp`: answers its fault, else wrong_state) or
+  // whose QP has not reached RTS (aborted; wrong_state).
+  [[gnu::cold, gnu::noinline]] static std::error_code refused(ibv_qp_ex *qp, errc fault) noexcept {
+    if (!qp) return make_error_code(fault != errc{} ? fault : errc::wrong_state);
+    ::ibv_wr_abort(qp);
+    return make_error_code(errc::wrong_state);
+  }
+  [[gnu::cold, gnu::noinline]] static std::error_code complete_failed(int rc) noexcept {
+    return errno_code(rc);
+  }
+  // The failed result, built in place: a constructor left out of line would be handed the
+  // caller's result, which the compiler then keeps in memory on the hot path too (clang).
+  [[gnu::always_inline, gnu::flatten]] static result<void> failure(std::error_code e) noexcept {
+    return e;
   }
   void set_inline(std::span<const std::byte> d) noexcept {
     ::ibv_wr_set_inline_data(q(), const_cast<std::byte *>(d.data()), d.size());
