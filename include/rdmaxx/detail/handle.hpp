@@ -79,6 +79,10 @@ struct parent_node {
   const char *verb = nullptr;
   parent_node *parents[max_parents] = {}; // the orphan's own registrations with its parents
   after_destroy after;
+  /// Live children, while the owning handle holds its reference.
+  [[nodiscard]] std::uint32_t live_children() const noexcept {
+    return refs.load(std::memory_order_acquire) - 1;
+  }
 };
 
 void release_child(parent_node *p) noexcept;
@@ -186,7 +190,7 @@ public:
     return links_[index<S>()].parent();
   }
   [[nodiscard]] std::uint32_t live_children() const noexcept {
-    return node_.get() ? node_.get()->refs.load(std::memory_order_acquire) - 1 : 0;
+    return node_.get() ? node_.get()->live_children() : 0;
   }
 
   /// Register with parent `p` in slot S (null: no parent there), releasing the one it replaces
