@@ -278,8 +278,12 @@ TEST_CASE("ExactGrant, the one-shot grant: exactly the bytes, live on return, de
   auto rx_mr = need(MemoryRegion::reg(lb.pd, rx.data(), rx.size(), access::local_write), "rx");
   for (int i = 0; i < 2; ++i) {
     need(lb.b.post_recv(500u + unsigned(i), rx_mr.sge()), "post_recv");
-    const auto st = peer_post(lb.a, lb.cq_a, IBV_WR_SEND_WITH_INV, src_mr.sge(0, 8), 0, d.rkey);
-    CHECK(st != IBV_WC_SUCCESS);
+    // On rxe the peer's send completes; the refusal is the owner's receive completing with
+    // REM_INV_REQ_ERR (REFERENCE.md 4b), and the owner's QP goes to ERR.
+    (void)peer_post(lb.a, lb.cq_a, IBV_WR_SEND_WITH_INV, src_mr.sge(0, 8), 0, d.rkey);
+    const ibv_wc owner = wait_wc(lb.cq_b, 1).front();
+    CHECK(owner.wr_id == 500u + unsigned(i));
+    CHECK(owner.status == IBV_WC_REM_INV_REQ_ERR);
     lb.recover();
   }
   REQUIRE(lb.write(src_mr.sge(0, 8), d.at(0)) == IBV_WC_SUCCESS);
