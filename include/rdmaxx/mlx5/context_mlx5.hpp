@@ -49,12 +49,14 @@ using devx_cmd_verb = int (*)(ibv_context *, const void *, size_t, void *, size_
 /// (MLX5_CAP_GENERAL << 1) | HCA_CAP_OPMOD_GET_CUR = 1 in bits 0x30-0x3f (providers/mlx5/mlx5_ifc.h
 /// v44.0, lines 38-45, 1510-1521, 1533), big-endian as DEVX_SET writes it.
 inline constexpr std::uint16_t query_hca_cap_opcode = 0x100;
+/// The op_mod of the query: the general capabilities, current values.
 inline constexpr std::uint16_t hca_cap_general_cur = 1;
 /// The reply: a 16-byte header (status, syndrome, reserved), then the 4096-byte capability union
 /// (mlx5_ifc.h:1484-1508). umr_modify_atomic_disabled is bit 0x208 of cmd_hca_cap
 /// (mlx5_ifc.h:819-983; its neighbours umr_modify_entity_size_disabled at 0x207 and
 /// umr_indirect_mkey_disabled at 0x209).
 inline constexpr std::size_t hca_cap_out_bytes = 16 + 4096;
+/// The bit of umr_modify_atomic_disabled in the reply (after the 16-byte header).
 inline constexpr std::size_t umr_modify_atomic_disabled_bit = 16 * 8 + 0x208;
 
 /// What the device says about changing the atomic right of an mkey through a UMR.

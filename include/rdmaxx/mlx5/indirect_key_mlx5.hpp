@@ -158,7 +158,7 @@ using create_mkey_verb = mlx5dv_mkey *(*)(mlx5dv_mkey_init_attr *);
 
 /// What create_mkey made.
 struct created_mkey {
-  mlx5dv_mkey *mkey = nullptr;
+  mlx5dv_mkey *mkey = nullptr;   ///< the mkey (owned by the caller: mlx5dv_destroy_mkey)
   std::uint32_t max_entries = 0; ///< as granted (rounded up to a multiple of 4, verbs.c:6802, 6825)
   /// Created with MLX5DV_MKEY_INIT_ATTR_FLAGS_UPDATE_TAG: each configure may carry a new 8-bit
   /// tag (qp.c:2868-2874 writes lkey & 0xff into the mkey context).
@@ -267,7 +267,7 @@ struct key_state {
   std::uint8_t first_tag = 0;     ///< lkey & 0xff at creation (0 on rdma-core 44, verbs.c:6826)
   std::uint32_t generations = 0;  ///< configures handed to the device, each with its own tag
   std::uint32_t prev_lkey = 0;    ///< the mkey's keys before the unconfirmed configure
-  std::uint32_t prev_rkey = 0;
+  std::uint32_t prev_rkey = 0;    ///< (the rkey of the same)
   /// While a layout is posted or configured: one link per entry to its source's child counter
   /// (a MemoryRegion, or a nested IndirectKey), so neither can be destroyed under the layout.
   detail::child_link links[layout::capacity];
