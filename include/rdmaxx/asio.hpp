@@ -35,7 +35,7 @@
 ///
 /// Allocation: CompletionRouter::create allocates its core (the bucket array, the pool table);
 /// per completion nothing is allocated beyond Asio's own recycled coroutine frames and timer
-/// operations (measured in README: "Asio integration").
+/// operations (measured in README: "On a Boost.Asio event loop").
 #pragma once
 
 #include "completion_queue.hpp"
