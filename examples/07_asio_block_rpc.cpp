@@ -399,7 +399,7 @@ public:
     ch_ = std::move(ch);
     RDMAXX_TRY(cq, CompletionQueue::create(ctx_, 1024, &ch_));
     cq_ = std::move(cq);
-    net::io_context io;
+    net::io_context io{1}; // one thread: the scheduler skips its locking
     RDMAXX_TRY(router, ra::CompletionRouter::create(io.get_executor(), cq_, ch_));
     router_ = std::move(router);
     for (int c = 0; c < conns_; ++c) {
@@ -676,7 +676,7 @@ int usage() {
 }
 
 int run_server(Listener &l) {
-  net::io_context io;
+  net::io_context io{1}; // one thread: the scheduler skips its locking
   server s(l, io);
   return report("server", s.run());
 }

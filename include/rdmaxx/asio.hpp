@@ -358,6 +358,18 @@ struct router_core {
       if (n.value() < std::size(wc)) return {};
     }
   }
+  // Poll without arming (the last drain left the CQ armed; polling does not disarm it): a
+  // waiter about to suspend takes a completion that is already there without a channel event.
+  void poll_now() noexcept {
+    if (!open || error) return;
+    ibv_wc wc[16];
+    for (;;) {
+      auto n = cq->poll(wc);
+      if (!n) return stop(n.error());
+      for (std::size_t i = 0; i < n.value(); ++i) route(wc[i]);
+      if (n.value() < std::size(wc)) return;
+    }
+  }
   void stop(std::error_code ec) noexcept {
     error = ec;
     fail(0, true, ec);
@@ -557,6 +569,7 @@ public:
   /// watch() or CompletionRouter::fail() gave for the QP, or a failed channel/poll.
   /// \mallocs Asio's coroutine frame and timer operation (recycled per thread).
   task<result<ibv_wc>> wait(deadline until) {
+    if (!n_.done && !n_.failed) n_.core->poll_now(); // already completed: no suspension
     if (!n_.done && !n_.failed) {
       net::steady_timer t(co_await net::this_coro::executor, until);
       n_.timer = &t;
@@ -584,6 +597,7 @@ private:
 inline task<result<void>> settled(CompletionRouter &r, const GrantPool &pool, const GrantLease &lease,
                                   std::uint32_t qp_num, deadline until) {
   if (!r.c_ || !lease) co_return make_error_code(errc::null_handle);
+  r.c_->poll_now(); // a local revoke has often completed already: no suspension
   if (lease.state() == lease_state::ready) co_return success();
   detail::waiter_node n;
   n.what = detail::waiter_node::kind::lease;
