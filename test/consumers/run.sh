@@ -80,6 +80,7 @@ esac
 cp -r "$here/$kind" "$project"
 cp "$here/consumer.cpp" "$project/main.cpp"
 cp "$here/consumer_cm.cpp" "$project/cm.cpp"
+cp "$here/consumer_asio.cpp" "$project/asio.cpp"
 say "consumer $kind of $src (build root $build_root), CXX=$CXX, in $tmp"
 
 case $kind in
@@ -150,3 +151,5 @@ needed "$exe_cm" | grep -q librdmacm ||
   { echo "FAILED: $exe_cm does not link librdmacm" >&2; exit 1; }
 say "run $exe_cm"
 "$exe_cm"
+say "run $(dirname "$exe")/consumer-asio"
+"$(dirname "$exe")/consumer-asio"

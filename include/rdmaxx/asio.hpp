@@ -1,0 +1,641 @@
+/// \file
+/// rdmaxx/asio.hpp: rdmaxx on a Boost.Asio io_context with C++20 coroutines (asio::awaitable).
+/// Optional: usable where Boost.Asio is installed (Debian's libboost-dev ships it with Outcome)
+/// and rdma_cm is (connection.hpp); built and tested by rdmaxx only then (meson: have_asio).
+///
+/// What it gives a service that runs one io_context thread, without ever blocking it:
+///   - connect(), next_request(), accept(), advance(): rdma_cm steps awaited on the
+///     Connection's / Listener's fd (Connection::advance, Listener::get_request(0)), each step
+///     bounded by conn_options::timeout_ms as in the blocking forms;
+///   - CompletionRouter: one CompletionQueue and its CompletionChannel shared by many
+///     connections. It waits for the channel's fd, takes the event (ibv_get_cq_event), drains
+///     with the drain-after-event rule (CompletionQueue::poll_and_arm), acknowledges events in
+///     batches (ibv_ack_cq_events) and routes every completion to the Waiter registered for its
+///     wr_id; GrantPool completions go to their pool (attach()), which wakes settled();
+///   - Waiter: `co_await w.wait(deadline)` for the completion of one work request;
+///   - settled(): `co_await` until a GrantLease's revocation is confirmed (lease_state::ready);
+///   - watch(): fails every waiter of a connection with the connection's error once it
+///     disconnects or fails.
+///
+/// Cancellation: Boost 1.74 (Debian 12) has no per-operation cancellation slots, so every wait
+/// takes a deadline (a steady_timer): when it passes the wait returns errc::timeout and the
+/// caller revokes what it granted (GrantPool::revoke, then settled()). The request-grant
+/// late-access rule holds: once settled() returns, the peer's access with the old key is refused.
+///
+/// Errors: every coroutine returns result<T>; Asio's error codes are converted in one place
+/// (from_asio). Nothing here throws; Asio's own frame allocation can throw std::bad_alloc.
+///
+/// Threads: one io_context thread for a router, its waiters, the pools attached to it and the
+/// connections watched (like the CQ and QPs they use). One wait at a time on a Connection's or
+/// Listener's fd (two would register the fd twice with the reactor).
+///
+/// Lifetimes: a Waiter must not outlive its router's CQ (it keeps the router's core alive, not
+/// the CQ); the router must be destroyed (or closed) before its CQ and channel. Destroying a
+/// router fails its waiters with errc::null_handle.
+///
+/// Allocation: CompletionRouter::create allocates its core (the bucket array, the pool table);
+/// per completion nothing is allocated beyond Asio's own recycled coroutine frames and timer
+/// operations (measured in README: "On a Boost.Asio event loop").
+#pragma once
+
+#include "completion_queue.hpp"
+#include "connection.hpp"
+#include "error.hpp"
+#include "grant_pool.hpp"
+#include "queue_pair.hpp"
+
+#include <utility> // before Boost 1.74's awaitable.hpp, which uses std::exchange without it
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <new>
+#include <span>
+#include <system_error>
+
+#if !defined(BOOST_ASIO_HAS_CO_AWAIT)
+#error "rdmaxx/asio.hpp needs Boost.Asio with C++20 coroutines (BOOST_ASIO_HAS_CO_AWAIT)"
+#endif
+
+namespace rdmaxx::asio {
+
+namespace net = ::boost::asio;
+/// Coroutines of this header: asio::awaitable on the io_context's executor.
+template <class T>
+using task = net::awaitable<T>;
+using clock = std::chrono::steady_clock;
+/// A point in time a wait gives up at.
+using deadline = clock::time_point;
+
+/// `ms` milliseconds from now.
+[[nodiscard]] inline deadline after_ms(std::int64_t ms) noexcept {
+  return clock::now() + std::chrono::milliseconds(ms);
+}
+
+/// The one place Asio error codes become rdmaxx's std::error_code: operation_aborted is the
+/// caller's own cancellation (never returned by this header), anything else keeps its value.
+[[nodiscard]] inline std::error_code from_asio(const boost::system::error_code &ec) noexcept {
+  return std::error_code(ec);
+}
+
+namespace detail {
+
+// A descriptor over an fd someone else owns: released, never closed, also when the frame is
+// destroyed with the io_context.
+struct borrowed_fd {
+  net::posix::stream_descriptor sd;
+  ~borrowed_fd() {
+    if (sd.is_open()) (void)sd.release();
+  }
+};
+
+// Wait until `fd` is readable (true) or `until` passed (false), without blocking the thread.
+// The fd is borrowed: registered with the reactor for this wait only, released before return.
+// The timer's handler cancels the descriptor; the coroutine returns only once that handler ran
+// (pending == 0), so neither handler ever sees a destroyed frame.
+inline task<result<bool>> wait_readable(int fd, deadline until) {
+  auto ex = co_await net::this_coro::executor;
+  boost::system::error_code ec;
+  borrowed_fd b{net::posix::stream_descriptor(ex)};
+  net::posix::stream_descriptor &sd = b.sd;
+  sd.assign(fd, ec);
+  if (ec) co_return from_asio(ec);
+  net::steady_timer t(ex, until);
+  int pending = 1;
+  bool expired = false;
+  t.async_wait([&](const boost::system::error_code &e) {
+    if (!e) {
+      expired = true;
+      boost::system::error_code ignored;
+      sd.cancel(ignored);
+    }
+    --pending;
+  });
+  co_await sd.async_wait(net::posix::stream_descriptor::wait_read, net::redirect_error(net::use_awaitable, ec));
+  t.cancel();
+  while (pending) co_await net::post(ex, net::use_awaitable);
+  if (ec && ec != net::error::operation_aborted) co_return from_asio(ec);
+  co_return !ec || !expired;
+}
+
+struct waiter_node;
+struct router_core;
+} // namespace detail
+
+// ---------------------------------------------------------------- rdma_cm steps
+
+/// Wait (without blocking) until the connection's channel has an rdma_cm event or `until`
+/// passed, then Connection::advance() (which also enforces the current step's own deadline).
+/// Returns the state reached.
+/// \errors
+/// - errc::null_handle: the connection is null.
+/// - those of Connection::advance().
+/// - the errno of registering the fd with the reactor (epoll_ctl).
+/// \mallocs One event per rdma_get_cm_event (librdmacm), Asio's frame and operation.
+inline task<result<conn_state>> advance(Connection &c, deadline until) {
+  if (!c) co_return make_error_code(errc::null_handle);
+  auto r = co_await detail::wait_readable(c.fd(), until);
+  if (!r) co_return r.error();
+  co_return c.advance();
+}
+
+/// Advance `c` until established. The Connection bounds each step (conn_options::timeout_ms);
+/// its deadline is checked at least every `check_ms`.
+/// \errors
+/// - errc::wrong_state: prepared (accept first), or disconnected before established.
+/// - those of advance().
+/// \mallocs As advance().
+inline task<result<void>> wait_established(Connection &c, std::int64_t check_ms = 100) {
+  if (c && c.state() == conn_state::prepared) co_return make_error_code(errc::wrong_state);
+  for (auto s = c.advance();; s = co_await advance(c, after_ms(check_ms))) {
+    if (!s) co_return s.error();
+    if (s.value() == conn_state::established) co_return success();
+    if (s.value() == conn_state::disconnected) co_return make_error_code(errc::wrong_state);
+  }
+}
+
+/// Connect by address (Connection::start_connect, then the rdma_cm steps awaited).
+/// \errors
+/// - those of Connection::start_connect() and advance() (REJECTED with reason 8: nobody listens).
+/// \mallocs As Connection::start_connect() and advance().
+inline task<result<Connection>> connect(address to, conn_options o = {}) {
+  auto c = Connection::start_connect(to, o);
+  if (!c) co_return c.error();
+  if (auto r = co_await wait_established(c.value()); !r) co_return r.error();
+  co_return std::move(c).value();
+}
+
+/// The next connection request of `l` (Listener::get_request(0) once its fd is readable),
+/// within `timeout_ms`.
+/// \errors
+/// - a cm timeout (cm_step::request): none arrived in time.
+/// - those of Listener::get_request().
+/// \mallocs As Listener::get_request(), Asio's frame and operation.
+inline task<result<ConnectRequest>> next_request(Listener &l, std::int64_t timeout_ms) {
+  const deadline until = after_ms(timeout_ms);
+  for (;;) {
+    auto r = l.get_request(0);
+    if (r || !is_cm_timeout(r.error())) co_return r;
+    if (clock::now() >= until) co_return r.error();
+    auto w = co_await detail::wait_readable(l.fd(), until);
+    if (!w) co_return w.error();
+  }
+}
+
+/// Second half of an accept (after ConnectRequest::prepare() and the first receives were
+/// posted): Connection::accept(private_data), then the client's RTU awaited.
+/// \errors
+/// - those of Connection::accept() and wait_established().
+/// \mallocs As advance().
+inline task<result<void>> accept(Connection &c, std::span<const std::byte> private_data = {}) {
+  if (auto r = c.accept(private_data); !r) co_return r.error();
+  co_return co_await wait_established(c);
+}
+
+// ---------------------------------------------------------------- completions
+
+/// What CompletionRouter::create needs.
+struct router_options {
+  /// Events acknowledged at once (ibv_ack_cq_events takes a mutex per call); 1 .. 1024.
+  unsigned ack_batch = 16;
+  /// Buckets of the wr_id table (rounded up to a power of two); more than the waiters at once.
+  std::size_t buckets = 256;
+  /// GrantPools that can be attached at once.
+  std::size_t max_pools = 64;
+};
+
+/// Counters of a router (plain integers, never reset).
+struct router_stats {
+  std::uint64_t events = 0;      ///< channel events taken (ibv_get_cq_event)
+  std::uint64_t acks = 0;        ///< ibv_ack_cq_events calls
+  std::uint64_t completions = 0; ///< completions polled
+  std::uint64_t routed = 0;      ///< delivered to a Waiter
+  std::uint64_t to_pools = 0;    ///< taken by an attached GrantPool
+  std::uint64_t unclaimed = 0;   ///< no waiter, no pool: dropped (see unclaimed handler)
+};
+
+namespace detail {
+
+struct waiter_node {
+  enum class kind : std::uint8_t { wr, lease };
+  waiter_node *prev = nullptr, *next = nullptr;
+  router_core *core = nullptr;
+  std::uint64_t wr_id = 0;
+  std::uint32_t qp_num = 0;
+  kind what = kind::wr;
+  bool linked = false;
+  bool done = false;
+  std::error_code failed;
+  ibv_wc wc{};
+  const GrantPool *pool = nullptr;
+  const GrantLease *lease = nullptr;
+  net::steady_timer *timer = nullptr; // set while a wait is suspended
+  void wake() noexcept {
+    if (timer) timer->cancel();
+  }
+};
+
+struct pool_entry {
+  GrantPool *pool = nullptr;
+  std::uint32_t qp_num = 0;
+};
+
+struct router_core {
+  net::posix::stream_descriptor sd;
+  CompletionQueue *cq = nullptr;
+  CompletionChannel *ch = nullptr;
+  std::unique_ptr<waiter_node *[]> buckets; // heads, null-terminated lists
+  std::size_t mask = 0;
+  waiter_node *leases = nullptr; // settled() waiters
+  std::unique_ptr<pool_entry[]> pools;
+  std::size_t max_pools = 0, n_pools = 0;
+  unsigned ack_batch = 16, unacked = 0;
+  std::size_t refs = 1; // the router, every linked waiter, the pending fd wait
+  bool open = true;
+  bool waiting = false;
+  std::error_code error; // a failed poll or event: every wait fails with it
+  router_stats stats;
+  void (*unclaimed)(void *, const ibv_wc &) = nullptr;
+  void *unclaimed_ctx = nullptr;
+
+  explicit router_core(const net::any_io_executor &ex) : sd(ex) {}
+
+  static void unref(router_core *c) noexcept {
+    if (c && --c->refs == 0) delete c;
+  }
+  waiter_node *&head(std::uint64_t wr_id) noexcept {
+    return buckets[std::size_t((wr_id * 0x9E3779B97F4A7C15ull) >> 32) & mask];
+  }
+  void link(waiter_node &n) noexcept {
+    waiter_node *&h = n.what == waiter_node::kind::wr ? head(n.wr_id) : leases;
+    n.prev = nullptr;
+    n.next = h;
+    if (h) h->prev = &n;
+    h = &n;
+    n.linked = true;
+    ++refs;
+  }
+  void unlink(waiter_node &n) noexcept {
+    if (!n.linked) return;
+    if (n.prev) n.prev->next = n.next;
+    else (n.what == waiter_node::kind::wr ? head(n.wr_id) : leases) = n.next;
+    if (n.next) n.next->prev = n.prev;
+    n.prev = n.next = nullptr;
+    n.linked = false;
+    unref(this);
+  }
+  template <class F>
+  void each(F &&f) noexcept {
+    for (std::size_t b = 0; b <= mask; ++b)
+      for (waiter_node *n = buckets[b], *nx; n; n = nx) {
+        nx = n->next;
+        f(*n);
+      }
+    for (waiter_node *n = leases, *nx; n; n = nx) {
+      nx = n->next;
+      f(*n);
+    }
+  }
+  void fail(std::uint32_t qp_num, bool all, std::error_code ec) noexcept {
+    each([&](waiter_node &n) {
+      if ((all || n.qp_num == qp_num) && !n.done && !n.failed) {
+        n.failed = ec;
+        n.wake();
+      }
+    });
+  }
+  void check_leases(const GrantPool *p) noexcept {
+    for (waiter_node *n = leases; n; n = n->next)
+      if (n->pool == p && !n->done && n->lease->state() == lease_state::ready) {
+        n->done = true;
+        n->wake();
+      }
+  }
+  void route(ibv_wc &wc) noexcept {
+    ++stats.completions;
+    for (std::size_t i = 0; i < n_pools; ++i) {
+      pool_entry &e = pools[i];
+      if (e.pool->owns(wc)) { // its bind, unbind or invalidate, from any QP it posted on
+        (void)e.pool->complete(std::span(&wc, 1));
+        check_leases(e.pool);
+        ++stats.to_pools;
+        return;
+      }
+      if (e.qp_num == wc.qp_num && e.pool->mechanism() == grant_mechanism::type2_window) {
+        const std::uint64_t inv = e.pool->stats().remote_invalidations;
+        (void)e.pool->complete(std::span(&wc, 1)); // the peer's send-with-invalidate
+        if (e.pool->stats().remote_invalidations != inv) check_leases(e.pool);
+      }
+    }
+    for (waiter_node *n = head(wc.wr_id); n; n = n->next)
+      if (n->wr_id == wc.wr_id && !n->done) {
+        n->wc = wc;
+        n->done = true;
+        ++stats.routed;
+        n->wake();
+        return;
+      }
+    ++stats.unclaimed;
+    if (unclaimed) unclaimed(unclaimed_ctx, wc);
+  }
+  // Poll until the CQ is empty and armed (the drain-after-event rule).
+  std::error_code drain() noexcept {
+    ibv_wc wc[16];
+    for (;;) {
+      auto n = cq->poll_and_arm(wc);
+      if (!n) return n.error();
+      for (std::size_t i = 0; i < n.value(); ++i) route(wc[i]);
+      if (n.value() < std::size(wc)) return {};
+    }
+  }
+  // Poll without arming (the last drain left the CQ armed; polling does not disarm it): a
+  // waiter about to suspend takes a completion that is already there without a channel event.
+  void poll_now() noexcept {
+    if (!open || error) return;
+    ibv_wc wc[16];
+    for (;;) {
+      auto n = cq->poll(wc);
+      if (!n) return stop(n.error());
+      for (std::size_t i = 0; i < n.value(); ++i) route(wc[i]);
+      if (n.value() < std::size(wc)) return;
+    }
+  }
+  void stop(std::error_code ec) noexcept {
+    error = ec;
+    fail(0, true, ec);
+  }
+  // One wait for the channel's fd at a time; its handler keeps the core alive.
+  void wait() noexcept {
+    if (!open || waiting) return;
+    waiting = true;
+    ++refs;
+    sd.async_wait(net::posix::stream_descriptor::wait_read, [this](const boost::system::error_code &e) {
+      waiting = false;
+      if (open && !e) on_readable();
+      else if (open && e != net::error::operation_aborted) stop(from_asio(e));
+      unref(this);
+    });
+  }
+  void on_readable() noexcept {
+    // The fd is non-blocking only for poll(2): take every event that is there.
+    for (;;) {
+      auto ev = ch->get_event(0);
+      if (!ev) {
+        if (ev.error() != make_error_code(errc::timeout)) return stop(ev.error());
+        break;
+      }
+      ++stats.events;
+      if (++unacked >= ack_batch) ack();
+    }
+    if (auto ec = drain()) return stop(ec);
+    wait();
+  }
+  void ack() noexcept {
+    if (unacked) {
+      (void)cq->ack_events(unacked);
+      ++stats.acks;
+      unacked = 0;
+    }
+  }
+};
+
+} // namespace detail
+
+class Waiter;
+
+/// One CompletionQueue with its CompletionChannel, served on an io_context: completions routed
+/// by wr_id to Waiters, GrantPool completions to their pools. Move-only, null after move.
+/// The CQ must be attached to the channel, and the channel serve only this CQ.
+class CompletionRouter {
+public:
+  CompletionRouter() noexcept = default;
+  CompletionRouter(CompletionRouter &&o) noexcept : c_(std::exchange(o.c_, nullptr)) {}
+  CompletionRouter &operator=(CompletionRouter &&o) noexcept {
+    if (this != &o) {
+      close();
+      c_ = std::exchange(o.c_, nullptr);
+    }
+    return *this;
+  }
+  /// close().
+  ~CompletionRouter() { close(); }
+
+  /// Serve `cq` (attached to `ch`) on `ex`: registers the channel's fd with the reactor, arms
+  /// the CQ and drains it (poll_and_arm), then waits for the channel.
+  /// \errors
+  /// - errc::null_handle: `cq` or `ch` is null.
+  /// - errc::invalid_argument: `cq` is not attached to `ch`, ack_batch 0 or above 1024, no bucket.
+  /// - ENOMEM when the core cannot be allocated; the errno of registering the fd (epoll_ctl);
+  ///   those of CompletionQueue::poll_and_arm.
+  /// \mallocs The core, its buckets and pool table (new(nothrow)); the reactor's descriptor state.
+  [[nodiscard]] static result<CompletionRouter> create(const net::any_io_executor &ex, CompletionQueue &cq,
+                                                       CompletionChannel &ch, router_options o = {}) noexcept {
+    if (!cq || !ch) return make_error_code(errc::null_handle);
+    if (cq.native_handle()->channel != ch.native_handle() || o.ack_batch == 0 || o.ack_batch > 1024 ||
+        o.buckets == 0)
+      return make_error_code(errc::invalid_argument);
+    std::size_t nb = 1;
+    while (nb < o.buckets) nb <<= 1;
+    CompletionRouter r;
+    r.c_ = new (std::nothrow) detail::router_core(ex);
+    if (!r.c_) return std::make_error_code(std::errc::not_enough_memory);
+    detail::router_core &c = *r.c_;
+    c.buckets.reset(new (std::nothrow) detail::waiter_node *[nb]());
+    c.pools.reset(new (std::nothrow) detail::pool_entry[o.max_pools ? o.max_pools : 1]());
+    if (!c.buckets || !c.pools) return std::make_error_code(std::errc::not_enough_memory);
+    c.mask = nb - 1;
+    c.max_pools = o.max_pools;
+    c.ack_batch = o.ack_batch;
+    c.cq = &cq;
+    c.ch = &ch;
+    boost::system::error_code ec;
+    c.sd.assign(ch.fd(), ec);
+    if (ec) return from_asio(ec);
+    if (auto e = c.drain()) return e;
+    c.wait();
+    return r;
+  }
+
+  /// True unless null.
+  [[nodiscard]] explicit operator bool() const noexcept { return c_ != nullptr; }
+  /// The counters.
+  [[nodiscard]] const router_stats &stats() const noexcept {
+    static const router_stats none{};
+    return c_ ? c_->stats : none;
+  }
+
+  /// Hand `pool`'s completions on `qp` to it (GrantPool::complete) and wake settled() waiters
+  /// of its leases; attach again after a reconnect (a new QP number replaces the old).
+  /// \errors
+  /// - errc::null_handle: a null router, pool or QP.
+  /// - errc::too_many_entries: max_pools pools attached already.
+  /// \mallocs None.
+  result<void> attach(GrantPool &pool, const QueuePair &qp) noexcept {
+    if (!c_ || !pool || !qp) return make_error_code(errc::null_handle);
+    for (std::size_t i = 0; i < c_->n_pools; ++i)
+      if (c_->pools[i].pool == &pool) {
+        c_->pools[i].qp_num = qp.qp_num();
+        return success();
+      }
+    if (c_->n_pools == c_->max_pools) return make_error_code(errc::too_many_entries);
+    c_->pools[c_->n_pools++] = {&pool, qp.qp_num()};
+    return success();
+  }
+  /// Stop handing completions to `pool` (before it is destroyed or moved).
+  void detach(const GrantPool &pool) noexcept {
+    if (!c_) return;
+    for (std::size_t i = 0; i < c_->n_pools; ++i)
+      if (c_->pools[i].pool == &pool) {
+        c_->pools[i] = c_->pools[--c_->n_pools];
+        return;
+      }
+  }
+  /// Called for completions no waiter and no pool took (stale completions of a connection that
+  /// is gone, unsignaled work's errors...); without one they are counted and dropped.
+  void on_unclaimed(void (*f)(void *, const ibv_wc &), void *ctx) noexcept {
+    if (!c_) return;
+    c_->unclaimed = f;
+    c_->unclaimed_ctx = ctx;
+  }
+  /// Fail every waiter of QP `qp_num` with `ec` (watch() does this on a disconnect).
+  void fail(std::uint32_t qp_num, std::error_code ec) noexcept {
+    if (c_) c_->fail(qp_num, false, ec);
+  }
+  /// Acknowledge every event taken so far (also done by close()).
+  void ack() noexcept {
+    if (c_) c_->ack();
+  }
+
+  /// Stop: deregister the channel's fd, acknowledge every event taken, fail every waiter with
+  /// errc::null_handle. Call before the CQ and channel are destroyed. Idempotent.
+  void close() noexcept {
+    detail::router_core *c = std::exchange(c_, nullptr);
+    if (!c) return;
+    c->open = false;
+    boost::system::error_code ignored;
+    c->sd.cancel(ignored);
+    (void)c->sd.release(); // the channel owns its fd
+    c->ack();
+    c->n_pools = 0;
+    c->fail(0, true, make_error_code(errc::null_handle));
+    detail::router_core::unref(c);
+  }
+
+private:
+  friend class Waiter;
+  friend task<result<void>> settled(CompletionRouter &, const GrantPool &, const GrantLease &, std::uint32_t,
+                                    deadline);
+  detail::router_core *c_ = nullptr;
+};
+
+/// The completion of one work request (by wr_id) on a router's CQ. Registered from
+/// construction to destruction (construct it before posting: a completion that arrives before
+/// wait() is kept). Not movable: it is linked into the router's table (keep it in the
+/// coroutine's frame or in a fixed array). At most one waiter per wr_id at a time.
+class Waiter {
+public:
+  /// Register for `wr_id` of QP `qp_num` (the QP number lets watch() fail it on a disconnect).
+  Waiter(CompletionRouter &r, std::uint64_t wr_id, std::uint32_t qp_num) noexcept {
+    n_.wr_id = wr_id;
+    n_.qp_num = qp_num;
+    n_.core = r.c_;
+    if (n_.core && n_.core->open) n_.core->link(n_);
+    else n_.failed = make_error_code(errc::null_handle);
+  }
+  Waiter(const Waiter &) = delete;
+  Waiter &operator=(const Waiter &) = delete;
+  ~Waiter() {
+    if (n_.core) n_.core->unlink(n_);
+  }
+
+  /// True once the completion arrived (wait() then returns at once).
+  [[nodiscard]] bool done() const noexcept { return n_.done; }
+  /// Forget the completion taken and wait for the next one of the same wr_id (a receive slot
+  /// posted again). A failure stays.
+  void rearm() noexcept { n_.done = false; }
+
+  /// The completion (any status: check wc.status, or wc_error()), or why none: errc::timeout at
+  /// `until` (the work request is still outstanding: revoke what it was granted), the error
+  /// watch() or CompletionRouter::fail() gave for the QP, or a failed channel/poll.
+  /// \mallocs Asio's coroutine frame and timer operation (recycled per thread).
+  task<result<ibv_wc>> wait(deadline until) {
+    if (!n_.done && !n_.failed) n_.core->poll_now(); // already completed: no suspension
+    if (!n_.done && !n_.failed) {
+      net::steady_timer t(co_await net::this_coro::executor, until);
+      n_.timer = &t;
+      boost::system::error_code ec;
+      co_await t.async_wait(net::redirect_error(net::use_awaitable, ec));
+      n_.timer = nullptr;
+    }
+    if (n_.done) co_return n_.wc;
+    if (n_.failed) co_return n_.failed;
+    co_return make_error_code(errc::timeout);
+  }
+
+private:
+  detail::waiter_node n_;
+};
+
+/// Wait until `lease`'s revocation (GrantPool::revoke) is confirmed (lease_state::ready): its
+/// pool must be attached to `r`. `qp_num`: the connection whose failure ends the wait.
+/// \errors
+/// - errc::null_handle: a null router or lease (or the router closed).
+/// - errc::timeout: not confirmed by `until`.
+/// - the connection's error (watch(), CompletionRouter::fail()): the lease may stay unready:
+///   call GrantPool::revoke_all() once the QP's completions were polled.
+/// \mallocs Asio's coroutine frame and timer operation.
+inline task<result<void>> settled(CompletionRouter &r, const GrantPool &pool, const GrantLease &lease,
+                                  std::uint32_t qp_num, deadline until) {
+  if (!r.c_ || !lease) co_return make_error_code(errc::null_handle);
+  r.c_->poll_now(); // a local revoke has often completed already: no suspension
+  if (lease.state() == lease_state::ready) co_return success();
+  detail::waiter_node n;
+  n.what = detail::waiter_node::kind::lease;
+  n.pool = &pool;
+  n.lease = &lease;
+  n.qp_num = qp_num;
+  n.core = r.c_;
+  detail::router_core *core = r.c_;
+  core->link(n);
+  net::steady_timer t(co_await net::this_coro::executor, until);
+  n.timer = &t;
+  boost::system::error_code ec;
+  co_await t.async_wait(net::redirect_error(net::use_awaitable, ec));
+  n.timer = nullptr;
+  core->unlink(n);
+  if (n.done || lease.state() == lease_state::ready) co_return success();
+  if (n.failed) co_return n.failed;
+  co_return make_error_code(errc::timeout);
+}
+
+/// Watch `c` until it disconnects or fails, then fail every waiter of its QP on `r` with the
+/// connection's error (DISCONNECTED: a cm code equal to std::errc::connection_reset). Returns
+/// that error. Run it as its own coroutine (co_spawn) per connection; it returns early with
+/// errc::timeout when `stop` is set and the fd stays quiet for `poll_ms`.
+/// \mallocs As advance().
+inline task<std::error_code> watch(Connection &c, CompletionRouter &r, const bool &stop, std::int64_t poll_ms = 100) {
+  const std::uint32_t qpn = c.qp().qp_num();
+  for (;;) {
+    auto s = co_await advance(c, after_ms(poll_ms));
+    std::error_code ec;
+    if (!s) ec = s.error();
+    else if (s.value() == conn_state::disconnected) ec = cm_error(RDMA_CM_EVENT_DISCONNECTED, 0);
+    if (ec) {
+      r.fail(qpn, ec);
+      co_return ec;
+    }
+    if (stop) co_return make_error_code(errc::timeout);
+  }
+}
+
+} // namespace rdmaxx::asio
