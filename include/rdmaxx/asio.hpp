@@ -73,6 +73,7 @@ namespace net = ::boost::asio;
 /// Coroutines of this header: asio::awaitable on the io_context's executor.
 template <class T>
 using task = net::awaitable<T>;
+/// The clock of deadlines.
 using clock = std::chrono::steady_clock;
 /// A point in time a wait gives up at.
 using deadline = clock::time_point;
@@ -419,7 +420,9 @@ class Waiter;
 class CompletionRouter {
 public:
   CompletionRouter() noexcept = default;
+  /// Takes over `o`'s CQ, channel and waiters; `o` is left null.
   CompletionRouter(CompletionRouter &&o) noexcept : c_(std::exchange(o.c_, nullptr)) {}
+  /// Closes this router, then takes over `o`'s.
   CompletionRouter &operator=(CompletionRouter &&o) noexcept {
     if (this != &o) {
       close();
