@@ -47,8 +47,15 @@ static std::atomic<std::uint64_t> g_allocs{0};
   if (void *p = std::malloc(n ? n : 1)) return p;
   throw std::bad_alloc();
 }
+// The nothrow form too (rdmaxx allocates its nodes with it): every form that the delete below
+// frees must come from this malloc (a sanitizer's own nothrow new would not).
+[[gnu::noinline]] void *operator new(std::size_t n, const std::nothrow_t &) noexcept {
+  ++g_allocs;
+  return std::malloc(n ? n : 1);
+}
 [[gnu::noinline]] void operator delete(void *p) noexcept { std::free(p); }
 [[gnu::noinline]] void operator delete(void *p, std::size_t) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete(void *p, const std::nothrow_t &) noexcept { std::free(p); }
 
 namespace {
 

@@ -375,17 +375,25 @@ struct router_core {
     error = ec;
     fail(0, true, ec);
   }
+  // A reference held by a handler: dropped when the handler object goes, whether it ran or was
+  // destroyed unrun (an io_context stopped before the cancelled wait completed).
+  struct ref {
+    router_core *c;
+    explicit ref(router_core *p) noexcept : c(p) { ++c->refs; }
+    ref(ref &&o) noexcept : c(std::exchange(o.c, nullptr)) {}
+    ref &operator=(ref &&) = delete;
+    ~ref() { unref(c); }
+  };
   // One wait for the channel's fd at a time; its handler keeps the core alive.
   void wait() noexcept {
     if (!open || waiting) return;
     waiting = true;
-    ++refs;
-    sd.async_wait(net::posix::stream_descriptor::wait_read, [this](const boost::system::error_code &e) {
-      waiting = false;
-      if (open && !e) on_readable();
-      else if (open && e != net::error::operation_aborted) stop(from_asio(e));
-      unref(this);
-    });
+    sd.async_wait(net::posix::stream_descriptor::wait_read,
+                  [this, hold = ref(this)](const boost::system::error_code &e) {
+                    waiting = false;
+                    if (open && !e) on_readable();
+                    else if (open && e != net::error::operation_aborted) stop(from_asio(e));
+                  });
   }
   void on_readable() noexcept {
     // The fd is non-blocking only for poll(2): take every event that is there.
