@@ -257,35 +257,35 @@ inline void known_invalidate_defect(std::uint32_t vendor_id, bool mlx5dv, trista
     measured_on = "";
   }
 }
+/// ibv_query_device_ex into `ax`, and what is known of the remote-invalidate panic of that device
+/// (known_invalidate_defect). Returns 0 or the query's errno.
+[[nodiscard]] inline int query_defect(ibv_context *ctx, ibv_device_attr_ex &ax, tristate &panics) noexcept {
+  if (const int rc = ::ibv_query_device_ex(ctx, nullptr, &ax)) return rc;
+  bool mlx5dv = false;
+#if RDMAXX_HAVE_MLX5
+  mlx5dv = ::mlx5dv_is_supported(ctx->device);
+#endif
+  const char *measured = "";
+  known_invalidate_defect(ax.orig_attr.vendor_id, mlx5dv, panics, measured);
+  return 0;
+}
 /// Whether a type-2 window may be allocated on the device of `ctx` (one ibv_query_device_ex):
 /// refused with errc::unsafe_grant where the kernel is known to panic (see type2_risk) unless
 /// accepted; a failed query fails closed (its errno).
 [[nodiscard]] inline std::error_code check_type2(ibv_context *ctx, type2_risk r) noexcept {
   if (r == type2_risk::accept_kernel_panic_by_any_peer) return {};
   ibv_device_attr_ex ax{};
-  if (const int rc = ::ibv_query_device_ex(ctx, nullptr, &ax)) return errno_code(rc);
-  bool mlx5dv = false;
-#if RDMAXX_HAVE_MLX5
-  mlx5dv = ::mlx5dv_is_supported(ctx->device);
-#endif
   tristate panics = tristate::unknown;
-  const char *measured = "";
-  known_invalidate_defect(ax.orig_attr.vendor_id, mlx5dv, panics, measured);
+  if (const int rc = query_defect(ctx, ax, panics)) return errno_code(rc);
   if (panics == tristate::yes) return make_error_code(errc::unsafe_grant);
   return {};
 }
 /// The grant mechanism for the device of `ctx` (one ibv_query_device_ex, no probes).
 [[nodiscard]] inline result<grant_choice> grant_for(ibv_context *ctx, grant_options o) noexcept {
   ibv_device_attr_ex ax{};
-  if (const int rc = ::ibv_query_device_ex(ctx, nullptr, &ax)) return errno_code(rc);
-  const auto f = ax.orig_attr.device_cap_flags;
-  bool mlx5dv = false;
-#if RDMAXX_HAVE_MLX5
-  mlx5dv = ::mlx5dv_is_supported(ctx->device);
-#endif
   tristate panics = tristate::unknown;
-  const char *measured = "";
-  known_invalidate_defect(ax.orig_attr.vendor_id, mlx5dv, panics, measured);
+  if (const int rc = query_defect(ctx, ax, panics)) return errno_code(rc);
+  const auto f = ax.orig_attr.device_cap_flags;
   const bool has_mw = ax.orig_attr.max_mw != 0;
   return choose_grant(has_mw && (f & IBV_DEVICE_MEM_WINDOW) != 0,
                       has_mw && (f & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0, panics, o,
