@@ -120,9 +120,9 @@ enum class type2_risk : std::uint8_t {
   accept_kernel_panic_by_any_peer, ///< allocate anyway, knowing the whole device is exposed
 };
 
-/// Opt-ins for StrictGrant::create (and anything else that hands a peer a key).
 struct Capabilities;
 
+/// Opt-ins for StrictGrant::create (and anything else that hands a peer a key).
 struct grant_options {
   /// The peers are trusted not to send a send-with-invalidate naming a key that is no longer bound
   /// (or one twice): type-2 windows and remote invalidation are used where the device is not

@@ -145,21 +145,24 @@ public:
     return slot_.unbind(batch, qp, w);
   }
 
-  /// 0.1's names of grant() and revoke(qp) (the window verbs they post). Deprecated: "revoke"
-  /// now ends a grant in every form (GrantPool::revoke, StrictGrant::revoke), and destroy() is
-  /// the checked destruction (0.1's revoke()).
+  /// 0.1's name of grant(qp, ...) (the window verb it posts). Deprecated: one name per meaning
+  /// in every grant form: grant() hands a key out, revoke() ends that grant, destroy() is the
+  /// checked destruction (0.1's revoke()).
   [[deprecated("StrictGrant::bind is now grant()")]] [[nodiscard]] result<remote_descriptor>
   bind(QueuePair &qp, access_flags rights, wr w = {window_wr_id, send_flag::signaled}) noexcept {
     return grant(qp, rights, w);
   }
+  /// 0.1's name of grant(batch, qp, ...). Deprecated (see above).
   [[deprecated("StrictGrant::bind is now grant()")]] [[nodiscard]] result<remote_descriptor>
   bind(SendBatch &batch, QueuePair &qp, access_flags rights, wr w = {}) noexcept {
     return grant(batch, qp, rights, w);
   }
+  /// 0.1's name of revoke(qp, ...). Deprecated (see above).
   [[deprecated("StrictGrant::unbind is now revoke(qp)")]] result<void>
   unbind(QueuePair &qp, wr w = {window_wr_id, send_flag::signaled}) noexcept {
     return revoke(qp, w);
   }
+  /// 0.1's name of revoke(batch, qp, ...). Deprecated (see above).
   [[deprecated("StrictGrant::unbind is now revoke(batch, qp)")]] result<void>
   unbind(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept {
     return revoke(batch, qp, w);
