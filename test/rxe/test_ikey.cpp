@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 using namespace rxe;
@@ -129,6 +130,14 @@ TEST_CASE("ikey: the device reports the software backend, and keys use it", "[ik
   loopback lb;
   auto caps = need(lb.ctx.query_capabilities(), "caps");
   CHECK(caps.umr == umr_backend::software);
+  // and says why the mlx5 backend was not chosen (examples/00_devinfo prints it)
+#if RDMAXX_HAVE_MLX5
+  CHECK(caps.umr_why == umr_reason::not_mlx5_device);
+  CHECK(std::string_view(umr_reason_text(caps.umr_why)) == "not an mlx5 device");
+#else
+  CHECK(caps.umr_why == umr_reason::no_mlx5_build);
+#endif
+  CHECK(caps.umr_errno == 0);
   auto k = need(IndirectKey::create(lb.pd, 8), "create");
   CHECK(k.backend() == umr_backend::software);
   CHECK(k.max_entries() == 8);
