@@ -87,13 +87,14 @@ enum class umr_atomic : std::uint8_t {
 
 /// What probe_umr_outcome() found.
 struct umr_probe {
+  /// The outcome.
   enum kind : std::uint8_t {
     ok,              ///< an indirect mkey was created and destroyed
     not_mlx5,        ///< `pd` is null or not on an mlx5 device
     atomic_disabled, ///< the device reports umr_modify_atomic_disabled (query_umr_atomic)
     mkey_failed,     ///< mlx5dv_create_mkey failed (`err`: its errno, EOPNOTSUPP without DEVX)
   };
-  kind outcome = not_mlx5;
+  kind outcome = not_mlx5; ///< what was found
   int err = 0; ///< with mkey_failed: the errno of mlx5dv_create_mkey
 };
 
