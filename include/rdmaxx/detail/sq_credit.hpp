@@ -56,7 +56,9 @@ struct sq_credit {
   std::atomic<std::uint32_t> head{0}; // WRs posted since creation or the last reset
   std::atomic<std::uint32_t> tail{0}; // WRs retired by completions handed back
   std::atomic<std::uint32_t> epoch{0}; // resets so far (a position is valid within its epoch)
-  std::uint32_t nreq = 0;             // WRs admitted into the open batch
+  // WRs admitted into the open batch: written under the provider's lock, read by used() on any
+  // thread (relaxed: a batch still open elsewhere is seen approximately).
+  std::atomic<std::uint32_t> nreq{0};
   bool refused = false;               // the open batch met a full queue
   std::uint64_t *ids = nullptr;       // wr_id by position % max_post
   parent_node *qp_node = nullptr;     // the QP's child counter (a pending key operation holds it)
@@ -66,13 +68,14 @@ struct sq_credit {
 
   /// Outstanding WRs (posted and not retired) plus those of the open batch.
   [[nodiscard]] std::uint32_t used() const noexcept {
-    return head.load(std::memory_order_relaxed) - tail.load(std::memory_order_acquire) + nreq;
+    return head.load(std::memory_order_relaxed) - tail.load(std::memory_order_acquire) +
+           nreq.load(std::memory_order_relaxed);
   }
   /// No further WR can be admitted into the open batch.
   [[nodiscard]] bool full() const noexcept { return refused || used() >= max_post; }
   /// The position the next admitted WR takes.
   [[nodiscard]] std::uint32_t next_position() const noexcept {
-    return head.load(std::memory_order_relaxed) + nreq;
+    return head.load(std::memory_order_relaxed) + nreq.load(std::memory_order_relaxed);
   }
   /// Admit one WR (its wr_id is q->wr_id) into the open batch, or refuse the batch.
   [[nodiscard]] bool admit(const ibv_qp_ex *q) noexcept {
@@ -80,8 +83,9 @@ struct sq_credit {
       refused = true;
       return false;
     }
-    ids[next_position() % max_post] = q->wr_id;
-    ++nreq;
+    const std::uint32_t n = nreq.load(std::memory_order_relaxed);
+    ids[(head.load(std::memory_order_relaxed) + n) % max_post] = q->wr_id;
+    nreq.store(n + 1, std::memory_order_relaxed);
     return true;
   }
   /// Retire every WR up to and including `pos` (of epoch `ep`).
@@ -114,7 +118,7 @@ struct sq_credit {
     head.store(0, std::memory_order_relaxed);
     tail.store(0, std::memory_order_relaxed);
     epoch.fetch_add(1, std::memory_order_relaxed);
-    nreq = 0;
+    nreq.store(0, std::memory_order_relaxed);
     refused = false;
   }
   /// Completions of work on the send queue (a successful one's opcode): every IBV_WC_* below
@@ -184,6 +188,7 @@ private:
   struct entry<F, K, void (*)(ibv_qp_ex *, A...)> {
     static void call(ibv_qp_ex *q, A... a) noexcept {
       sq_credit *c = of(q);
+      if (!c) [[unlikely]] return; // never: installed with the entry (said for GCC 12's warnings)
       if (K == op ? !c->admit(q) : c->refused) return; // the provider's entry is never reached
       (c->saved.*F)(q, a...);
     }
@@ -197,14 +202,16 @@ private:
   }
   static void start(ibv_qp_ex *q) noexcept {
     sq_credit *c = of(q);
+    if (!c) [[unlikely]] return;
     c->saved.wr_start(q); // takes the provider's send-queue lock
-    c->nreq = 0;
+    c->nreq.store(0, std::memory_order_relaxed);
     c->refused = false;
   }
   static int complete(ibv_qp_ex *q) noexcept {
     sq_credit *c = of(q);
-    const std::uint32_t n = c->nreq;
-    c->nreq = 0;
+    if (!c) [[unlikely]] return EINVAL;
+    const std::uint32_t n = c->nreq.load(std::memory_order_relaxed);
+    c->nreq.store(0, std::memory_order_relaxed);
     if (c->refused) {
       c->refused = false;
       c->saved.wr_abort(q); // rolls the provider back and releases its lock
@@ -216,7 +223,8 @@ private:
   }
   static void abort(ibv_qp_ex *q) noexcept {
     sq_credit *c = of(q);
-    c->nreq = 0;
+    if (!c) [[unlikely]] return;
+    c->nreq.store(0, std::memory_order_relaxed);
     c->refused = false;
     c->saved.wr_abort(q);
   }

@@ -279,8 +279,8 @@ struct key_state {
   /// The counted send queue of the QP the unconfirmed operation was posted on (or nullptr), its
   /// position there and that queue's epoch: its own completion gives the room back.
   detail::sq_credit *credit = nullptr;
-  std::uint32_t sq_pos = 0;
-  std::uint32_t sq_epoch = 0;
+  std::uint32_t sq_pos = 0;   ///< (its position in that queue)
+  std::uint32_t sq_epoch = 0; ///< (that queue's resets when it was posted)
   /// While an operation is unconfirmed: a link to that QP's child counter, so the QP (and its
   /// credit) outlives it.
   detail::child_link qp_link;
