@@ -1,7 +1,8 @@
 // examples/00_devinfo: a focused ibv_devinfo for memory registration, windows and indirect keys.
 // For each RDMA device: memory-window types and limits, native re-registration (live probe),
-// the indirect-key backend, whether window bounds are enforced (live probe on loopback QPs), the
-// known remote-invalidate kernel defect and the grant mechanism the library uses, with the reason.
+// the indirect-key backend and why the mlx5 one is or is not chosen, whether window bounds are
+// enforced (live probe on loopback QPs), the known remote-invalidate kernel defect and the grant
+// mechanism the library uses, with the reason.
 //
 //   tools/rxe-vm build/examples/00_devinfo
 #include <rdmaxx/rdmaxx.hpp>
@@ -44,6 +45,10 @@ result<void> show(ibv_device *dev) {
               *caps.defect_measured_on ? ")" : "");
   std::printf("  grant mechanism     %s: %s\n", mechanism(caps.grant), caps.grant_reason);
   std::printf("  indirect keys       %s; mlx5dv %s\n", backend(caps.umr), yes_no(caps.mlx5dv));
+  std::printf("  mlx5 backend        %s%s", caps.umr_why == umr_reason::chosen ? "chosen: " : "not chosen: ",
+              umr_reason_text(caps.umr_why));
+  if (caps.umr_errno != 0) std::printf(" (errno %d)", caps.umr_errno);
+  std::printf("\n");
   std::printf("  QP                  max wr %u, max inline %u, max rd atomic %u, atomics %s\n",
               caps.max_qp_wr, caps.max_inline_data, caps.max_qp_rd_atom, yes_no(caps.atomics));
   return success();

@@ -89,6 +89,37 @@ enum class tristate : std::uint8_t { unknown, no, yes };
 /// none (no hardware UMR and no type-2 windows: software keys work for local use only).
 enum class umr_backend : std::uint8_t { none, software, mlx5 };
 
+/// Why IndirectKey's automatic choice on a device is, or is not, the mlx5 backend
+/// (Capabilities::umr_why; umr_reason_text() says it in words).
+enum class umr_reason : std::uint8_t {
+  chosen,                     ///< mlx5: an indirect mkey was created (or, unprobed, DEVX was opened)
+  no_mlx5_build,              ///< rdmaxx was built without the mlx5 option (no mlx5dv at build time)
+  not_mlx5_device,            ///< mlx5dv_is_supported says no: not an mlx5 device
+  forced_software,            ///< RDMAXX_UMR=software in the environment
+  /// The HCA reports umr_modify_atomic_disabled (DEVX QUERY_HCA_CAP): rdma-core 44 sets the
+  /// atomic bit in every access-flags setter, so every configure would fail.
+  umr_modify_atomic_disabled,
+  /// mlx5dv_create_mkey of a 4-entry indirect mkey failed (Capabilities::umr_errno: EOPNOTSUPP
+  /// for a context without DEVX, or no UMR).
+  mkey_creation_failed,
+  no_devx,                    ///< not probed (probe_options::mlx5_umr false), and not opened with DEVX
+};
+
+/// One sentence for `r` (static storage).
+[[nodiscard]] constexpr const char *umr_reason_text(umr_reason r) noexcept {
+  switch (r) {
+  case umr_reason::chosen: return "hardware UMR (mlx5dv indirect mkey)";
+  case umr_reason::no_mlx5_build: return "rdmaxx was built without the mlx5 option (no mlx5dv at build time)";
+  case umr_reason::not_mlx5_device: return "not an mlx5 device";
+  case umr_reason::forced_software: return "forced to software by RDMAXX_UMR=software";
+  case umr_reason::umr_modify_atomic_disabled:
+    return "the device reports umr_modify_atomic_disabled: rdma-core 44 would fail every mkey configure";
+  case umr_reason::mkey_creation_failed: return "mlx5dv_create_mkey failed (no DEVX context, or no UMR)";
+  case umr_reason::no_devx: return "not probed, and the context was opened without DEVX";
+  }
+  return "unknown";
+}
+
 /// How the library grants a peer remote access to memory (StrictGrant::create without a window
 /// type, and everything else that hands a peer a key). Chosen per device by
 /// Context::query_capabilities (Capabilities::grant, with the reason in grant_reason).
@@ -142,6 +173,19 @@ struct grant_options {
 inline constexpr std::uint32_t rxe_vendor_id = 0xFFFFFF;
 
 namespace detail {
+/// Capabilities::umr_why from what is known, in the order IndirectKey::create decides (pure).
+/// `probed`: the live probe's outcome (chosen, umr_modify_atomic_disabled, mkey_creation_failed),
+/// or, unprobed, chosen / no_devx by how the context was opened.
+[[nodiscard]] constexpr umr_reason umr_reason_of(bool built_mlx5, bool mlx5_device, bool forced_software,
+                                                 umr_reason probed) noexcept {
+  if (!built_mlx5) return umr_reason::no_mlx5_build;
+  if (!mlx5_device) return umr_reason::not_mlx5_device;
+  if (forced_software) return umr_reason::forced_software;
+  return probed;
+}
+} // namespace detail
+
+namespace detail {
 /// RDMAXX_UMR=software forces the software backend (tests, devices where UMR misbehaves).
 [[nodiscard]] inline bool umr_forced_software() noexcept {
   const char *v = std::getenv("RDMAXX_UMR");
@@ -192,6 +236,10 @@ struct Capabilities {
   /// when mlx5dv and mlx5_devx (with the default probe, exactly when IndirectKey::create's
   /// automatic choice is mlx5).
   umr_backend umr = umr_backend::none;
+  /// Why `umr` is, or is not, mlx5 (umr_reason_text() in words).
+  umr_reason umr_why = umr_reason::no_mlx5_build;
+  /// With umr_reason::mkey_creation_failed: the errno of the probe's mlx5dv_create_mkey; else 0.
+  int umr_errno = 0;
   /// Whether accesses through a window's rkey are confined to the window (rxe: no, only the MR's
   /// bounds are checked). Only probe_window_bounds() (probe.hpp) sets it.
   tristate mw_bounds_enforced = tristate::unknown;
@@ -526,11 +574,13 @@ public:
     c.mlx5dv = ::mlx5dv_is_supported(h_.get()->device);
 #endif
     c.mlx5_devx = mlx5_devx();
+    c.umr_why = c.mlx5_devx ? umr_reason::chosen : umr_reason::no_devx; // unless probed
     if (!c.mlx5dv) probes.mlx5_umr = false;
     if (probes.inline_data || probes.native_rereg || probes.mlx5_umr) probe(c, probes);
-    c.umr = c.mlx5dv && c.mlx5_devx && !detail::umr_forced_software() ? umr_backend::mlx5
-            : (c.mw_type2a || c.mw_type2b)            ? umr_backend::software
-                                                       : umr_backend::none;
+    c.umr_why = detail::umr_reason_of(RDMAXX_HAVE_MLX5 != 0, c.mlx5dv, detail::umr_forced_software(), c.umr_why);
+    c.umr = c.umr_why == umr_reason::chosen ? umr_backend::mlx5
+            : (c.mw_type2a || c.mw_type2b)  ? umr_backend::software
+                                            : umr_backend::none;
     detail::known_invalidate_defect(c.vendor_id, c.mlx5dv, c.remote_inv_unbound_mw_panics,
                                     c.defect_measured_on);
     const bool has_mw = c.max_mw != 0;
@@ -584,7 +634,14 @@ private:
       std::free(buf);
     }
 #if RDMAXX_HAVE_MLX5
-    if (probes.mlx5_umr) c.mlx5_devx = mlx5::probe_umr(pd);
+    if (probes.mlx5_umr) {
+      const mlx5::umr_probe p = mlx5::probe_umr_outcome(pd);
+      c.mlx5_devx = p.outcome == mlx5::umr_probe::ok;
+      c.umr_why = p.outcome == mlx5::umr_probe::ok                ? umr_reason::chosen
+                  : p.outcome == mlx5::umr_probe::atomic_disabled ? umr_reason::umr_modify_atomic_disabled
+                                                                  : umr_reason::mkey_creation_failed;
+      c.umr_errno = p.outcome == mlx5::umr_probe::mkey_failed ? p.err : 0;
+    }
 #endif
     ::ibv_dealloc_pd(pd);
   }

@@ -149,6 +149,15 @@ enum class errc : int {
   /// mlx5 mkey whose 8-bit tag cannot be rotated further, or at all on this device): destroy it
   /// and create a new one.
   key_retired,
+  /// The QP's send queue has no room for another work request (an mlx5 UMR QP counts them: its
+  /// provider would write a full queue's work request into the last one posted): hand the QP's
+  /// send completions to QueuePair::retire() (an IndirectKey's own go through complete()), then
+  /// retry; after an error, reset the QP (QueuePair::reset_and_reconnect).
+  send_queue_full,
+  /// The QP keeps the provider's scatter-to-CQE, which would copy a small receive to a
+  /// zero-based SGE's offset taken as an address: use a QP rdmaxx created on the device
+  /// (QueuePair::scatter_to_cqe_disabled()).
+  scatter_to_cqe,
 };
 
 namespace detail {
@@ -208,6 +217,10 @@ public:
       return "operation unconfirmed: hand its completion to complete() first";
     case errc::key_retired:
       return "key retired: reconfiguring would revive a revoked key; create a new key";
+    case errc::send_queue_full:
+      return "send queue full: hand the queue pair its send completions (retire) first";
+    case errc::scatter_to_cqe:
+      return "the queue pair scatters to the CQE: zero-based SGEs would be written to as addresses";
     }
     return "unknown rdmaxx error";
   }
@@ -224,6 +237,8 @@ public:
     case errc::grant_outstanding: return std::errc::device_or_resource_busy;
     case errc::operation_unconfirmed: return std::errc::operation_in_progress;
     case errc::key_retired: return std::errc::operation_not_permitted;
+    case errc::send_queue_full: return std::errc::resource_unavailable_try_again;
+    case errc::scatter_to_cqe: return std::errc::operation_not_supported;
     case errc::unsafe_grant: return std::errc::operation_not_permitted;
     case errc::unsupported: return std::errc::operation_not_supported;
     case errc::no_device: return std::errc::no_such_device;

@@ -422,6 +422,9 @@ public:
   /// - errc::not_umr_qp: mlx5: `qp` lacks the mlx5 UMR send operations.
   /// - errc::key_retired: mlx5: the mkey's tags are used up (the second configure where the
   ///   kernel has no tag update, the 257th otherwise): create a new key.
+  /// - errc::send_queue_full: mlx5: the UMR QP's counted send queue has no room (rdma-core 44
+  ///   would write the configure into the last posted work request): hand the QP its send
+  ///   completions (QueuePair::retire; this key's own through complete()).
   /// - errc::qp_mismatch: batch not of `qp`.
   /// - errc::wrong_state: batch submitted.
   /// - errc::too_many_pending: the batch already carries SendBatch::max_undo window and key
@@ -509,6 +512,7 @@ public:
   /// - errc::too_many_pending: mlx5: the batch already carries SendBatch::max_undo window and key
   ///   operations.
   /// - errc::operation_unconfirmed: mlx5: an operation is unconfirmed.
+  /// - errc::send_queue_full: mlx5: the QP's counted send queue has no room.
   /// - the errno of ibv_dealloc_mw (the key is invalid regardless).
   /// \mallocs None.
   [[nodiscard]] result<void> invalidate(SendBatch &batch, wr w = {}) noexcept {
@@ -575,8 +579,8 @@ public:
 
   /// Local use: SGEs for bytes [offset, offset + length) of the key, into `out` (give it the
   /// QP's max_send_sge entries). mlx5: one SGE {offset, length, lkey} (zero-based), to be posted
-  /// only on a QP from mlx5::create_umr_qp (scatter-to-CQE disabled): sges(qp, ...) checks
-  /// that. Software: one SGE per touched segment. Returns the number written.
+  /// only on a QP with scatter-to-CQE disabled (every QP rdmaxx creates on mlx5; not a QP made
+  /// with raw verbs): sges(qp, ...) checks that. Software: one SGE per touched segment. Returns the number written.
   /// Inline.
   /// \errors
   /// - errc::null_handle: the key is null.
@@ -613,19 +617,19 @@ public:
     return n;
   }
 
-  /// sges() for work on `qp`. mlx5: refused unless `qp` comes from mlx5::create_umr_qp (or
-  /// create_indirect_key_qp): rdmaxx's other QPs keep the provider's scatter-to-CQE default
-  /// (verbs.c:2330-2331), and the provider then copies a small receive or read response itself
-  /// to the SGE's address taken as a pointer (cq.c:237-242, 778-783 for a read response), but the key's SGE is
-  /// zero-based ({offset, length, lkey}). Software: as sges(). Inline.
+  /// sges() for work on `qp`. mlx5: refused unless `qp` has scatter-to-CQE disabled
+  /// (QueuePair::scatter_to_cqe_disabled(): every QP rdmaxx creates on mlx5): with the provider's
+  /// default (verbs.c:2330-2331) it copies a small receive or read response itself to the SGE's
+  /// address taken as a pointer (cq.c:237-242, 778-783 for a read response), but the key's SGE
+  /// is zero-based ({offset, length, lkey}). Software: as sges(). Inline.
   /// \errors
-  /// - errc::not_umr_qp: mlx5: `qp` is not a UMR QP (also a null `qp`).
+  /// - errc::scatter_to_cqe: mlx5: `qp` keeps scatter-to-CQE (also a null `qp`).
   /// - those of sges().
   /// \mallocs None.
   [[nodiscard]] result<std::size_t> sges(const QueuePair &qp, std::uint64_t offset, std::uint64_t length,
                                          std::span<ibv_sge> out) const noexcept {
 #if RDMAXX_HAVE_MLX5
-    if (h_ && st().mkey && !mlx5::has_umr_ops(qp.mlx5_send_ops())) return make_error_code(errc::not_umr_qp);
+    if (h_ && st().mkey && !qp.scatter_to_cqe_disabled()) return make_error_code(errc::scatter_to_cqe);
 #else
     (void)qp;
 #endif
@@ -683,8 +687,11 @@ public:
   /// completion (the QP it was posted on, its wr_id and, when successful, its opcode) confirms
   /// it (success) or undoes it (error: configure -> not configured, invalidate -> still
   /// configured); no other completion confirms anything. A receive completion of any QP with
-  /// IBV_WC_WITH_INV naming the key's rkey (a peer's send-with-invalidate) revokes it. Returns
-  /// true when the key's state changed. Software with remote rights: the configure's last bind is
+  /// IBV_WC_WITH_INV naming the key's rkey (a peer's send-with-invalidate) revokes it. The
+  /// operation's own successful completion also gives its room (and that of every earlier work
+  /// request) back to the UMR QP's counted send queue (QueuePair::send_queue_room); while
+  /// unconfirmed, the operation counts as a child of that QP. Returns true when the key's state
+  /// changed. Software with remote rights: the configure's last bind is
   /// always signaled; its completion (matched by the configure's wr_id and QP) confirms the binds
   /// (descriptor() refuses before), an error one (a failed or flushed bind) undoes the configure
   /// (the windows go, the key is not configured); true when it concerned the key.
@@ -880,9 +887,8 @@ private:
 /// The QP to configure indirect keys through, on any device: mlx5::create_umr_qp on an mlx5
 /// device in a build with the mlx5 option (an ordinary QP lacks the mlx5 UMR send operations
 /// and IndirectKey::configure refuses it with errc::not_umr_qp), QueuePair::create elsewhere.
-/// On mlx5 `caps.max_inline_data` below 512 is raised to 512 (32 inline list entries). Also the
-/// QP to post receives into indirect keys on (mlx5: scatter-to-CQE disabled, see
-/// mlx5/umr_qp.hpp).
+/// On mlx5 `caps.max_inline_data` below 512 is raised to 512 (32 inline list entries). Its
+/// scatter-to-CQE is disabled, as on every QP rdmaxx creates on mlx5 (see mlx5/umr_qp.hpp).
 /// \errors
 /// - those of the function used.
 /// \mallocs As the function used (QueuePair::create: one node, besides what verbs allocates).

@@ -4,7 +4,8 @@
 ///
 /// Lifetime: borrows its ProtectionDomain and both CompletionQueues (destroy the QP first).
 /// Type-2 memory windows bound through a QP count as its children: destroy or invalidate them
-/// before the QP (rxe blocks for tens of seconds destroying a QP with a bound type-2 window: README).
+/// before the QP (rxe blocks for tens of seconds destroying a QP with a bound type-2 window: README),
+/// and so does an mlx5 IndirectKey's unconfirmed configure or invalidate posted on it.
 ///
 /// Allocation: QueuePair::create() allocates the node that counts the QP's children (new(nothrow))
 /// besides what verbs allocates; the fast path (SendBatch, post_recv) and the connection calls do
@@ -15,10 +16,15 @@
 #include "completion_queue.hpp"
 #include "detail/flags.hpp"
 #include "detail/handle.hpp"
+#include "detail/sq_credit.hpp"
 #include "error.hpp"
 #include "protection_domain.hpp"
 #include "remote_descriptor.hpp" // descriptor_header (endpoint encoding)
 #include "work_request.hpp"
+
+#if RDMAXX_HAVE_MLX5
+#include <infiniband/mlx5dv.h>
+#endif
 
 #include <array>
 #include <cstddef>
@@ -268,6 +274,21 @@ namespace detail {
   return a;
 }
 
+#if RDMAXX_HAVE_MLX5
+// The mlx5dv attributes of every rdmaxx RC QP on mlx5 (mlx5dv_create_qp): scatter-to-CQE
+// disabled. rdma-core 44 turns it on by default (verbs.c:2330-2331, use_scatter_to_cqe) and then
+// copies a small receive or read response itself to the SGE's address taken as a pointer
+// (cq.c:237-242, 778-783), which a zero-based SGE (an mlx5 IndirectKey's sges()) is not;
+// DISABLE_SCATTER_TO_CQE clears the flag (verbs.c:2370-2379) on the same creation path as
+// ibv_create_qp_ex (create_qp, verbs.c:3327-3338).
+[[nodiscard]] inline mlx5dv_qp_init_attr rc_dv_attr() noexcept {
+  mlx5dv_qp_init_attr dv{};
+  dv.comp_mask = MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS;
+  dv.create_flags = MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE;
+  return dv;
+}
+#endif
+
 // rxe reports vendor id 0xFFFFFF (RXE_VENDOR_ID in the kernel driver); asked once per QP creation.
 [[nodiscard]] inline bool has_sge_list_defect(ibv_context *ctx) noexcept {
   ibv_device_attr a{};
@@ -468,6 +489,9 @@ public:
   ///   has not reached RTS (the batch is aborted).
   /// - errc::provider_defect: an operation this device's provider would have got wrong (the
   ///   batch was aborted).
+  /// - errc::send_queue_full: a counted send queue (an mlx5 UMR QP, see
+  ///   QueuePair::send_queue_room()) had no room for one of the work requests: nothing of the
+  ///   batch reached the provider's builders from that one on, and it was aborted.
   /// - the errno of ibv_wr_complete (ENOMEM: send queue full, EINVAL: a malformed work
   ///   request).
   /// \mallocs None.
@@ -480,7 +504,7 @@ public:
     }
     if (const int rc = ::ibv_wr_complete(qp)) [[unlikely]] {
       undo_.run();
-      return failure(complete_failed(rc));
+      return failure(complete_failed(qp, rc));
     }
     undo_.clear(); // posted: the operations stand
     return success();
@@ -558,7 +582,9 @@ private:
     ::ibv_wr_abort(qp);
     return make_error_code(errc::wrong_state);
   }
-  [[gnu::cold, gnu::noinline]] static std::error_code complete_failed(int rc) noexcept {
+  // A counted send queue's refusal (detail::sq_credit) has its own code.
+  [[gnu::cold, gnu::noinline]] static std::error_code complete_failed(const ibv_qp_ex *qp, int rc) noexcept {
+    if (rc == detail::sq_credit::refused_rc && detail::sq_credit::of(qp)) return make_error_code(errc::send_queue_full);
     return errno_code(rc);
   }
   // The failed result, built in place: a constructor left out of line would be handed the
@@ -582,18 +608,24 @@ class QueuePair {
 public:
   QueuePair() noexcept = default;
 
-  /// ibv_create_qp_ex: an RC QP on `pd` with the given CQs, queue sizes and send operations.
+  /// ibv_create_qp_ex: an RC QP on `pd` with the given CQs, queue sizes and send operations. On
+  /// an mlx5 device (build with the mlx5 option) mlx5dv_create_qp instead, with scatter-to-CQE
+  /// disabled (MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE, see scatter_to_cqe_disabled()).
   /// \errors
   /// - errc::null_handle: `pd` or a CQ is null.
   /// - errc::context_mismatch: CQs of another device context.
-  /// - the errno of ibv_create_qp_ex (EINVAL: caps above the device limits, EOPNOTSUPP: send
-  ///   ops the provider lacks, ENOMEM).
+  /// - the errno of ibv_create_qp_ex / mlx5dv_create_qp (EINVAL: caps above the device limits,
+  ///   EOPNOTSUPP: send ops the provider lacks, ENOMEM).
   /// \mallocs One node that counts the QP's children (new(nothrow)), besides what verbs
   /// allocates.
   [[nodiscard]] static result<QueuePair> create(const ProtectionDomain &pd,
                                                 const CompletionQueue &send_cq,
                                                 const CompletionQueue &recv_cq, qp_caps caps = {},
                                                 send_ops ops = all_send_ops) noexcept {
+#if RDMAXX_HAVE_MLX5
+    if (pd && ::mlx5dv_is_supported(pd.context()->device))
+      return create_mlx5(pd, send_cq, recv_cq, caps, ops, &::mlx5dv_create_qp);
+#endif
     return create_with(pd, send_cq, recv_cq, caps, ops, 0,
                        [](ibv_context *c, ibv_qp_init_attr_ex &a) noexcept {
                          return ::ibv_create_qp_ex(c, &a);
@@ -615,6 +647,10 @@ public:
   /// The mlx5dv send operations (MLX5DV_QP_EX_WITH_*) the QP was created with: 0 unless it was
   /// created by mlx5::create_umr_qp (mlx5/umr_qp.hpp); 0 when null.
   [[nodiscard]] std::uint64_t mlx5_send_ops() const noexcept { return h_ ? mlx5_send_ops_ : 0; }
+  /// True when rdmaxx created the QP on mlx5 with scatter-to-CQE disabled (every QueuePair::create
+  /// and mlx5::create_umr_qp there): zero-based SGEs (an mlx5 IndirectKey's sges()) may be posted
+  /// on it. False elsewhere (no other provider scatters to the CQE) and when null.
+  [[nodiscard]] bool scatter_to_cqe_disabled() const noexcept { return h_ && no_scatter_to_cqe_; }
 
   // ---- fast path ----
 
@@ -624,6 +660,28 @@ public:
     ibv_qp_ex *q = qpx_.get();
     if (!q) [[unlikely]] q = detail::closed_qp();
     return SendBatch(q, sge_list_defect_);
+  }
+
+  /// Work requests the send queue takes now, on a QP whose send queue rdmaxx counts (an mlx5 UMR
+  /// QP, mlx5::create_umr_qp: rdma-core 44's builders would write a full queue's work request
+  /// into the last one posted, see detail/sq_credit.hpp); UINT32_MAX on any other QP (not
+  /// counted: the fast path pays nothing) and when null. Hand the send completions back
+  /// (retire()) for the room to come back.
+  [[nodiscard]] std::uint32_t send_queue_room() const noexcept {
+    const detail::sq_credit *c = detail::sq_credit::of(h_.get());
+    if (!c) return UINT32_MAX;
+    const std::uint32_t used = c->used();
+    return used < c->max_post ? c->max_post - used : 0;
+  }
+  /// Hand a send completion of this QP back to its counted send queue: a successful one retires
+  /// its work request (the earliest outstanding one with its wr_id) and every earlier one (RC
+  /// completes in order); error completions and other QPs' are ignored (after an error,
+  /// to_reset() gives every credit back). An IndirectKey's complete() retires its own operation.
+  /// Returns true when room came back; false on a QP that is not counted. Inline,
+  /// allocation-free.
+  bool retire(const ibv_wc &wc) noexcept {
+    detail::sq_credit *c = detail::sq_credit::of(h_.get());
+    return c && wc.qp_num == h_.get()->qp_num && c->retire(wc);
   }
 
   /// ibv_post_recv of one receive with the caller's SGEs.
@@ -771,7 +829,8 @@ public:
     RDMAXX_TRYV(to_reset());
     return connect(remote_, opts_);
   }
-  /// ibv_modify_qp to RESET (a state change, like to_init(): the QP is not destroyed).
+  /// ibv_modify_qp to RESET (a state change, like to_init(): the QP is not destroyed). A counted
+  /// send queue (send_queue_room()) gets all its room back, as the provider's does.
   /// \errors
   /// - errc::null_handle: the QP is null.
   /// - qp_transition codes.
@@ -782,6 +841,7 @@ public:
     a.qp_state = IBV_QPS_RESET;
     if (const int rc = ::ibv_modify_qp(h_.get(), &a, IBV_QP_STATE))
       return qp_transition_error(current_state(), IBV_QPS_RESET, 0, rc);
+    if (auto *c = detail::sq_credit::of(h_.get())) c->reset(); // so does the provider's queue
     return success();
   }
   /// ibv_modify_qp to ERR (flushes outstanding work).
@@ -814,7 +874,8 @@ public:
 
   /// Destroy now (ibv_destroy_qp). On failure the QP stays valid.
   /// \errors
-  /// - errc::busy: type-2 windows bound through this QP are alive.
+  /// - errc::busy: type-2 windows bound through this QP are alive, or an mlx5 IndirectKey's
+  ///   configure or invalidate posted on it is unconfirmed.
   /// - the errno of ibv_destroy_qp.
   /// \mallocs None.
   result<void> destroy() noexcept {
@@ -822,7 +883,8 @@ public:
     qpx_.release();
     return success();
   }
-  /// Type-2 windows bound through this QP and not yet invalidated or deallocated.
+  /// Type-2 windows bound through this QP and not yet invalidated or deallocated, and unconfirmed
+  /// mlx5 key operations posted on it.
   [[nodiscard]] std::uint32_t live_children() const noexcept { return h_.live_children(); }
 
 private:
@@ -858,12 +920,31 @@ private:
     return r;
   }
 
+#if RDMAXX_HAVE_MLX5
+  // QueuePair::create on mlx5: `verb` is mlx5dv_create_qp (contract tests hand a stand-in).
+  template <class Verb>
+  [[nodiscard]] static result<QueuePair> create_mlx5(const ProtectionDomain &pd, const CompletionQueue &send_cq,
+                                                     const CompletionQueue &recv_cq, qp_caps caps, send_ops ops,
+                                                     Verb verb) noexcept {
+    mlx5dv_qp_init_attr dv = detail::rc_dv_attr();
+    auto r = create_with(pd, send_cq, recv_cq, caps, ops, 0,
+                         [&dv, verb](ibv_context *c, ibv_qp_init_attr_ex &a) noexcept { return verb(c, &a, &dv); });
+    if (r) r.value().no_scatter_to_cqe_ = true;
+    return r;
+  }
+#endif
+
   struct traits {
     using native = ibv_qp;
     static constexpr const char *object = "QueuePair";
     static constexpr const char *verb = "ibv_destroy_qp";
     static constexpr std::size_t parents = 3; // PD, send CQ, receive CQ
-    static int destroy(native *q) noexcept { return ::ibv_destroy_qp(q); }
+    static int destroy(native *q) noexcept {
+      void *credit = q->qp_context; // rdmaxx's: only a counted QP has one (detail::sq_credit)
+      const int rc = ::ibv_destroy_qp(q);
+      if (rc == 0) detail::sq_credit::free(credit);
+      return rc;
+    }
   };
 
   [[nodiscard]] result<int> gid_index_for(const connect_options &o) const noexcept {
@@ -945,6 +1026,7 @@ private:
   std::uint64_t mlx5_send_ops_ = 0; // MLX5DV_QP_EX_WITH_*: set only by mlx5::create_umr_qp
   bool connected_once_ = false;
   bool sge_list_defect_ = false; // rxe: see SendBatch
+  bool no_scatter_to_cqe_ = false; // mlx5: created with MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE
 };
 
 namespace detail {

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 using namespace rxe;
@@ -129,6 +130,14 @@ TEST_CASE("ikey: the device reports the software backend, and keys use it", "[ik
   loopback lb;
   auto caps = need(lb.ctx.query_capabilities(), "caps");
   CHECK(caps.umr == umr_backend::software);
+  // and says why the mlx5 backend was not chosen (examples/00_devinfo prints it)
+#if RDMAXX_HAVE_MLX5
+  CHECK(caps.umr_why == umr_reason::not_mlx5_device);
+  CHECK(std::string_view(umr_reason_text(caps.umr_why)) == "not an mlx5 device");
+#else
+  CHECK(caps.umr_why == umr_reason::no_mlx5_build);
+#endif
+  CHECK(caps.umr_errno == 0);
   auto k = need(IndirectKey::create(lb.pd, 8), "create");
   CHECK(k.backend() == umr_backend::software);
   CHECK(k.max_entries() == 8);
@@ -553,4 +562,70 @@ TEST_CASE("ikey: exact regions need no remote rights and no mw_bind on the under
   auto r = k2.configure(batch, lb.b, layout::list({{mr_ro, 0, 8}}), remote_rw);
   REQUIRE_FALSE(r.has_value());
   CHECK(layout_errc(r.error()) == errc::missing_access);
+}
+
+// The send-queue credit mlx5::create_umr_qp installs (detail/sq_credit.hpp: rdma-core 44's mlx5
+// builders would write a full queue's work request into the last one posted) is built on the
+// ibv_qp_ex entries of any provider. Here it counts a real rxe QP: the provider's batch (its
+// send-queue lock from wr_start to wr_complete/abort) and real completions go through it.
+TEST_CASE("ikey: a counted send queue refuses a full queue and gets its room back from completions", "[ikey][credit]") {
+  loopback lb;
+  const std::uint32_t max = lb.a.caps().max_send_wr;
+  INFO("granted max_send_wr " << max);
+  REQUIRE(max >= 2);
+  REQUIRE(lb.a.send_queue_room() == UINT32_MAX); // an ordinary QP is not counted
+  REQUIRE(rdmaxx::detail::sq_credit::install(lb.a.native_handle_ex(), max, nullptr)); // freed with the QP
+  CHECK(lb.a.send_queue_room() == max);
+  std::vector<unsigned char> src(8 * (max + 1)), dst(8 * (max + 1), 0xEE);
+  fill(src.data(), src.size(), 3);
+  auto msrc = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "reg src");
+  auto mdst = need(MemoryRegion::reg(lb.pd, dst.data(), dst.size(), remote_rw), "reg dst");
+  auto write8 = [&](SendBatch &b, std::uint32_t i, bool signaled) {
+    b.write({100 + i, signaled ? send_flags(send_flag::signaled) : send_flags{}},
+            {mdst.iova() + 8 * i, mdst.rkey()}, msrc.sge(8 * i, 8));
+  };
+  {
+    // the whole queue: unsignaled writes, the last one signaled
+    auto b = lb.a.start_send();
+    for (std::uint32_t i = 0; i < max; ++i) write8(b, i, i + 1 == max);
+    need(b.submit(), "submit a full queue");
+  }
+  CHECK(lb.a.send_queue_room() == 0);
+  {
+    auto b = lb.a.start_send();
+    write8(b, max, true); // one more: refused before rxe's builder
+    auto r = b.submit();
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error() == errc::send_queue_full);
+  }
+  const ibv_wc done = wait_one(lb.cq_a);
+  CHECK(done.wr_id == 100 + max - 1);
+  expect_no_completion(lb.cq_a); // the refused write was never posted
+  CHECK(std::memcmp(dst.data(), src.data(), 8 * max) == 0);
+  CHECK(all_equal(dst.data() + 8 * max, 8, 0xEE)); // its bytes never landed
+  CHECK(lb.a.send_queue_room() == 0); // polled, not handed back
+  CHECK_FALSE(lb.b.retire(done));     // another QP (and b is not counted)
+  CHECK(lb.a.retire(done));           // retires the signaled write and every one before it
+  CHECK(lb.a.send_queue_room() == max);
+  {
+    auto b = lb.a.start_send();
+    write8(b, max, true);
+    need(b.submit(), "submit after the room came back");
+  }
+  CHECK(lb.a.retire(wait_one(lb.cq_a)));
+  CHECK(std::memcmp(dst.data(), src.data(), dst.size()) == 0);
+  CHECK(lb.a.send_queue_room() == max);
+  // after an error (a write to a bad rkey) nothing retires; RESET gives the room back
+  {
+    auto b = lb.a.start_send();
+    b.write({7, send_flag::signaled}, {mdst.iova(), mdst.rkey() ^ 0x80}, msrc.sge(0, 8));
+    need(b.submit(), "submit a bad write");
+  }
+  const ibv_wc bad = wait_wc(lb.cq_a, 1).front();
+  CHECK(bad.status != IBV_WC_SUCCESS);
+  CHECK_FALSE(lb.a.retire(bad));
+  CHECK(lb.a.send_queue_room() == max - 1);
+  lb.recover(); // to_reset
+  CHECK(lb.a.send_queue_room() == max);
+  REQUIRE(lb.write(msrc.sge(0, 8), {mdst.iova(), mdst.rkey()}, 8) == IBV_WC_SUCCESS);
 }

@@ -88,6 +88,8 @@ TEST_CASE("rdmaxx::errc: every code has a message and a portable condition", "[u
       {errc::grant_outstanding, std::errc::device_or_resource_busy, "grant outstanding"},
       {errc::operation_unconfirmed, std::errc::operation_in_progress, "operation unconfirmed"},
       {errc::key_retired, std::errc::operation_not_permitted, "key retired"},
+      {errc::send_queue_full, std::errc::resource_unavailable_try_again, "send queue full"},
+      {errc::scatter_to_cqe, std::errc::operation_not_supported, "scatters to the CQE"},
   };
   for (const auto &r : rows) {
     const std::error_code ec = r.e;

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <random>
+#include <string_view>
 #include <vector>
 
 using namespace rdmaxx;
@@ -190,4 +191,31 @@ TEST_CASE("ikey descriptor: one header and one rights byte with window descripto
   // the same rights byte in both kinds
   CHECK(wb[28] == ik[8]);
   CHECK(std::to_integer<unsigned>(ik[8]) == detail::rights_to_wire(d.rights()));
+}
+
+TEST_CASE("Capabilities::umr_why: why the mlx5 backend is or is not chosen", "[unit][ikey]") {
+  using detail::umr_reason_of;
+  // the build decides first, then the device, then RDMAXX_UMR, then the live probe
+  CHECK(umr_reason_of(false, true, false, umr_reason::chosen) == umr_reason::no_mlx5_build);
+  CHECK(umr_reason_of(true, false, false, umr_reason::chosen) == umr_reason::not_mlx5_device);
+  CHECK(umr_reason_of(true, false, true, umr_reason::chosen) == umr_reason::not_mlx5_device);
+  CHECK(umr_reason_of(true, true, true, umr_reason::chosen) == umr_reason::forced_software);
+  CHECK(umr_reason_of(true, true, true, umr_reason::umr_modify_atomic_disabled) == umr_reason::forced_software);
+  for (umr_reason probed : {umr_reason::chosen, umr_reason::umr_modify_atomic_disabled,
+                            umr_reason::mkey_creation_failed, umr_reason::no_devx})
+    CHECK(umr_reason_of(true, true, false, probed) == probed);
+  // every reason has its own sentence
+  const umr_reason all[] = {umr_reason::chosen,          umr_reason::no_mlx5_build,
+                            umr_reason::not_mlx5_device, umr_reason::forced_software,
+                            umr_reason::umr_modify_atomic_disabled, umr_reason::mkey_creation_failed,
+                            umr_reason::no_devx};
+  for (umr_reason a : all)
+    for (umr_reason b : all)
+      CHECK((a == b) == (std::string_view(umr_reason_text(a)) == umr_reason_text(b)));
+  CHECK(std::string_view(umr_reason_text(umr_reason::not_mlx5_device)) == "not an mlx5 device");
+  CHECK(std::string_view(umr_reason_text(umr_reason::umr_modify_atomic_disabled)).find("umr_modify_atomic_disabled") !=
+        std::string_view::npos);
+  Capabilities c; // a default says nothing was found
+  CHECK(c.umr == umr_backend::none);
+  CHECK(c.umr_errno == 0);
 }

@@ -176,7 +176,14 @@ recorder::recorder() {
   };
   qpx.wr_rdma_write = [](ibv_qp_ex *, uint32_t, uint64_t) {
     record("rdma_write");
+    // on a full queue _mlx5_send_wr_rdma writes the address segment through the stale
+    // cur_ctrl as well (qp.c:1472-1485)
     (void)current->wqe_init(IBV_WC_RDMA_WRITE);
+  };
+  qpx.wr_set_sge = [](ibv_qp_ex *, uint32_t, uint64_t, uint32_t) {
+    record("set_sge");
+    // set_sge writes through cur_data, which a refused op left in the last posted WQE
+    if (current->sq.err == ENOMEM) ++current->sq.stale_writes;
   };
   // the batch verbs, for the IndirectKey wrappers (SendBatch: ibv_wr_start, _complete, _abort)
   qpx.wr_start = [](ibv_qp_ex *q) { // qp.c:1176-1187
@@ -718,13 +725,21 @@ TEST_CASE("mlx5 contract: Context::open falls back to ibv_open_device when DEVX 
 namespace rdmaxx::detail {
 struct test_access {
   // No node and no parents: nothing here can become the stand-in QP's child.
-  static QueuePair qp(ibv_qp_ex &q, qp_caps caps, std::uint64_t mlx5_ops) {
+  // `scatter_off`: as rdmaxx creates QPs on mlx5 (MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE).
+  static QueuePair qp(ibv_qp_ex &q, qp_caps caps, std::uint64_t mlx5_ops, bool scatter_off = true) {
     QueuePair r;
     r.h_ = decltype(r.h_)(&q.qp_base, nullptr, nullptr);
     r.qpx_.reset(&q);
     r.caps_ = caps;
     r.mlx5_send_ops_ = mlx5_ops;
+    r.no_scatter_to_cqe_ = scatter_off;
     return r;
+  }
+  // QueuePair::create's mlx5 path through a stand-in mlx5dv_create_qp.
+  template <class Verb>
+  static result<QueuePair> create_mlx5(const ProtectionDomain &pd, const CompletionQueue &cq, qp_caps caps,
+                                       send_ops ops, Verb verb) {
+    return QueuePair::create_mlx5(pd, cq, cq, caps, ops, verb);
   }
   // The stand-in is not the provider's: never reaches ibv_destroy_qp.
   static void disown(QueuePair &q) {
@@ -794,7 +809,14 @@ struct mlx5_rig {
   ~mlx5_rig() {
     test_access::disown(key);
     test_access::disown(qp);
+    detail::sq_credit::free(rec.qpx.qp_base.qp_context); // install_credit's, if any
     wr_complete_rc = 0;
+  }
+  // Count the QP's send queue as mlx5::create_umr_qp does (max_post: the granted max_send_wr),
+  // `node` as the QP's child counter.
+  void install_credit(unsigned max_post, detail::parent_node *node) {
+    rec.sq.max_post = max_post;
+    REQUIRE(detail::sq_credit::install(&rec.qpx, max_post, node));
   }
   [[nodiscard]] std::vector<std::string> names() const {
     std::vector<std::string> v;
@@ -927,14 +949,18 @@ TEST_CASE("mlx5 contract: IndirectKey posts the configure, then follows its comp
   CHECK(g.phase() == mlx5::key_phase::configured);
   CHECK(g.key.sges(0, 128, sge).value() == 1u);
   CHECK((sge[0].addr == 0 && sge[0].length == 128 && sge[0].lkey == 0x7700));
-  // for a QP: only a UMR QP (scatter-to-CQE disabled); an ordinary QP keeps the provider's
-  // default (verbs.c:2330-2331), which would copy a small receive to address 0 + offset
+  // for a QP: only one with scatter-to-CQE disabled (every QP rdmaxx creates on mlx5); a QP
+  // with the provider's default (verbs.c:2330-2331) would copy a small receive to address
+  // 0 + offset
   CHECK(g.key.sges(g.qp, 0, 128, sge).value() == 1u);
   {
     ibv_qp_ex plain{};
-    QueuePair ordinary = test_access::qp(plain, {.max_inline_data = 512}, 0);
-    CHECK(g.key.sges(ordinary, 0, 128, sge).error() == errc::not_umr_qp);
-    CHECK(g.key.sges(QueuePair{}, 0, 128, sge).error() == errc::not_umr_qp);
+    QueuePair scattering = test_access::qp(plain, {.max_inline_data = 512}, mlx5::umr_send_ops, false);
+    CHECK(g.key.sges(scattering, 0, 128, sge).error() == errc::scatter_to_cqe);
+    CHECK(g.key.sges(QueuePair{}, 0, 128, sge).error() == errc::scatter_to_cqe);
+    test_access::disown(scattering);
+    QueuePair ordinary = test_access::qp(plain, {.max_inline_data = 512}, 0, true); // QueuePair::create's
+    CHECK(g.key.sges(ordinary, 0, 128, sge).value() == 1u);
     test_access::disown(ordinary);
   }
   CHECK_FALSE(g.key.pending());
@@ -1156,6 +1182,68 @@ TEST_CASE("mlx5 contract: create_umr_qp keeps the inline size the provider grant
   CHECK(mlx5::create_umr_qp(ProtectionDomain{}, cq, cq).error() == errc::null_handle);
   CHECK(mlx5::create_umr_qp(pd, CompletionQueue{}, cq).error() == errc::null_handle);
   CHECK(verb_calls == 2);
+  test_access::disown(pd);
+  test_access::disown(cq);
+}
+
+namespace {
+// The scatter-to-CQE decision of rdma-core 44's create_qp (verbs.c:2330-2379): on unless the
+// environment says MLX5_SCATTER_TO_CQE=0 (verbs.c:887-896); MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE
+// (with MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS) clears it, EINVAL together with _ALLOW_.
+bool provider_scatter_to_cqe = true;
+ibv_qp *scatter_verb(ibv_context *c, ibv_qp_init_attr_ex *a, mlx5dv_qp_init_attr *dv) {
+  bool scatter = true; // use_scatter_to_cqe(), MLX5_SCATTER_TO_CQE unset
+  if (dv && (dv->comp_mask & MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS)) {
+    if ((dv->create_flags & MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE) &&
+        (dv->create_flags & MLX5DV_QP_CREATE_ALLOW_SCATTER_TO_CQE)) {
+      errno = EINVAL;
+      return nullptr;
+    }
+    if (dv->create_flags & MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE) scatter = false;
+    if (dv->create_flags & MLX5DV_QP_CREATE_ALLOW_SCATTER_TO_CQE) scatter = true;
+  }
+  provider_scatter_to_cqe = scatter;
+  return granting_verb(c, a, dv);
+}
+} // namespace
+
+TEST_CASE("mlx5 contract: every RC QP rdmaxx creates on mlx5 has scatter-to-CQE disabled", "[unit][mlx5][ikey]") {
+  ibv_pd raw_pd{};
+  ibv_cq raw_cq{};
+  ProtectionDomain pd = test_access::pd(raw_pd);
+  CompletionQueue cq = test_access::cq(raw_cq);
+  verb_calls = 0;
+  provider_scatter_to_cqe = true;
+  // QueuePair::create on an mlx5 device: mlx5dv_create_qp, the verbs attributes unchanged
+  auto r = test_access::create_mlx5(pd, cq, {.max_send_wr = 16, .max_inline_data = 64}, all_send_ops, scatter_verb);
+  REQUIRE(r.has_value());
+  QueuePair qp = std::move(r.value());
+  CHECK(verb_calls == 1);
+  CHECK_FALSE(provider_scatter_to_cqe); // what the provider then does
+  CHECK(verb_dv.comp_mask == MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS);
+  CHECK(verb_dv.create_flags == MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE);
+  CHECK(verb_attr.send_ops_flags == all_send_ops.native());
+  CHECK(verb_attr.qp_type == IBV_QPT_RC);
+  CHECK(qp.scatter_to_cqe_disabled());
+  CHECK(qp.mlx5_send_ops() == 0); // an ordinary QP: no UMR builders
+  // so an mlx5 key's zero-based SGEs may be posted on it, while a configure through it is refused
+  mlx5dv_mkey mkey{0x900, 0x900};
+  IndirectKey key = test_access::mlx5_key(&mkey, &raw_pd, 4, to_dv_recorder);
+  ibv_sge sge[1];
+  CHECK(key.sges(qp, 0, 1, sge).error() == errc::wrong_state); // past the QP check: not configured
+  test_access::disown(key);
+  test_access::disown_created(qp);
+  // the UMR QP too
+  provider_scatter_to_cqe = true;
+  auto u = mlx5::qp_factory::create_with(pd, cq, cq, {}, all_send_ops, scatter_verb);
+  REQUIRE(u.has_value());
+  CHECK_FALSE(provider_scatter_to_cqe);
+  CHECK(u.value().scatter_to_cqe_disabled());
+  test_access::disown_created(u.value());
+  // a refused creation keeps nothing
+  auto bad = test_access::create_mlx5(pd, cq, {}, all_send_ops, refusing_verb);
+  CHECK(bad.error() == std::errc::invalid_argument);
+  CHECK_FALSE(QueuePair{}.scatter_to_cqe_disabled());
   test_access::disown(pd);
   test_access::disown(cq);
 }
@@ -1487,39 +1575,179 @@ TEST_CASE("mlx5 contract: a peer's send-with-invalidate revokes the key", "[unit
   }
 }
 
-TEST_CASE("mlx5 contract: a configure on a full send queue (rdma-core 44) fails at submit; the key rolls back", "[unit][mlx5][ikey]") {
+TEST_CASE("mlx5 contract: without a credit, rdma-core 44 writes a full queue's WR into the last posted one", "[unit][mlx5][ikey]") {
   // mlx5_wq_overflow (qp.c:186-199) counts posted WQEs not yet retired by a polled completion.
   // With the queue full, _common_wqe_init_op sets ENOMEM and the builders go on writing through
-  // the last posted WQE (qp.c:2849-2852): rdmaxx cannot see the provider's queue and does not
-  // count the QP's outstanding work yet (issue 21, point 2), so this shows what happens today.
+  // the last posted WQE (qp.c:2849-2852): what the provider does on a QP whose send queue rdmaxx
+  // does not count (the stand-in QP here has no credit; mlx5::create_umr_qp installs one).
   mlx5_rig g;
   g.rec.sq.max_post = 2;
-  detail::parent_node mr_a;
-  region_ref a = mr(0x10000, 4096, 7);
-  a.node = &mr_a;
   {
     auto b = g.qp.start_send();
     post_write(b, 0x30, false);
     post_write(b, 0x31, true);
     REQUIRE(b.submit().has_value());
   }
-  CHECK(g.rec.sq.head - g.rec.sq.tail == 2);
-  auto r = g.key.configure(g.qp, layout::list({{a, 0, 64}}), rw, {0x32});
+  CHECK(g.qp.send_queue_room() == UINT32_MAX); // not counted
+  auto r = g.key.configure(g.qp, one_entry, rw, {0x32});
   REQUIRE_FALSE(r.has_value());
-  CHECK(r.error() == std::errc::not_enough_memory);
+  CHECK(r.error() == std::errc::not_enough_memory); // the provider's ENOMEM at submit
   CHECK(g.rec.sq.stale_writes == 1); // the provider's defect: a posted WQE was written to
   CHECK(g.phase() == mlx5::key_phase::idle);
-  CHECK(mr_a.live_children() == 0);
-  CHECK(g.key.rkey() == 0x7700);
-  // once the queue drains (the signaled write's CQE retires both), the same configure goes
-  // through with the same (first) tag
-  CHECK(g.rec.poll().size() == 1);
-  CHECK(g.rec.sq.head - g.rec.sq.tail == 0);
+}
+
+TEST_CASE("mlx5 contract: a UMR QP's counted send queue refuses a full queue before any builder", "[unit][mlx5][ikey]") {
+  detail::parent_node qp_node, mr_a; // the QP's child counter, a region's: they outlive the key
+  mlx5_rig g;
+  g.install_credit(2, &qp_node);
+  region_ref a = mr(0x10000, 4096, 7);
+  a.node = &mr_a;
+  const layout la = layout::list({{a, 0, 64}});
+  CHECK(g.qp.send_queue_room() == 2);
+  {
+    auto b = g.qp.start_send();
+    post_write(b, 0x30, false); // through the credit: raw ibv_wr_* calls are counted too
+    post_write(b, 0x31, true);
+    REQUIRE(b.submit().has_value());
+  }
+  CHECK(g.rec.sq.head - g.rec.sq.tail == 2);
+  CHECK(g.qp.send_queue_room() == 0);
+  const std::vector<wqe> posted = g.rec.sq.posted;
   g.rec.calls.clear();
-  configure_confirmed(g, g.key, layout::list({{a, 0, 64}}), 0x33);
-  CHECK(g.rec.calls[1].tag == 0);
+  SECTION("a configure is refused at once: no builder, the posted WQEs untouched, the key unchanged") {
+    auto batch = g.qp.start_send();
+    CHECK(g.key.configure(g.qp, batch, la, rw, {0x32}).error() == errc::send_queue_full);
+    CHECK(g.names() == names{"wr_start"});
+    CHECK(to_dv_calls == 0);
+    CHECK(g.rec.sq.stale_writes == 0);
+    CHECK(g.rec.sq.err == 0);
+    CHECK(g.phase() == mlx5::key_phase::idle);
+    CHECK(g.key.rkey() == 0x7700); // no tag used
+    CHECK(mr_a.live_children() == 0);
+    CHECK(qp_node.live_children() == 0);
+    REQUIRE(batch.submit().has_value()); // an empty batch
+    // the posting form and the invalidate alike
+    CHECK(g.key.configure(g.qp, la, rw, {0x33}).error() == errc::send_queue_full);
+    CHECK(g.rec.sq.stale_writes == 0);
+  }
+  SECTION("an ordinary write is refused at submit: neither the op nor its setter reaches the provider") {
+    auto batch = g.qp.start_send();
+    const ibv_sge s{0x5000, 64, 9};
+    batch.write({0x34, send_flag::signaled}, {0x9000, 0x55}, s);
+    auto r = batch.submit();
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error() == errc::send_queue_full);
+    INFO(r.error().message());
+    CHECK(g.names() == (names{"wr_start", "wr_abort"})); // no rdma_write, no set_sge
+    CHECK(g.rec.sq.stale_writes == 0);
+  }
+  // the posted WQEs are as they were
+  CHECK(g.rec.sq.posted.size() == posted.size());
+  for (std::size_t i = 0; i < posted.size() && i < g.rec.sq.posted.size(); ++i) {
+    CHECK(g.rec.sq.posted[i].wr_id == posted[i].wr_id);
+    CHECK(g.rec.sq.posted[i].signaled == posted[i].signaled);
+    CHECK(g.rec.sq.posted[i].opcode == posted[i].opcode);
+  }
+  CHECK(g.rec.sq.head - g.rec.sq.tail == 2);
+
+  // room comes back only through completions handed back: the signaled write's retires both
+  const auto wcs = g.rec.poll();
+  REQUIRE(wcs.size() == 1);
+  CHECK(g.qp.send_queue_room() == 0); // polled, not handed back: rdmaxx does not know yet
+  ibv_wc other = wcs[0];
+  other.qp_num = 0x99;
+  CHECK_FALSE(g.qp.retire(other)); // another QP's
+  ibv_wc failed = wcs[0];
+  failed.status = IBV_WC_REM_ACCESS_ERR;
+  CHECK_FALSE(g.qp.retire(failed)); // error completions retire nothing
+  ibv_wc recv = wcs[0];
+  recv.opcode = IBV_WC_RECV;
+  CHECK_FALSE(g.qp.retire(recv)); // a receive
+  CHECK(g.qp.retire(wcs[0]));
+  CHECK(g.qp.send_queue_room() == 2);
+  CHECK_FALSE(g.qp.retire(wcs[0])); // once
+
+  // the configure now goes through; while unconfirmed it holds the QP, its completion retires it
+  g.rec.calls.clear();
+  REQUIRE(g.key.configure(g.qp, la, rw, {0x35}).has_value());
+  CHECK(g.rec.calls[1].tag == 0); // the tag of the refused configure was never used
+  CHECK(g.qp.send_queue_room() == 1);
+  CHECK(qp_node.live_children() == 1);
   CHECK(mr_a.live_children() == 1);
-  invalidate_confirmed(g, g.key, 0x34);
+  {
+    // a write behind it, and an invalidate: the queue is full again
+    auto b = g.qp.start_send();
+    post_write(b, 0x36, false);
+    REQUIRE(b.submit().has_value());
+  }
+  CHECK(g.qp.send_queue_room() == 0);
+  REQUIRE(feed(g.key, g.rec.poll()) == 1); // the configure's own completion
+  CHECK(g.phase() == mlx5::key_phase::configured);
+  CHECK(qp_node.live_children() == 0);
+  CHECK(g.qp.send_queue_room() == 1); // the configure retired; the write after it not yet
+  REQUIRE(g.key.invalidate(g.qp, {0x37}).has_value());
+  CHECK(g.qp.send_queue_room() == 0);
+  auto b = g.qp.start_send();
+  CHECK(g.key.invalidate(b, {0x38}).error() == errc::operation_unconfirmed);
+  REQUIRE(b.submit().has_value());
+  {
+    // a flushed invalidate (the QP went to ERR) retires nothing and lets the QP go
+    const auto flushed = g.rec.poll(0x36, IBV_WC_REM_ACCESS_ERR);
+    REQUIRE(flushed.size() == 2);
+    CHECK_FALSE(g.qp.retire(flushed[0]));
+    CHECK(feed(g.key, flushed) == 1);
+    CHECK(g.phase() == mlx5::key_phase::configured); // the invalidate did not run
+    CHECK(qp_node.live_children() == 0);
+    CHECK(g.qp.send_queue_room() == 0);
+  }
+  // RESET gives every credit back (the provider resets its indices, verbs.c:3017-3031); a
+  // completion of before the reset retires nothing after it
+  detail::sq_credit *c = detail::sq_credit::of(&g.rec.qpx);
+  const std::uint32_t old_epoch = c->epoch.load();
+  c->reset();
+  g.rec.sq = sq_model{};
+  g.rec.sq.max_post = 2;
+  CHECK(g.qp.send_queue_room() == 2);
+  {
+    auto b2 = g.qp.start_send();
+    post_write(b2, 0x40, true);
+    REQUIRE(b2.submit().has_value());
+  }
+  c->retire_through(0, old_epoch);
+  CHECK(g.qp.send_queue_room() == 1);
+  c->retire_through(0, c->epoch.load());
+  CHECK(g.qp.send_queue_room() == 2);
+}
+
+TEST_CASE("mlx5 contract: the credit matches completions by wr_id, never retiring more than the device did", "[unit][mlx5]") {
+  mlx5_rig g;
+  g.install_credit(8, nullptr);
+  auto b = g.qp.start_send();
+  post_write(b, 7, false); // the same wr_id, unsignaled
+  post_write(b, 1, true);
+  post_write(b, 7, true);
+  post_write(b, 2, true);
+  REQUIRE(b.submit().has_value());
+  CHECK(g.qp.send_queue_room() == 4);
+  const auto wcs = g.rec.poll();
+  REQUIRE(wcs.size() == 3);
+  CHECK(wcs[1].wr_id == 7);
+  // the completion of the second WR 7 matches the first one: one WR retired, not three
+  CHECK(g.qp.retire(wcs[1]));
+  CHECK(g.qp.send_queue_room() == 5);
+  CHECK(g.qp.retire(wcs[0])); // WR 1: retires through it
+  CHECK(g.qp.send_queue_room() == 6);
+  CHECK(g.qp.retire(wcs[1])); // now the second 7
+  CHECK(g.qp.send_queue_room() == 7);
+  CHECK(g.qp.retire(wcs[2]));
+  CHECK(g.qp.send_queue_room() == 8);
+  // the provider's send opcodes (UMR: IBV_WC_DRIVER1) count; receive-side ones do not
+  CHECK(detail::sq_credit::is_send_opcode(IBV_WC_RDMA_WRITE));
+  CHECK(detail::sq_credit::is_send_opcode(IBV_WC_LOCAL_INV));
+  CHECK(detail::sq_credit::is_send_opcode(IBV_WC_DRIVER1));
+  CHECK_FALSE(detail::sq_credit::is_send_opcode(IBV_WC_RECV));
+  CHECK_FALSE(detail::sq_credit::is_send_opcode(IBV_WC_RECV_RDMA_WITH_IMM));
+  CHECK_FALSE(detail::sq_credit::is_send_opcode(IBV_WC_TM_RECV));
 }
 
 namespace {

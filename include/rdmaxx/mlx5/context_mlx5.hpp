@@ -19,6 +19,7 @@
 
 #include <endian.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 
@@ -84,22 +85,39 @@ enum class umr_atomic : std::uint8_t {
   return ((dw >> (31 - bit % 32)) & 1) ? umr_atomic::disabled : umr_atomic::allowed;
 }
 
-/// True when an indirect mkey (4 entries) can be created on `pd` (mlx5dv_create_mkey, then
-/// mlx5dv_destroy_mkey): the context has DEVX and the device UMR, and the device does not
-/// report umr_modify_atomic_disabled (query_umr_atomic). The live probe behind
-/// Capabilities::mlx5_devx / umr; IndirectKey::create decides the same way.
-[[nodiscard]] inline bool probe_umr(ibv_pd *pd) noexcept {
-  if (!pd || !::mlx5dv_is_supported(pd->context->device)) return false;
-  if (query_umr_atomic(pd->context) == umr_atomic::disabled) return false; // every configure fails
+/// What probe_umr_outcome() found.
+struct umr_probe {
+  /// The outcome.
+  enum kind : std::uint8_t {
+    ok,              ///< an indirect mkey was created and destroyed
+    not_mlx5,        ///< `pd` is null or not on an mlx5 device
+    atomic_disabled, ///< the device reports umr_modify_atomic_disabled (query_umr_atomic)
+    mkey_failed,     ///< mlx5dv_create_mkey failed (`err`: its errno, EOPNOTSUPP without DEVX)
+  };
+  kind outcome = not_mlx5; ///< what was found
+  int err = 0; ///< with mkey_failed: the errno of mlx5dv_create_mkey
+};
+
+/// Whether an indirect mkey (4 entries) can be created on `pd` (mlx5dv_create_mkey, then
+/// mlx5dv_destroy_mkey), and if not, why: the context has DEVX and the device UMR, and the
+/// device does not report umr_modify_atomic_disabled (query_umr_atomic, asked first: every
+/// configure would fail there). The live probe behind Capabilities::mlx5_devx / umr / umr_why;
+/// IndirectKey::create decides the same way, in the same order.
+[[nodiscard]] inline umr_probe probe_umr_outcome(ibv_pd *pd) noexcept {
+  if (!pd || !::mlx5dv_is_supported(pd->context->device)) return {umr_probe::not_mlx5, 0};
+  if (query_umr_atomic(pd->context) == umr_atomic::disabled) return {umr_probe::atomic_disabled, 0};
   mlx5dv_mkey_init_attr a{};
   a.pd = pd;
   a.create_flags = MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT;
   a.max_entries = 4;
   mlx5dv_mkey *k = ::mlx5dv_create_mkey(&a);
-  if (!k) return false;
+  if (!k) return {umr_probe::mkey_failed, errno};
   (void)::mlx5dv_destroy_mkey(k);
-  return true;
+  return {umr_probe::ok, 0};
 }
+
+/// True when probe_umr_outcome(pd) finds an indirect mkey can be created.
+[[nodiscard]] inline bool probe_umr(ibv_pd *pd) noexcept { return probe_umr_outcome(pd).outcome == umr_probe::ok; }
 
 } // namespace rdmaxx::mlx5
 

@@ -43,6 +43,7 @@
 #include "../error.hpp"
 #include "../layout.hpp"
 #include "../detail/handle.hpp"
+#include "../detail/sq_credit.hpp"
 #include "../queue_pair.hpp"
 #include "umr_qp.hpp"
 
@@ -200,6 +201,7 @@ struct created_mkey {
 /// - errc::null_handle: `qpx`, `mqp` or `mkey` is null.
 /// - the layout_category() codes of layout::validate with limits_for(u) and of
 ///   check_provider_limits.
+/// - errc::send_queue_full: the QP's counted send queue (detail::sq_credit) is full.
 /// \mallocs None (the entry array is on the stack).
 [[nodiscard]] inline result<void> post_configure(ibv_qp_ex *qpx, mlx5dv_qp_ex *mqp,
                                                  mlx5dv_mkey *mkey, ibv_pd *pd, wr w,
@@ -210,6 +212,9 @@ struct created_mkey {
   if (auto ec = check_provider_limits(l)) return ec;
   qpx->wr_id = w.id;
   qpx->wr_flags = (w.flags | send_flag::inline_data).native();
+  // The mlx5dv builders are not routed through the credit: admit the WR here.
+  if (detail::sq_credit *c = detail::sq_credit::of(qpx); c && !c->admit(qpx))
+    return make_error_code(errc::send_queue_full);
   mlx5dv_mkey_conf_attr attr{};
   ::mlx5dv_wr_mkey_configure(mqp, mkey, 2, &attr);
   ::mlx5dv_wr_set_mkey_access_flags(mqp, acc.native());
@@ -271,6 +276,14 @@ struct key_state {
   /// While a layout is posted or configured: one link per entry to its source's child counter
   /// (a MemoryRegion, or a nested IndirectKey), so neither can be destroyed under the layout.
   detail::child_link links[layout::capacity];
+  /// The counted send queue of the QP the unconfirmed operation was posted on (or nullptr), its
+  /// position there and that queue's epoch: its own completion gives the room back.
+  detail::sq_credit *credit = nullptr;
+  std::uint32_t sq_pos = 0;   ///< (its position in that queue)
+  std::uint32_t sq_epoch = 0; ///< (that queue's resets when it was posted)
+  /// While an operation is unconfirmed: a link to that QP's child counter, so the QP (and its
+  /// credit) outlives it.
+  detail::child_link qp_link;
   /// The key may grant access (configured, or either operation not yet confirmed).
   [[nodiscard]] bool live() const noexcept { return phase != key_phase::idle; }
   /// An operation is posted and not yet confirmed.
@@ -309,6 +322,22 @@ using to_dv_qp = mlx5dv_qp_ex *(*)(ibv_qp_ex *) noexcept;
   return ::mlx5dv_qp_ex_from_ibv_qp_ex(q);
 }
 
+/// While an operation of `k` is unconfirmed: the counted send queue it was posted on, its
+/// position there, and a link to the QP (see key_state::credit).
+inline void hold_credit(key_state &k, detail::sq_credit *c, std::uint32_t pos) noexcept {
+  k.credit = c;
+  k.sq_pos = pos;
+  k.sq_epoch = c ? c->epoch.load(std::memory_order_relaxed) : 0;
+  k.qp_link = detail::child_link(c ? c->qp_node : nullptr);
+}
+/// The unconfirmed operation is settled: a successful completion (`done`) retires it and every
+/// earlier WR of its QP's counted send queue (RC completes in order); then the QP is let go.
+inline void release_credit(key_state &k, bool done) noexcept {
+  if (done && k.credit) k.credit->retire_through(k.sq_pos, k.sq_epoch);
+  k.credit = nullptr;
+  k.qp_link.drop();
+}
+
 /// Add a configure of `k` to the open batch `qpx` of a QP created with mlx5dv send operations
 /// `qp_mlx5_ops` (QueuePair::mlx5_send_ops()). Posted signaled whatever `w.flags` says: only
 /// its own completion (this QP, w.id, opcode MLX5DV_WC_UMR) confirms it. Each configure after
@@ -323,6 +352,8 @@ using to_dv_qp = mlx5dv_qp_ex *(*)(ibv_qp_ex *) noexcept;
 /// - errc::not_umr_qp: the QP lacks the UMR builders (checked before the mlx5dv_qp_ex is even
 ///   computed).
 /// - errc::key_retired: every tag of the mkey has been used (max_generations()).
+/// - errc::send_queue_full: the QP's counted send queue has no room (detail::sq_credit): hand
+///   its send completions back first.
 /// - the codes of post_configure.
 /// \mallocs None.
 [[nodiscard]] inline result<void> configure_key(key_state &k, std::uint64_t qp_mlx5_ops, ibv_qp_ex *qpx,
@@ -333,6 +364,9 @@ using to_dv_qp = mlx5dv_qp_ex *(*)(ibv_qp_ex *) noexcept;
   if (k.phase == key_phase::configured) return make_error_code(errc::already_bound);
   if (!has_umr_ops(qp_mlx5_ops)) return make_error_code(errc::not_umr_qp);
   if (k.generations >= k.max_generations()) return make_error_code(errc::key_retired);
+  detail::sq_credit *const credit = detail::sq_credit::of(qpx);
+  if (credit && credit->full()) return make_error_code(errc::send_queue_full);
+  const std::uint32_t pos = credit ? credit->next_position() : 0;
   const std::uint32_t old_lkey = k.mkey->lkey, old_rkey = k.mkey->rkey;
   if (k.generations > 0) set_tag(k.mkey, tag_of(k.first_tag, k.generations));
   w.flags |= send_flags(send_flag::signaled);
@@ -349,6 +383,7 @@ using to_dv_qp = mlx5dv_qp_ex *(*)(ibv_qp_ex *) noexcept;
   k.wr_id = w.id;
   k.qp_num = qpx->qp_base.qp_num;
   k.remotely_invalidated = false;
+  hold_credit(k, credit, pos);
   return success();
 }
 
@@ -359,16 +394,21 @@ using to_dv_qp = mlx5dv_qp_ex *(*)(ibv_qp_ex *) noexcept;
 /// - errc::null_handle: the key's mkey or `qpx` is null.
 /// - errc::operation_unconfirmed: an operation is unconfirmed.
 /// - errc::not_bound: not configured.
+/// - errc::send_queue_full: the QP's counted send queue has no room.
 /// \mallocs None.
 [[nodiscard]] inline result<void> invalidate_key(key_state &k, ibv_qp_ex *qpx, wr w) noexcept {
   if (!k.mkey || !qpx) return make_error_code(errc::null_handle);
   if (k.pending()) return make_error_code(errc::operation_unconfirmed);
   if (k.phase != key_phase::configured) return make_error_code(errc::not_bound);
+  detail::sq_credit *const credit = detail::sq_credit::of(qpx);
+  if (credit && credit->full()) return make_error_code(errc::send_queue_full);
+  const std::uint32_t pos = credit ? credit->next_position() : 0;
   w.flags |= send_flags(send_flag::signaled);
-  RDMAXX_TRYV(post_invalidate(qpx, k.mkey, w));
+  RDMAXX_TRYV(post_invalidate(qpx, k.mkey, w)); // ibv_wr_local_inv: admitted by the credit
   k.phase = key_phase::invalidating;
   k.wr_id = w.id;
   k.qp_num = qpx->qp_base.qp_num;
+  hold_credit(k, credit, pos);
   return success();
 }
 
@@ -424,15 +464,18 @@ inline bool complete_key(key_state &k, const ibv_wc &wc) noexcept {
     const unsigned own = k.phase == key_phase::configuring ? unsigned(MLX5DV_WC_UMR) : unsigned(IBV_WC_LOCAL_INV);
     if (unsigned(wc.opcode) != own) return false; // another work request with the same wr_id
     confirm_key(k);
+    release_credit(k, true);
     return true;
   }
   undo_key(k);
+  release_credit(k, false); // an error completion retires nothing (QueuePair::retire)
   return true;
 }
 
 /// The batch holding the unconfirmed operation was dropped, or its submit() failed: nothing of
 /// it was posted, undo it (a configure gives its tag back: the device never saw it).
 inline void cancel_key(key_state &k) noexcept {
+  release_credit(k, false);
   if (k.phase == key_phase::configuring) {
     --k.generations;
     k.mkey->lkey = k.prev_lkey;

@@ -24,8 +24,9 @@
 /// copies the data itself to the receive SGE's address taken as a pointer (cq.c:237-242 ->
 /// qp.c:74-101, copy_to_scat), but an SGE of an indirect key is zero-based ({offset, length,
 /// mkey}), so it would write to virtual address `offset`. mlx5dv_create_mkey(3): indirect mkeys
-/// cannot be used with scatter-to-CQE. Post receives that land in an indirect key only on a QP
-/// made here.
+/// cannot be used with scatter-to-CQE. Every QP rdmaxx creates on mlx5 disables it (a QP made
+/// here, and QueuePair::create there: QueuePair::scatter_to_cqe_disabled()); post receives that
+/// land in an indirect key only on such a QP.
 ///
 /// Compiled and contract-tested against rdma-core 44, NOT run on hardware.
 #pragma once
@@ -91,10 +92,17 @@ struct qp_factory {
                                                      const CompletionQueue &recv_cq, qp_caps caps,
                                                      send_ops ops, create_qp_verb verb) noexcept {
     mlx5dv_qp_init_attr dv = umr_dv_attr();
-    return QueuePair::create_with(pd, send_cq, recv_cq, caps, umr_verbs_ops(ops), dv.send_ops_flags,
-                                  [&dv, verb](ibv_context *c, ibv_qp_init_attr_ex &a) noexcept {
-                                    return verb(c, &a, &dv);
-                                  });
+    auto r = QueuePair::create_with(pd, send_cq, recv_cq, caps, umr_verbs_ops(ops), dv.send_ops_flags,
+                                    [&dv, verb](ibv_context *c, ibv_qp_init_attr_ex &a) noexcept {
+                                      return verb(c, &a, &dv);
+                                    });
+    if (!r) return r;
+    r.value().no_scatter_to_cqe_ = true; // umr_dv_attr() disables it
+    // A full queue must never reach rdma-core 44's builders (detail/sq_credit.hpp): count it.
+    if (ibv_qp_ex *qx = r.value().native_handle_ex();
+        qx && !detail::sq_credit::install(qx, r.value().caps().max_send_wr, detail::handle_access::node(r.value())))
+      return std::make_error_code(std::errc::not_enough_memory); // the QP is destroyed
+    return r;
   }
 };
 
@@ -103,15 +111,23 @@ struct qp_factory {
 /// IBV_QP_EX_WITH_LOCAL_INV, and MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE. caps.max_inline_data
 /// sizes the inline layouts: QueuePair::caps() holds what the provider granted
 /// (verbs.c:1667-1669 writes it back), and IndirectKey::limits() derives the entry limits from
-/// it. Lifetime: as any QueuePair (a child of `pd`, `send_cq` and `recv_cq`).
+/// it. Its send queue is counted (detail/sq_credit.hpp): a work request that would find it full
+/// is refused before the provider's builder runs (rdma-core 44's would write it into the last
+/// one posted), SendBatch::submit() answering errc::send_queue_full and IndirectKey's configure
+/// and invalidate refusing at once; hand the QP's send completions to QueuePair::retire() (a
+/// key's own to IndirectKey::complete()) to give the room back, and post on it only with
+/// ibv_wr_* (SendBatch), never ibv_post_send. Lifetime: as any QueuePair (a child of `pd`,
+/// `send_cq` and `recv_cq`); an unconfirmed key operation posted on it counts as its child.
 /// \errors
 /// - errc::null_handle: `pd` or a CQ is null.
 /// - errc::unsupported: not an mlx5 device.
 /// - errc::context_mismatch: CQs of another device context.
 /// - the errno of mlx5dv_create_qp (EOPNOTSUPP: send operations the device lacks, EINVAL: caps
 ///   above the device's limits, ENOMEM).
+/// - ENOMEM: the send-queue credit could not be allocated.
 /// \mallocs As QueuePair::create(): one node that counts the QP's children (new(nothrow)),
-/// besides what the provider allocates.
+/// besides what the provider allocates; and the send-queue credit (new(nothrow): 8 bytes per
+/// granted send work request, plus its header).
 [[nodiscard]] inline result<QueuePair> create_umr_qp(const ProtectionDomain &pd,
                                                      const CompletionQueue &send_cq,
                                                      const CompletionQueue &recv_cq,

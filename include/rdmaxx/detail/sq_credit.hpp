@@ -1,0 +1,233 @@
+/// \file
+/// rdmaxx/detail/sq_credit.hpp: a QP's send-queue credit, counted by rdmaxx (issue 21, point 2).
+///
+/// On a full send queue rdma-core 44's mlx5 builders write through a stale pointer into the last
+/// work request already posted: _common_wqe_init_op (providers/mlx5/qp.c:1236-1251, v44.0) only
+/// sets ENOMEM when mlx5_wq_overflow (qp.c:186-199) says the queue is full and returns without a
+/// new mqp->cur_ctrl, and every builder goes on writing through it (the mkey configure,
+/// qp.c:2849-2857, the local invalidate and bind, qp.c:1595-1597, an RDMA write's address
+/// segment, qp.c:1472-1485). The queue is full when head - tail + nreq >= max_post: head counts
+/// the WRs rung, tail moves when the provider polls a completion (cq.c:807, 918: to the WR after
+/// the completed one), max_post is the granted max_send_wr (verbs.c:1689, 2623).
+///
+/// The credit counts the same from what rdmaxx sees: WRs posted (head) and WRs retired by the
+/// completions the caller hands back (tail). A completion handed back has been polled, so the
+/// provider's tail is at least rdmaxx's: whenever the credit admits a WR, the provider has room
+/// and never reaches the stale-pointer path. It is installed on a QP's ibv_qp_ex (install()):
+/// each op entry (wr_rdma_write, wr_local_inv, ...) is replaced by one that admits the WR first
+/// (refused: the provider's builder is not called, nor any setter after it, and wr_complete
+/// aborts the batch and answers ENOSPC, which SendBatch::submit() reports as
+/// errc::send_queue_full), so SendBatch and raw ibv_wr_* calls on native_handle_ex() are counted
+/// alike. Not counted: ibv_post_send and mlx5dv_wr_* builders called by the caller (rdmaxx's
+/// own mkey configure admits itself).
+///
+/// Credits come back only through completions handed back: a successful send completion of the
+/// QP (QueuePair::retire, or IndirectKey::complete for its own operation) retires its WR and
+/// every earlier one (RC completes the send queue in order, and the provider's tail does the
+/// same, cq.c:807). A completion is matched to its WR by wr_id, the earliest outstanding WR with
+/// that id: when ids repeat, fewer WRs are retired than the device did, never more. Error
+/// completions retire nothing (their opcode is undefined, so a receive's cannot be told from a
+/// send's); after an error the QP goes through RESET (QueuePair::to_reset, reset_and_reconnect),
+/// which gives every credit back, as the provider resets its indices (verbs.c:3017-3031).
+///
+/// The credit lives in the QP's qp_context (rdmaxx owns that field of the QPs it creates) and is
+/// freed after ibv_destroy_qp. Threads: the posting side runs under the provider's send-queue
+/// lock (from wr_start to wr_complete); retiring may run on another thread (head and tail are
+/// atomic); to_reset must not run while another thread posts or retires.
+#pragma once
+
+#include "handle.hpp"
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <new>
+#include <type_traits>
+
+namespace rdmaxx::detail {
+
+struct sq_credit {
+  /// What wr_complete answers for a batch the credit refused.
+  static constexpr int refused_rc = ENOSPC;
+
+  std::uint32_t max_post = 0;         // the granted max_send_wr
+  std::atomic<std::uint32_t> head{0}; // WRs posted since creation or the last reset
+  std::atomic<std::uint32_t> tail{0}; // WRs retired by completions handed back
+  std::atomic<std::uint32_t> epoch{0}; // resets so far (a position is valid within its epoch)
+  // WRs admitted into the open batch: written under the provider's lock, read by used() on any
+  // thread (relaxed: a batch still open elsewhere is seen approximately).
+  std::atomic<std::uint32_t> nreq{0};
+  bool refused = false;               // the open batch met a full queue
+  std::uint64_t *ids = nullptr;       // wr_id by position % max_post
+  parent_node *qp_node = nullptr;     // the QP's child counter (a pending key operation holds it)
+  ibv_qp_ex saved{};                  // the provider's entries (function pointers only)
+
+  ~sq_credit() { delete[] ids; }
+
+  /// Outstanding WRs (posted and not retired) plus those of the open batch.
+  [[nodiscard]] std::uint32_t used() const noexcept {
+    return head.load(std::memory_order_relaxed) - tail.load(std::memory_order_acquire) +
+           nreq.load(std::memory_order_relaxed);
+  }
+  /// No further WR can be admitted into the open batch.
+  [[nodiscard]] bool full() const noexcept { return refused || used() >= max_post; }
+  /// The position the next admitted WR takes.
+  [[nodiscard]] std::uint32_t next_position() const noexcept {
+    return head.load(std::memory_order_relaxed) + nreq.load(std::memory_order_relaxed);
+  }
+  /// Admit one WR (its wr_id is q->wr_id) into the open batch, or refuse the batch.
+  [[nodiscard]] bool admit(const ibv_qp_ex *q) noexcept {
+    if (full()) {
+      refused = true;
+      return false;
+    }
+    const std::uint32_t n = nreq.load(std::memory_order_relaxed);
+    ids[(head.load(std::memory_order_relaxed) + n) % max_post] = q->wr_id;
+    nreq.store(n + 1, std::memory_order_relaxed);
+    return true;
+  }
+  /// Retire every WR up to and including `pos` (of epoch `ep`).
+  void retire_through(std::uint32_t pos, std::uint32_t ep) noexcept {
+    if (ep != epoch.load(std::memory_order_relaxed)) return;
+    const std::uint32_t h = head.load(std::memory_order_acquire);
+    std::uint32_t t = tail.load(std::memory_order_relaxed);
+    // only forward, and never past what was posted
+    while (pos - t < h - t && !tail.compare_exchange_weak(t, pos + 1, std::memory_order_release,
+                                                          std::memory_order_relaxed)) {
+    }
+  }
+  /// Retire by a completion of this QP (see the top of this header). Returns true when it
+  /// retired at least one WR.
+  bool retire(const ibv_wc &wc) noexcept {
+    if (wc.status != IBV_WC_SUCCESS || !is_send_opcode(wc.opcode)) return false;
+    const std::uint32_t ep = epoch.load(std::memory_order_relaxed);
+    const std::uint32_t h = head.load(std::memory_order_acquire);
+    const std::uint32_t t = tail.load(std::memory_order_relaxed);
+    for (std::uint32_t p = t; p != h; ++p) {
+      if (ids[p % max_post] == wc.wr_id) {
+        retire_through(p, ep);
+        return true;
+      }
+    }
+    return false;
+  }
+  /// The QP went through RESET: the provider starts its send queue anew.
+  void reset() noexcept {
+    head.store(0, std::memory_order_relaxed);
+    tail.store(0, std::memory_order_relaxed);
+    epoch.fetch_add(1, std::memory_order_relaxed);
+    nreq.store(0, std::memory_order_relaxed);
+    refused = false;
+  }
+  /// Completions of work on the send queue (a successful one's opcode): every IBV_WC_* below
+  /// IBV_WC_RECV, and the driver opcodes mlx5 reports for its send-queue work (IBV_WC_DRIVER1
+  /// for a UMR, cq.c:193-196; DRIVER2 raw WQE, DRIVER3 MMO, qp.c:1259-1264).
+  [[nodiscard]] static constexpr bool is_send_opcode(ibv_wc_opcode op) noexcept {
+    return op < IBV_WC_RECV || op == IBV_WC_DRIVER1 || op == IBV_WC_DRIVER2 || op == IBV_WC_DRIVER3;
+  }
+
+  /// The credit of `q` (installed), or nullptr.
+  [[nodiscard]] static sq_credit *of(const ibv_qp_ex *q) noexcept {
+    return q ? static_cast<sq_credit *>(q->qp_base.qp_context) : nullptr;
+  }
+  [[nodiscard]] static sq_credit *of(const ibv_qp *q) noexcept {
+    return q ? static_cast<sq_credit *>(q->qp_context) : nullptr;
+  }
+
+  /// Count the send queue of `q` (granted max_send_wr `max_post`; `node`: the QP's child
+  /// counter): allocates the credit, points qp_context at it and routes each entry the provider
+  /// filled in through the credit. Returns false (nothing changed) when out of memory.
+  [[nodiscard]] static bool install(ibv_qp_ex *q, std::uint32_t max_post, parent_node *node) noexcept {
+    if (!q || max_post == 0) return false;
+    auto *c = new (std::nothrow) sq_credit;
+    if (!c) return false;
+    c->ids = new (std::nothrow) std::uint64_t[max_post];
+    if (!c->ids) {
+      delete c;
+      return false;
+    }
+    c->max_post = max_post;
+    c->qp_node = node;
+    hook<&ibv_qp_ex::wr_atomic_cmp_swp, op>(q, c);
+    hook<&ibv_qp_ex::wr_atomic_fetch_add, op>(q, c);
+    hook<&ibv_qp_ex::wr_bind_mw, op>(q, c);
+    hook<&ibv_qp_ex::wr_local_inv, op>(q, c);
+    hook<&ibv_qp_ex::wr_rdma_read, op>(q, c);
+    hook<&ibv_qp_ex::wr_rdma_write, op>(q, c);
+    hook<&ibv_qp_ex::wr_rdma_write_imm, op>(q, c);
+    hook<&ibv_qp_ex::wr_send, op>(q, c);
+    hook<&ibv_qp_ex::wr_send_imm, op>(q, c);
+    hook<&ibv_qp_ex::wr_send_inv, op>(q, c);
+    hook<&ibv_qp_ex::wr_send_tso, op>(q, c);
+    hook<&ibv_qp_ex::wr_atomic_write, op>(q, c);
+    hook<&ibv_qp_ex::wr_set_ud_addr, setter>(q, c);
+    hook<&ibv_qp_ex::wr_set_xrc_srqn, setter>(q, c);
+    hook<&ibv_qp_ex::wr_set_inline_data, setter>(q, c);
+    hook<&ibv_qp_ex::wr_set_inline_data_list, setter>(q, c);
+    hook<&ibv_qp_ex::wr_set_sge, setter>(q, c);
+    hook<&ibv_qp_ex::wr_set_sge_list, setter>(q, c);
+    c->saved.wr_start = q->wr_start;
+    c->saved.wr_complete = q->wr_complete;
+    c->saved.wr_abort = q->wr_abort;
+    q->wr_start = &start;
+    q->wr_complete = &complete;
+    q->wr_abort = &abort;
+    q->qp_base.qp_context = c;
+    return true;
+  }
+  /// Free the credit of a destroyed QP (the qp_context it had; null: none).
+  static void free(void *qp_context) noexcept { delete static_cast<sq_credit *>(qp_context); }
+
+private:
+  enum kind { op, setter };
+  template <auto F, kind K, class Fn>
+  struct entry;
+  template <auto F, kind K, class... A>
+  struct entry<F, K, void (*)(ibv_qp_ex *, A...)> {
+    static void call(ibv_qp_ex *q, A... a) noexcept {
+      sq_credit *c = of(q);
+      if (!c) [[unlikely]] return; // never: installed with the entry (said for GCC 12's warnings)
+      if (K == op ? !c->admit(q) : c->refused) return; // the provider's entry is never reached
+      (c->saved.*F)(q, a...);
+    }
+  };
+  template <auto F, kind K>
+  static void hook(ibv_qp_ex *q, sq_credit *c) noexcept {
+    using fn = std::remove_reference_t<decltype(q->*F)>;
+    if (!(q->*F)) return; // an operation the QP was not created with stays absent
+    c->saved.*F = q->*F;
+    q->*F = &entry<F, K, fn>::call;
+  }
+  static void start(ibv_qp_ex *q) noexcept {
+    sq_credit *c = of(q);
+    if (!c) [[unlikely]] return;
+    c->saved.wr_start(q); // takes the provider's send-queue lock
+    c->nreq.store(0, std::memory_order_relaxed);
+    c->refused = false;
+  }
+  static int complete(ibv_qp_ex *q) noexcept {
+    sq_credit *c = of(q);
+    if (!c) [[unlikely]] return EINVAL;
+    const std::uint32_t n = c->nreq.load(std::memory_order_relaxed);
+    c->nreq.store(0, std::memory_order_relaxed);
+    if (c->refused) {
+      c->refused = false;
+      c->saved.wr_abort(q); // rolls the provider back and releases its lock
+      return refused_rc;
+    }
+    const int rc = c->saved.wr_complete(q);
+    if (rc == 0) c->head.fetch_add(n, std::memory_order_release);
+    return rc;
+  }
+  static void abort(ibv_qp_ex *q) noexcept {
+    sq_credit *c = of(q);
+    if (!c) [[unlikely]] return;
+    c->nreq.store(0, std::memory_order_relaxed);
+    c->refused = false;
+    c->saved.wr_abort(q);
+  }
+};
+
+} // namespace rdmaxx::detail
