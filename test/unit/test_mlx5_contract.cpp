@@ -1616,7 +1616,7 @@ TEST_CASE("mlx5 contract: a UMR QP's counted send queue refuses a full queue bef
   g.rec.calls.clear();
   SECTION("a configure is refused at once: no builder, the posted WQEs untouched, the key unchanged") {
     auto batch = g.qp.start_send();
-    CHECK(g.key.configure(g.qp, batch, la, rw, {0x32}).error() == errc::send_queue_full);
+    CHECK(g.key.configure(batch, g.qp, la, rw, {0x32}).error() == errc::send_queue_full);
     CHECK(g.names() == names{"wr_start"});
     CHECK(to_dv_calls == 0);
     CHECK(g.rec.sq.stale_writes == 0);
