@@ -44,7 +44,8 @@
 #include <linux/capability.h>
 #include <poll.h>
 #include <sys/resource.h>
-#include <sys/syscall.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -507,6 +508,9 @@ void nap(const std::vector<int> &fds) {
   (void)::poll(p.data(), nfds_t(p.size()), 2);
 }
 
+// Where the last setup failure happened (the bench's label; the library's message follows).
+const char *failed_at = "";
+
 // Connect `n` client connections (sequentially: connect, accept, establish); `srv` is null when
 // the server is another process. Returns the error that stopped it, if any.
 std::error_code connect_n(client_end &cli, server_end *srv, const address &to, std::size_t n, bool shared,
@@ -517,23 +521,28 @@ std::error_code connect_n(client_end &cli, server_end *srv, const address &to, s
     conn_options o = options(shared, cli.sh);
     o.private_data = std::as_bytes(std::span(&announce, 1));
     auto c = Connection::start_connect(to, o);
+    failed_at = "client: Connection::start_connect";
     if (!c) return c.error();
     auto k = std::make_unique<cli_conn>();
     k->c = std::move(c).value();
     const std::int64_t deadline = detail::monotonic_ms() + 30000;
     for (;;) {
       auto st = k->c.advance();
+      failed_at = "client: Connection::advance";
       if (!st) return st.error();
       if (srv) {
         srv->accept_pending();
+        failed_at = "server: ConnectRequest::prepare / accept";
         if (srv->error) return srv->error;
         for (auto &s : srv->conns)
           if (s->c.state() == conn_state::accepting) {
+            failed_at = "server: Connection::advance";
             if (auto a = s->c.advance(); !a) return a.error();
           }
       }
       const bool srv_ok = !srv || srv->established() == i + 1;
       if (st.value() == conn_state::established && srv_ok) break;
+      failed_at = "connect: no establishment within 30 s";
       if (detail::monotonic_ms() > deadline) return make_error_code(errc::timeout);
       std::vector<int> fds{k->c.fd()};
       if (srv) {
@@ -544,6 +553,7 @@ std::error_code connect_n(client_end &cli, server_end *srv, const address &to, s
     }
     const std::int64_t t = now_ns();
     cli.conns.push_back(std::move(k));
+    failed_at = "client: buffer MR, GrantPool::create, receives";
     if (auto r = cli.setup_conn(*cli.conns.back(), std::uint32_t(i), slots); !r) return r.error();
     pool_ms += double(now_ns() - t) / 1e6;
   }
@@ -588,7 +598,9 @@ void traffic(client_end &cli, server_end *srv, double secs, int reps, round_resu
   r.p99 = pct(cli.lat_us, 0.99);
 }
 
-std::string msg_of(std::error_code ec) { return ec.message() + " [" + ec.category().name() + " " + std::to_string(ec.value()) + "]"; }
+std::string msg_of(std::error_code ec) {
+  return std::string(failed_at) + ": " + ec.message() + " [" + ec.category().name() + " " + std::to_string(ec.value()) + "]";
+}
 
 void print_counts(const char *what, const counts &c) {
   std::printf("  %-8s fds %ld VmPin %ld kB VmLck %ld kB RSS %ld kB |", what, c.fds, c.vmpin_kb, c.vmlck_kb, c.rss_kb);
@@ -636,6 +648,7 @@ round_result local_round(const address &at, std::size_t n, bool shared, std::siz
     client_end cli;
     const int cqe = int(std::max<std::size_t>(64, n * (recvs + 8)));
     auto fail = [&](std::error_code ec) { r.error = msg_of(ec); };
+    failed_at = "listener and per-end resources";
     if (auto s = srv.start(at, shared, cqe); !s) fail(s.error());
     else if (auto c = cli.start(shared, cqe); !c) fail(c.error());
     else {
@@ -652,6 +665,7 @@ round_result local_round(const address &at, std::size_t n, bool shared, std::siz
       r.up = sample();
       if (r.error.empty()) {
         traffic(cli, &srv, secs, reps, r);
+        failed_at = "traffic";
         if (cli.error) fail(cli.error);
         else if (srv.error) fail(srv.error);
       }
@@ -729,16 +743,6 @@ int sweep_slots(const address &at, std::vector<std::size_t> ss) {
 
 // ---- limits ----
 
-// Drop (or restore) CAP_IPC_LOCK in the effective set: root ignores RLIMIT_MEMLOCK otherwise.
-bool set_ipc_lock(bool on) {
-  __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct d[2]{};
-  if (::syscall(SYS_capget, &h, d)) return false;
-  if (on) d[CAP_IPC_LOCK / 32].effective |= 1u << (CAP_IPC_LOCK % 32);
-  else d[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
-  return ::syscall(SYS_capset, &h, d) == 0;
-}
-
 int limit_fds(const address &at, bool shared) {
   // Room for a few connections above what is open now: the limit is hit within seconds.
   const counts base = sample();
@@ -749,6 +753,7 @@ int limit_fds(const address &at, bool shared) {
   std::string err;
   std::size_t made = 0;
   counts at_limit;
+  bool clear = false;
   {
     server_end srv;
     client_end cli;
@@ -765,11 +770,16 @@ int limit_fds(const address &at, bool shared) {
       at_limit = sample();
     }
     err = ec ? msg_of(ec) : "no limit reached";
+    // The error says what ran out: EMFILE, and with shared resources (only the cm channel per
+    // connection) the call that needed the fd.
+    clear = ec == std::errc::too_many_files_open &&
+            (!shared || cm_call_of(ec) == cm_call::rdma_create_event_channel);
     cli.close_all();
     srv.close_all();
   }
   const counts after = sample();
   const std::string leak = leaked(base, after);
+  if (!clear) std::printf("limit fds: not the expected error (EMFILE%s)\n", shared ? " of rdma_create_event_channel" : "");
   std::printf("limit fds (%s): RLIMIT_NOFILE %llu with %ld open: %zu connections established, then: %s%s%s\n",
               shared ? "shared" : "own", (unsigned long long)low.rlim_cur, base.fds, made, err.c_str(),
               leak.empty() ? "; after teardown every count is back" : "; LEAK:", leak.c_str());
@@ -781,20 +791,49 @@ int limit_fds(const address &at, bool shared) {
       .kv("rlimit", double(low.rlim_cur)).kv("fds_before", double(base.fds)).kv("connections", double(made))
       .kv("error", json_escape(err)).kv("leak", json_escape(leak));
   j.emit();
-  return leak.empty() && made > 0 && err != "no limit reached" ? 0 : 1;
+  return leak.empty() && made > 0 && clear ? 0 : 1;
+}
+
+// Root ignores RLIMIT_MEMLOCK (CAP_IPC_LOCK), and a process cannot drop the capability once it
+// has rdma_cm or verbs files open (their writes check that the caller's credentials are the
+// opener's: EACCES). So the pinned-memory limit runs in a fresh process: fork, drop CAP_IPC_LOCK
+// from the bounding set, lower RLIMIT_MEMLOCK to 1 MiB, exec this program again.
+int limit_pinned_fork(const char *self) {
+  std::fflush(stdout);
+  const pid_t pid = ::fork();
+  if (pid < 0) return 1;
+  if (pid == 0) {
+    (void)::prctl(PR_CAPBSET_DROP, CAP_IPC_LOCK, 0, 0, 0);
+    rlimit low{1 << 20, 1 << 20};
+    (void)::setrlimit(RLIMIT_MEMLOCK, &low);
+    ::execl("/proc/self/exe", self, "limit-pinned-child", static_cast<char *>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid) return 1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
+bool have_cap_ipc_lock() {
+  std::uint64_t eff = ~0ull;
+  if (FILE *f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "CapEff: %lx", &eff) == 1) break;
+    std::fclose(f);
+  }
+  return (eff >> CAP_IPC_LOCK) & 1;
 }
 
 int limit_pinned(const address &at) {
   // One connection; pools of 16 slots on it until ibv_reg_mr refuses (RLIMIT_MEMLOCK).
   const counts base = sample();
-  rlimit old{};
-  ::getrlimit(RLIMIT_MEMLOCK, &old);
-  rlimit low = old;
-  low.rlim_cur = rlim_t(base.vmpin_kb) * 1024 + 1024 * 1024; // 1 MiB above what is pinned now
+  rlimit low{};
+  ::getrlimit(RLIMIT_MEMLOCK, &low);
+  const bool capped = low.rlim_cur != RLIM_INFINITY && !have_cap_ipc_lock();
   std::string err;
   std::size_t pools = 0;
   counts at_limit;
-  bool capped = false;
   {
     server_end srv;
     client_end cli;
@@ -809,11 +848,12 @@ int limit_pinned(const address &at) {
     std::vector<std::vector<std::byte>> bufs;
     std::vector<GrantPool> extra;
     if (!ec) {
-      capped = set_ipc_lock(false) && ::setrlimit(RLIMIT_MEMLOCK, &low) == 0;
       while (!ec && pools < 100000) {
         bufs.emplace_back(default_slots * slot_size);
         auto m = MemoryRegion::reg(cli.sh.pd, bufs.back().data(), bufs.back().size(), access::local_write);
+        failed_at = "ibv_reg_mr of the pool's buffer (MemoryRegion::reg)";
         if (!m) { ec = m.error(); break; }
+        failed_at = "GrantPool::create";
         auto p = GrantPool::create(cli.sh.pd, m.value(), {.slot_size = slot_size, .slots = default_slots});
         if (!p) { ec = p.error(); break; }
         // The pool's exact regions pin the memory: the whole-buffer region may go.
@@ -822,8 +862,6 @@ int limit_pinned(const address &at) {
         if (!capped) break;
       }
       at_limit = sample();
-      ::setrlimit(RLIMIT_MEMLOCK, &old);
-      (void)set_ipc_lock(true);
     }
     err = ec ? msg_of(ec) : "no limit reached";
     extra.clear();
@@ -832,7 +870,7 @@ int limit_pinned(const address &at) {
   }
   const counts after = sample();
   const std::string leak = leaked(base, after);
-  std::printf("limit pinned memory: RLIMIT_MEMLOCK %llu B (CAP_IPC_LOCK dropped: %s): %zu pools of 16 x 4 KiB "
+  std::printf("limit pinned memory: RLIMIT_MEMLOCK %llu B (without CAP_IPC_LOCK: %s): %zu pools of 16 x 4 KiB "
               "created, then: %s%s%s\n",
               (unsigned long long)low.rlim_cur, capped ? "yes" : "no", pools, err.c_str(),
               leak.empty() ? "; after teardown every count is back" : "; LEAK:", leak.c_str());
@@ -940,6 +978,7 @@ int main(int argc, char **argv) {
   // librdmacm opens its device contexts once, on first use, and keeps them: the baselines of
   // every round are taken after that.
   { auto l = Listener::listen(here); }
+  if (cmd == "limit-pinned-child") return limit_pinned(here);
   if (cmd == "server") {
     if (argc < 3) return 2;
     const auto at = bench::must(address::parse(argv[2]), "address");
@@ -961,7 +1000,7 @@ int main(int argc, char **argv) {
   if (cmd == "all" || cmd == "limits") {
     rc |= limit_fds(here, false);
     rc |= limit_fds(here, true);
-    rc |= limit_pinned(here);
+    rc |= limit_pinned_fork(argv[0]);
   }
   return rc;
 }
