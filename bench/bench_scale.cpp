@@ -30,9 +30,10 @@
 //   bench_scale conns [N...]             the connection sweep only
 //   bench_scale slots [S...]             the slot sweep only
 //   bench_scale limits                   the limits only
-//   bench_scale server PORT [MODE]       the server end alone (two VMs): serves rounds until killed
-//   bench_scale client ADDR:PORT [N...]  the client end alone, one round per N (MODE: own|shared,
-//                                        RDMAXX_SCALE_MODE, default both for the client)
+//   bench_scale server ADDR:PORT [MODE [ROUNDS]]  the server end alone (two VMs): serves ROUNDS
+//                                        rounds (0: until killed), MODE own|shared (default shared)
+//   bench_scale client ADDR:PORT [N...]  the client end alone: a warm-up connection, then one round
+//                                        per N (RDMAXX_SCALE_MODE=own|shared, default shared)
 // RDMAXX_SCALE_JSON=path appends one JSON object per measured row (tools/bench scale).
 #include "common.hpp"
 #include "harness.hpp"
@@ -55,6 +56,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 using namespace rdmaxx;
@@ -178,6 +180,27 @@ std::string json_escape(std::string m) {
   return o;
 }
 
+// Page-aligned bytes: an unaligned 4 KiB slot spans two pages, and its exact region pins both.
+struct pages {
+  std::byte *p = nullptr;
+  std::size_t n = 0;
+  pages() = default;
+  explicit pages(std::size_t bytes, std::byte fill = std::byte{0}) : n(bytes) {
+    p = static_cast<std::byte *>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
+    if (!p) std::abort();
+    std::memset(p, int(fill), bytes);
+  }
+  pages(pages &&o) noexcept : p(std::exchange(o.p, nullptr)), n(o.n) {}
+  pages &operator=(pages &&o) noexcept {
+    std::swap(p, o.p);
+    std::swap(n, o.n);
+    return *this;
+  }
+  ~pages() { std::free(p); }
+  std::byte *data() const { return p; }
+  std::size_t size() const { return n; }
+};
+
 // ---- one end's shared resources (mode shared) ----
 
 struct shared_end {
@@ -230,8 +253,8 @@ struct wire_req {
 
 struct srv_conn {
   Connection c;
-  std::vector<std::byte> staging = std::vector<std::byte>(slot_size);
-  std::vector<std::byte> rx = std::vector<std::byte>(recvs * msg);
+  pages staging = pages(slot_size);
+  pages rx = pages(recvs * msg);
   MemoryRegion staging_mr, rx_mr;
   std::size_t recv_seen = 0;
   bool gone = false;
@@ -358,8 +381,8 @@ struct server_end {
 
 struct cli_conn {
   Connection c;
-  std::vector<std::byte> buf;
-  std::vector<std::byte> rx = std::vector<std::byte>(recvs * msg);
+  pages buf;
+  pages rx = pages(recvs * msg);
   MemoryRegion mr, rx_mr;
   GrantPool pool;
   GrantLease lease;
@@ -385,7 +408,7 @@ struct client_end {
   }
   // After the connection is established: the buffer, its MR, the pool, the receives.
   result<void> setup_conn(cli_conn &k, std::uint32_t i, std::size_t slots) noexcept {
-    k.buf.assign(slots * slot_size, std::byte{1});
+    k.buf = pages(slots * slot_size, std::byte{1});
     RDMAXX_TRY(m, MemoryRegion::reg(k.c.pd(), k.buf.data(), k.buf.size(), access::local_write));
     k.mr = std::move(m);
     RDMAXX_TRY(r, MemoryRegion::reg(k.c.pd(), k.rx.data(), k.rx.size(), access::local_write));
@@ -608,9 +631,16 @@ void print_counts(const char *what, const counts &c) {
   std::printf("\n");
 }
 
-void emit_round(const char *sweep, const char *mode, const char *ends, const round_result &r, std::size_t slots) {
+void emit_round(const char *sweep, const char *mode, const char *ends, const round_result &r, std::size_t slots,
+                double nofile = 0) {
   const double n = double(std::max<std::size_t>(1, r.made));
+  if (nofile == 0) {
+    rlimit l{};
+    ::getrlimit(RLIMIT_NOFILE, &l);
+    nofile = double(l.rlim_cur);
+  }
   row j;
+  j.kv("rlimit_nofile", nofile);
   j.kv("sweep", sweep).kv("mode", mode).kv("ends", ends).kv("connections", double(r.n)).kv("slots", double(slots))
       .kv("established", double(r.made)).kv("setup_ms_per_conn", r.setup_ms_per_conn)
       .kv("pool_ms_per_conn", r.pool_ms_per_conn)
@@ -626,10 +656,10 @@ void emit_round(const char *sweep, const char *mode, const char *ends, const rou
       .kv("requests_per_s_per_conn", r.rps_median / n).kv("p50_us", r.p50).kv("p99_us", r.p99)
       .kv("error", json_escape(r.error)).kv("leak", json_escape(r.leak));
   j.emit();
-  std::printf("%-6s %-6s n=%-4zu slots=%-5zu est %-4zu setup %7.2f ms/conn (pool %6.2f) fds/conn %5.2f "
+  std::printf("%-6s %-6s n=%-4zu slots=%-5zu nofile %-7.0f est %-4zu setup %7.2f ms/conn (pool %6.2f) fds/conn %5.2f "
               "VmPin/conn %7.1f kB qp/conn %.2f mr/conn %.2f cq/conn %.2f ctx/conn %.2f | %9.0f req/s "
               "[%.0f..%.0f] %7.1f/conn p50 %7.1f us p99 %7.1f us%s%s%s\n",
-              sweep, mode, r.n, slots, r.made, r.setup_ms_per_conn, r.pool_ms_per_conn,
+              sweep, mode, r.n, slots, nofile, r.made, r.setup_ms_per_conn, r.pool_ms_per_conn,
               double(r.up.fds - r.fixed.fds) / n, double(r.up.vmpin_kb - r.fixed.vmpin_kb) / n,
               double(r.up.get("qp") - r.fixed.get("qp")) / n, double(r.up.get("mr") - r.fixed.get("mr")) / n,
               double(r.up.get("cq") - r.fixed.get("cq")) / n, double(r.up.get("ctx") - r.fixed.get("ctx")) / n,
@@ -712,6 +742,8 @@ int sweep_conns(const address &at, std::vector<std::size_t> ns) {
   int rc = 0;
   const double secs = std::max(0.01, 2.0 * scale_);
   const int reps = smoke() ? 1 : 3;
+  rlimit nofile{};
+  ::getrlimit(RLIMIT_NOFILE, &nofile);
   for (const bool shared : {false, true})
     for (std::size_t n : ns) {
       auto r = local_round(at, n, shared, default_slots, secs, reps);
@@ -722,6 +754,20 @@ int sweep_conns(const address &at, std::vector<std::size_t> ns) {
       }
       // A round stopped by a limit is a finding, not a failure; the smoke run must not stop.
       if (!r.error.empty() && smoke()) rc = 1;
+      // Stopped by the fd limit: the same round again with the soft limit raised to the hard one
+      // (what a server's operator does), so that the curve goes on.
+      if (r.error.find("Too many open files") != std::string::npos && nofile.rlim_cur < nofile.rlim_max) {
+        rlimit raised = nofile;
+        raised.rlim_cur = nofile.rlim_max;
+        ::setrlimit(RLIMIT_NOFILE, &raised);
+        auto r2 = local_round(at, n, shared, default_slots, secs, reps);
+        emit_round("conns", shared ? "shared" : "own", "both", r2, default_slots, double(raised.rlim_cur));
+        ::setrlimit(RLIMIT_NOFILE, &nofile);
+        if (!r2.leak.empty()) {
+          std::printf("LEAK after the round:%s\n", r2.leak.c_str());
+          rc = 1;
+        }
+      }
     }
   return rc;
 }
@@ -845,7 +891,7 @@ int limit_pinned(const address &at) {
       const auto lp = srv.l.local_address();
       ec = connect_n(cli, &srv, lp ? lp.value() : at, 1, true, default_slots, pool_ms);
     }
-    std::vector<std::vector<std::byte>> bufs;
+    std::vector<pages> bufs;
     std::vector<GrantPool> extra;
     if (!ec) {
       while (!ec && pools < 100000) {
@@ -888,7 +934,8 @@ int limit_pinned(const address &at) {
 
 // ---- two processes (two VMs) ----
 
-int run_server(const address &at, bool shared) {
+int run_server(const address &at, bool shared, int rounds) {
+  int rc = 0;
   server_end srv;
   bench::must(srv.start(at, shared, 4096), "listen");
   std::printf("server: listening on %s (%s)\n", at.to_string().c_str(), shared ? "shared" : "own");
@@ -923,9 +970,11 @@ int run_server(const address &at, bool shared) {
       std::printf("server: round of %u over%s%s\n", srv.announced, leak.empty() ? ", counts back at the baseline"
                                                                                : ", LEAK:", leak.c_str());
       std::fflush(stdout);
+      if (!leak.empty()) rc = 1;
       srv.announced = 0;
       reported = false;
       base = after;
+      if (--rounds == 0) return rc;
     }
     if (busy == 0) {
       std::vector<int> fds{srv.l.fd()};
@@ -937,6 +986,19 @@ int run_server(const address &at, bool shared) {
 int run_client(const address &to, std::vector<std::size_t> ns, bool shared) {
   int rc = 0;
   const double secs = std::max(0.01, 2.0 * scale_);
+  {
+    // One untimed connection first: librdmacm opens its device context on first use and keeps
+    // it, which would read as a leak of the first round (the server counts it as a round).
+    client_end cli;
+    bench::must(cli.start(shared, 64), "client resources");
+    double pool_ms = 0;
+    if (auto ec = connect_n(cli, nullptr, to, 1, shared, default_slots, pool_ms)) {
+      std::printf("client: warm-up connection: %s\n", msg_of(ec).c_str());
+      return 1;
+    }
+    cli.close_all();
+    ::usleep(500000);
+  }
   for (std::size_t n : ns) {
     round_result r;
     r.n = n;
@@ -982,7 +1044,7 @@ int main(int argc, char **argv) {
   if (cmd == "server") {
     if (argc < 3) return 2;
     const auto at = bench::must(address::parse(argv[2]), "address");
-    return run_server(at, !(argc > 3 && std::string(argv[3]) == "own"));
+    return run_server(at, !(argc > 3 && std::string(argv[3]) == "own"), argc > 4 ? std::atoi(argv[4]) : 0);
   }
   if (cmd == "client") {
     if (argc < 3) return 2;
