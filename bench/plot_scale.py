@@ -14,7 +14,7 @@ import sys
 src = sys.argv[1] if len(sys.argv) > 1 else "bench/results/scale.json"
 dst = sys.argv[2] if len(sys.argv) > 2 else "bench/results/scale.svg"
 doc = json.load(open(src))
-rows = doc["rows"]
+rows = doc["rows"]  # the medians of the runs (tools/bench scale)
 
 W, H = 1000, 760
 PW, PH = 400, 250  # plot area of a panel
