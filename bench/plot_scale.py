@@ -3,9 +3,9 @@
 
 Python 3's standard library only (the SVG is written by hand). Run by hand, never in CI:
     python3 bench/plot_scale.py [bench/results/scale.json] [bench/results/scale.svg]
-Four panels, log2 x axes: per-connection file descriptors and kernel objects, setup time per
-connection, request throughput per connection and p99 latency (as connections grow, own and
-shared resources), and pool setup time and pinned memory per slot (as slots grow).
+Six panels, log2 x axes: as connections grow (own and shared resources), per-connection file
+descriptors and kernel objects, setup time per connection, request throughput and latency; as
+pool slots grow on one connection, pool setup time and pinned memory per slot.
 """
 import json
 import math
@@ -16,8 +16,8 @@ dst = sys.argv[2] if len(sys.argv) > 2 else "bench/results/scale.svg"
 doc = json.load(open(src))
 rows = doc["rows"]  # the medians of the runs (tools/bench scale)
 
-W, H = 1000, 760
-PW, PH = 400, 250  # plot area of a panel
+W, H = 1450, 760
+PW, PH = 360, 250  # plot area of a panel
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"]
 
 
@@ -90,28 +90,38 @@ parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font
          f'<rect width="{W}" height="{H}" fill="white"/>',
          f'<text x="{W / 2}" y="22" text-anchor="middle" font-size="15">rdmaxx: how cost grows '
          f'({esc(doc.get("command", "tools/bench scale"))}, {esc(doc.get("date", ""))})</text>']
-parts += panel(80, 60, "per connection (both ends): fds and kernel objects", "connections", "per connection", [
+def total(mode, keys):
+    cols = [conns(mode, k) for k in keys]
+    return [(c[0][0], sum(y for _, y in c)) for c in zip(*cols)]
+
+
+parts += panel(80, 60, "per connection (both ends): fds, kernel objects", "connections", "per connection", [
     ("fds, own", conns("own", "fds_per_conn")),
-    ("fds, shared", conns("shared", "fds_per_conn")),
-    ("ctx+pd+cq, own", [(x, a + b + c) for (x, a), (_, b), (_, c) in
-                        zip(conns("own", "ctx_per_conn"), conns("own", "pd_per_conn"), conns("own", "cq_per_conn"))]),
-    ("ctx+pd+cq, shared", [(x, a + b + c) for (x, a), (_, b), (_, c) in
-                           zip(conns("shared", "ctx_per_conn"), conns("shared", "pd_per_conn"),
-                               conns("shared", "cq_per_conn"))]),
+    ("fds, shared PD+CQ", conns("shared", "fds_per_conn")),
+    ("ctx+pd+cq, own", total("own", ("ctx_per_conn", "pd_per_conn", "cq_per_conn"))),
+    ("ctx+pd+cq, shared PD+CQ", total("shared", ("ctx_per_conn", "pd_per_conn", "cq_per_conn"))),
 ])
-parts += panel(570, 60, "setup time per connection (connect + accept + pool)", "connections", "ms", [
+parts += panel(560, 60, "setup time per connection (connect+accept+pool)", "connections", "ms", [
     ("own", conns("own", "setup_ms_per_conn")),
-    ("shared", conns("shared", "setup_ms_per_conn")),
+    ("shared PD+CQ", conns("shared", "setup_ms_per_conn")),
 ])
-parts += panel(80, 440, "requests per connection (one in flight each) and p99", "connections", "requests/s, µs", [
-    ("requests/s per conn, own", conns("own", "requests_per_s_per_conn")),
-    ("requests/s per conn, shared", conns("shared", "requests_per_s_per_conn")),
-    ("p99 µs, own", conns("own", "p99_us")),
-    ("p99 µs, shared", conns("shared", "p99_us")),
+parts += panel(1040, 60, "requests/s (one in flight per connection)", "connections", "requests/s", [
+    ("all connections, own", conns("own", "requests_per_s")),
+    ("all connections, shared PD+CQ", conns("shared", "requests_per_s")),
+    ("per connection, own", conns("own", "requests_per_s_per_conn")),
+    ("per connection, shared PD+CQ", conns("shared", "requests_per_s_per_conn")),
 ])
-parts += panel(570, 440, "one connection, pool slots: cost per slot", "slots", "per slot", [
-    ("pool setup µs per slot", [(x, y * 1000) for x, y in slots("pool_ms_per_conn", True)]),
-    ("pinned kB per slot", slots("vmpin_kb_per_conn", True)),
+parts += panel(80, 440, "request latency (post to revoke confirmed)", "connections", "ms", [
+    ("p50, own", [(x, y / 1000) for x, y in conns("own", "p50_us")]),
+    ("p50, shared PD+CQ", [(x, y / 1000) for x, y in conns("shared", "p50_us")]),
+    ("p99, own", [(x, y / 1000) for x, y in conns("own", "p99_us")]),
+    ("p99, shared PD+CQ", [(x, y / 1000) for x, y in conns("shared", "p99_us")]),
+])
+parts += panel(560, 440, "one connection: pool setup per slot", "slots", "µs per slot", [
+    ("GrantPool::create µs per slot", [(x, y * 1000) for x, y in slots("pool_ms_per_conn", True)]),
+])
+parts += panel(1040, 440, "one connection: pinned memory and MRs per slot", "slots", "per slot", [
+    ("pinned kB per 4 KiB slot", slots("vmpin_kb_per_conn", True)),
     ("MRs per slot", slots("mr_per_conn", True)),
 ])
 parts.append("</svg>")
