@@ -51,6 +51,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -590,17 +591,17 @@ void traffic(client_end &cli, server_end *srv, double secs, int reps, round_resu
     cli.running = true;
     cli.done = 0;
     if (!measure) cli.lat_us.clear();
-    const std::size_t lat_before = cli.lat_us.size();
     cli.kick();
     const std::int64_t t0 = now_ns(), end = t0 + std::int64_t(s * 1e9);
     // At least 4 requests per connection, whatever the time (the smoke run).
+    const std::int64_t bound = end + 60'000'000'000; // a peer that stopped answering
     while ((now_ns() < end || cli.done < 4 * cli.conns.size()) && !cli.error && (!srv || !srv->error)) {
       cli.poll();
       if (srv) srv->poll();
+      if (now_ns() > bound) cli.error = make_error_code(errc::timeout);
     }
     const double el = double(now_ns() - t0) / 1e9;
     if (measure) rps.push_back(double(cli.done) / el);
-    (void)lat_before;
   };
   spin(secs / 4, false);
   cli.lat_us.clear();
