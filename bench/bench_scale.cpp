@@ -146,6 +146,17 @@ std::string leaked(const counts &before, const counts &after) {
   return s;
 }
 
+// The counts after a teardown, sampled again (up to 2 s) while they differ from `base`: the kernel
+// may finish releasing an object just after the call that released it returned.
+counts settled(const counts &base) {
+  counts c = sample();
+  for (int i = 0; i < 10 && !leaked(base, c).empty(); ++i) {
+    ::usleep(200000);
+    c = sample();
+  }
+  return c;
+}
+
 // ---- JSON rows ----
 
 struct row {
@@ -704,7 +715,7 @@ round_result local_round(const address &at, std::size_t n, bool shared, std::siz
     cli.close_all();
     srv.close_all();
   }
-  r.after = sample();
+  r.after = settled(r.base);
   r.leak = leaked(r.base, r.after);
   return r;
 }
@@ -824,7 +835,7 @@ int limit_fds(const address &at, bool shared) {
     cli.close_all();
     srv.close_all();
   }
-  const counts after = sample();
+  const counts after = settled(base);
   const std::string leak = leaked(base, after);
   if (!clear) std::printf("limit fds: not the expected error (EMFILE%s)\n", shared ? " of rdma_create_event_channel" : "");
   std::printf("limit fds (%s): RLIMIT_NOFILE %llu with %ld open: %zu connections established, then: %s%s%s\n",
@@ -915,7 +926,7 @@ int limit_pinned(const address &at) {
     cli.close_all();
     srv.close_all();
   }
-  const counts after = sample();
+  const counts after = settled(base);
   const std::string leak = leaked(base, after);
   std::printf("limit pinned memory: RLIMIT_MEMLOCK %llu B (without CAP_IPC_LOCK: %s): %zu pools of 16 x 4 KiB "
               "created, then: %s%s%s\n",
@@ -966,7 +977,7 @@ int run_server(const address &at, bool shared, int rounds) {
     }
     if (!srv.conns.empty() && srv.gone() == srv.conns.size()) {
       srv.close_all();
-      const counts after = sample();
+      const counts after = settled(base);
       const std::string leak = leaked(base, after);
       std::printf("server: round of %u over%s%s\n", srv.announced, leak.empty() ? ", counts back at the baseline"
                                                                                : ", LEAK:", leak.c_str());
@@ -1021,7 +1032,7 @@ int run_client(const address &to, std::vector<std::size_t> ns, bool shared) {
       }
       cli.close_all();
     }
-    r.after = sample();
+    r.after = settled(r.base);
     r.leak = leaked(r.base, r.after);
     emit_round("conns", shared ? "shared" : "own", "client", r, default_slots);
     if (!r.leak.empty() || !r.error.empty()) rc = 1;
