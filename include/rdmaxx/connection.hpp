@@ -137,6 +137,7 @@ enum class cm_call : std::uint8_t {
   rdma_disconnect = 11,   ///< rdma_disconnect(3)
   rdma_init_qp_attr = 12, ///< rdma_init_qp_attr(3)
   rdma_get_cm_event = 13, ///< rdma_get_cm_event(3) (not named by this header's codes yet)
+  rdma_create_event_channel = 14, ///< rdma_create_event_channel(3) (EMFILE: the fd limit)
 };
 
 namespace detail {
@@ -152,8 +153,8 @@ inline constexpr int cm_call_tag = 254;
   static const char *const names[] = {"?", "rdma_create_id", "rdma_resolve_addr", "rdma_resolve_route",
                                       "rdma_connect", "rdma_establish", "rdma_bind_addr", "rdma_listen",
                                       "rdma_accept", "rdma_reject", "rdma_migrate_id", "rdma_disconnect",
-                                      "rdma_init_qp_attr", "rdma_get_cm_event"};
-  return c >= 0 && c <= 13 ? names[c] : "?";
+                                      "rdma_init_qp_attr", "rdma_get_cm_event", "rdma_create_event_channel"};
+  return c >= 0 && c <= 14 ? names[c] : "?";
 }
 
 // The addresses cm codes name. An error_code holds one int, so a code carries the slot of its
@@ -275,6 +276,10 @@ public:
       m += cm_call_name(call);
       m += " failed: ";
       m += std::generic_category().message(st);
+      if (st == EMFILE)
+        m += " (each Connection and Listener holds an rdma_cm event channel fd, and a Connection "
+             "without a PD also a device context and its CQ's channel: raise the fd limit, ulimit -n, "
+             "or share a PD and CQ through conn_options)";
       return m;
     }
     m += cm_event_step(ev - 1);
@@ -728,9 +733,9 @@ public:
   /// - cm_call_error(cm_call::rdma_resolve_addr, EDESTADDRREQ) (std::errc::
   ///   destination_address_required): `to` is a wildcard address (0.0.0.0, [::], "PORT"), which
   ///   names no peer; checked before any call.
-  /// - the errno of rdma_create_event_channel; cm_call_error() codes naming `to` for
-  ///   rdma_create_id / rdma_resolve_addr (EADDRNOTAVAIL, ENODEV: no RDMA device reaches it,
-  ///   EINVAL).
+  /// - cm_call_error() codes naming `to` for rdma_create_event_channel (EMFILE: the fd limit;
+  ///   ENODEV: rdma_ucm not loaded), rdma_create_id / rdma_resolve_addr (EADDRNOTAVAIL, ENODEV: no
+  ///   RDMA device reaches it, EINVAL).
   /// \mallocs The event channel and the id, inside librdmacm.
   [[nodiscard]] static result<Connection> start_connect(const address &to, const conn_options &o = {}) noexcept {
     if (o.private_data.size() > cm_connect_private_data_max)
@@ -741,7 +746,7 @@ public:
     Connection c;
     c.opts_ = o;
     c.peer_ = to;
-    RDMAXX_TRY(ch, EventChannel::create());
+    RDMAXX_TRY(ch, c.new_channel());
     c.channel_ = std::move(ch);
     rdma_cm_id *id = nullptr;
     if (::rdma_create_id(c.channel_.native_handle(), &id, nullptr, RDMA_PS_TCP))
@@ -1054,6 +1059,13 @@ private:
   [[nodiscard]] std::error_code call_failed(cm_call c) const noexcept {
     return named(cm_call_error(c, errno));
   }
+  // EventChannel::create, its errno named as rdma_create_event_channel's (EMFILE says which fd).
+  [[nodiscard]] result<EventChannel> new_channel() const noexcept {
+    auto ch = EventChannel::create();
+    if (!ch && ch.error().category() == std::generic_category())
+      return named(cm_call_error(cm_call::rdma_create_event_channel, ch.error().value()));
+    return ch;
+  }
 
   // One event of this connection's id.
   std::error_code on_event(const detail::cm_event_copy &ev) noexcept {
@@ -1177,7 +1189,8 @@ public:
   /// - errc::private_data_too_long: o.private_data over 196 bytes (the request stays usable).
   /// - errc::invalid_argument / errc::unknown_access_flag: the options.
   /// - errc::context_mismatch: a PD of another device.
-  /// - the errno of rdma_migrate_id / rdma_init_qp_attr.
+  /// - cm_call_error() codes for rdma_create_event_channel (EMFILE: the fd limit), rdma_migrate_id
+  ///   and rdma_init_qp_attr.
   /// - qp_transition codes.
   /// - the errors of the resources created.
   /// \mallocs A new event channel (librdmacm) and the resources created (their nodes, besides
@@ -1196,11 +1209,11 @@ public:
     c.peer_data_ = data_;
     c.resp_res_ = resp_res_;
     c.init_depth_ = init_depth_;
-    RDMAXX_TRY(ch, EventChannel::create());
-    c.channel_ = std::move(ch);
     c.id_ = std::move(id_);
     c.passive_ = true;
     if (auto a = address::from(::rdma_get_peer_addr(c.id_.get()))) c.peer_ = a.value();
+    RDMAXX_TRY(ch, c.new_channel());
+    c.channel_ = std::move(ch);
     if (::rdma_migrate_id(c.id_.get(), c.channel_.native_handle()))
       return c.call_failed(cm_call::rdma_migrate_id);
     RDMAXX_TRYV(c.make_qp(c.id_.get()->verbs));
@@ -1283,8 +1296,8 @@ public:
   /// with port()), rdma_listen with `backlog`.
   /// \errors
   /// - errc::invalid_argument: `backlog` <= 0.
-  /// - the errno of rdma_create_event_channel (ENODEV: rdma_ucm not loaded); cm_call_error()
-  ///   codes naming `at` for rdma_create_id, rdma_bind_addr (EADDRINUSE, "port in use";
+  /// - cm_call_error() codes naming `at` for rdma_create_event_channel (ENODEV: rdma_ucm not
+  ///   loaded; EMFILE: the fd limit), rdma_create_id, rdma_bind_addr (EADDRINUSE, "port in use";
   ///   EADDRNOTAVAIL: no local interface has that address; ENODEV: the address's interface has
   ///   no RDMA device) and rdma_listen. The kernel's rdma_cm answers a port in use with
   ///   EADDRNOTAVAIL, as for an address of no interface: when the address is a wildcard or one
@@ -1293,12 +1306,15 @@ public:
   [[nodiscard]] static result<Listener> listen(const address &at, int backlog = 64) noexcept {
     if (backlog <= 0) return make_error_code(errc::invalid_argument);
     Listener l;
-    RDMAXX_TRY(ch, EventChannel::create());
-    l.channel_ = std::move(ch);
-    rdma_cm_id *id = nullptr;
     const auto failed = [&](cm_call c, int err) {
       return cm_at(cm_call_error(c, err), cm_role::listen_on, at.native());
     };
+    auto ch = EventChannel::create();
+    if (!ch && ch.error().category() == std::generic_category())
+      return failed(cm_call::rdma_create_event_channel, ch.error().value());
+    if (!ch) return ch.error();
+    l.channel_ = std::move(ch).value();
+    rdma_cm_id *id = nullptr;
     if (::rdma_create_id(l.channel_.native_handle(), &id, nullptr, RDMA_PS_TCP))
       return failed(cm_call::rdma_create_id, errno);
     l.id_ = detail::handle<detail::cm_id_traits>(id, nullptr, nullptr);

@@ -5,6 +5,7 @@
 #include <rdmaxx/connection.hpp>
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -649,4 +650,42 @@ TEST_CASE("address::of_device: the device's IPv4 address from its GID table", "[
   // What the examples connect to: a listener there accepts.
   auto l = need(Listener::listen(a), "listen on the device address");
   CHECK(l.port() != 0);
+}
+
+TEST_CASE("at the fd limit: the event channel's EMFILE names the call and the peer; nothing leaks", "[cm]") {
+  const std::string before = resources_baseline();
+  auto l = listen_any_port();
+  const address to = target(l);
+  rlimit old{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &old) == 0);
+  // The lowest free fd is the next one rdma_create_event_channel gets: a limit just at it leaves none.
+  const int probe = ::dup(0);
+  REQUIRE(probe >= 0);
+  ::close(probe);
+  rlimit low = old;
+  low.rlim_cur = rlim_t(probe);
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
+  auto c = Connection::start_connect(to);
+  auto l2 = Listener::listen(addr(std::string(local_ip) + ":0"));
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &old) == 0);
+  REQUIRE(!c);
+  INFO(c.error().message());
+  CHECK(c.error() == std::errc::too_many_files_open);
+  CHECK(cm_call_of(c.error()) == cm_call::rdma_create_event_channel);
+  CHECK(c.error().message().rfind("rdma_cm: connect to " + to.to_string() +
+                                      ": rdma_create_event_channel failed: " +
+                                      std::generic_category().message(EMFILE) + " (",
+                                  0) == 0);
+  REQUIRE(!l2);
+  INFO(l2.error().message());
+  CHECK(l2.error() == std::errc::too_many_files_open);
+  CHECK(cm_call_of(l2.error()) == cm_call::rdma_create_event_channel);
+  CHECK(l2.error().message().find("listen on 192.0.2.1:0: rdma_create_event_channel failed") != std::string::npos);
+  // With the limit back, the same connect works, and nothing was left behind.
+  {
+    auto ok = Connection::start_connect(to);
+    CHECK(ok.has_value());
+  }
+  l = Listener{};
+  CHECK(resources() == before);
 }
