@@ -787,7 +787,7 @@ private:
         return ec;
       }
       s.nexact = std::uint32_t(i + 1);
-      s.links[i] = detail::child_link(g.node);
+      s.links[i] = detail::child_link(g.node, child_kind::indirect_key);
     }
     for (std::size_t i = 0; i < n; ++i) {
       s.windows[i] = ::ibv_alloc_mw(s.pd, IBV_MW_TYPE_1);

@@ -88,6 +88,9 @@ TEST_CASE("rdmaxx::errc: every code has a message and a portable condition", "[u
       {errc::grant_outstanding, std::errc::device_or_resource_busy, "grant outstanding"},
       {errc::operation_unconfirmed, std::errc::operation_in_progress, "operation unconfirmed"},
       {errc::key_retired, std::errc::operation_not_permitted, "key retired"},
+      {errc::pool_mismatch, std::errc::invalid_argument, "another GrantPool"},
+      {errc::bad_grant_rights, std::errc::invalid_argument, "local_write and mw_bind belong to the region"},
+      {errc::unexpected_completion, std::errc::invalid_argument, "another work request completed first"},
   };
   for (const auto &r : rows) {
     const std::error_code ec = r.e;

@@ -343,7 +343,7 @@ using to_dv_qp = mlx5dv_qp_ex *(*)(ibv_qp_ex *) noexcept;
   }
   k.prev_lkey = old_lkey;
   k.prev_rkey = old_rkey;
-  for (std::size_t i = 0; i < l.size(); ++i) k.links[i] = detail::child_link(l[i].source.node);
+  for (std::size_t i = 0; i < l.size(); ++i) k.links[i] = detail::child_link(l[i].source.node, child_kind::indirect_key);
   ++k.generations;
   k.phase = key_phase::configuring;
   k.wr_id = w.id;
