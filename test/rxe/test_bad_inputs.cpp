@@ -1229,7 +1229,8 @@ void bad_inputs(const std::string &only) {
         [&] { return ikdecode_with([](ikwire_t &w) { w[11] = std::byte{3}; }); });
   t.add("ikey_descriptor::decode", "truncated last segment", is(errc::malformed_input),
         [&] { return err(ikey_descriptor::decode(std::span(ikwire).first(ikwire.size() - 1))); });
-  t.add("ikey_descriptor::decode", "a trailing byte", is(errc::malformed_input), [&] {
+  t.add("ikey_descriptor::decode", "a trailing byte",
+        descriptor_is(errc::malformed_input, "1 byte(s) after the descriptor"), [&] {
     std::array<std::byte, ikey_descriptor::encoded_size(2) + 1> w{};
     std::memcpy(w.data(), ikwire.data(), ikwire.size());
     return err(ikey_descriptor::decode(w));
