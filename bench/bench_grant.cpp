@@ -67,7 +67,7 @@ int main() {
   auto ikey_cycle = [&](IndirectKey &k, long n) {
     for (long i = 0; i < n; ++i) {
       auto b = s.b.start_send();
-      if (!k.configure(s.b, b, l, access::local_write | access::remote_write, {1, send_flag::signaled}) ||
+      if (!k.configure(b, s.b, l, access::local_write | access::remote_write, {1, send_flag::signaled}) ||
           !b.submit() || !bench::rdmaxx_wait(s.cq_b, wc) || !k.complete(wc))
         return false;
       const auto seg = k.segments()[0];
@@ -88,9 +88,9 @@ int main() {
                 }, {}});
   vs.push_back({"grant cycle: safe default, type-1 over exact region", [&](long n) {
                   for (long i = 0; i < n; ++i) {
-                    auto d = safe.bind(s.b, rights);
+                    auto d = safe.grant(s.b, rights);
                     if (!d || !owner_wait(safe.window()) ||
-                        !peer_write(d.value().addr, d.value().rkey) || !safe.unbind(s.b) ||
+                        !peer_write(d.value().addr, d.value().rkey) || !safe.revoke(s.b) ||
                         !owner_wait(safe.window()))
                       return false;
                   }
@@ -109,9 +109,9 @@ int main() {
                   for (long i = 0; i < n; ++i) {
                     auto g = StrictGrant::create(s.pd, mr, {8192, 4096});
                     if (!g) return false;
-                    auto d = g.value().bind(s.b, rights);
+                    auto d = g.value().grant(s.b, rights);
                     if (!d || !owner_wait(g.value().window()) ||
-                        !peer_write(d.value().addr, d.value().rkey) || !g.value().revoke())
+                        !peer_write(d.value().addr, d.value().rkey) || !g.value().destroy())
                       return false;
                   }
                   return true;
@@ -163,6 +163,6 @@ int main() {
   for (std::size_t j = 1; j < 4; ++j) emit(vs[0], vs[j]);
   emit(vs[4], vs[5]);
   emit(vs[2], vs[6]);
-  if (!safe.revoke() || !w2.dealloc() || !k_safe.destroy() || !k_t2.destroy()) return 1;
+  if (!safe.destroy() || !w2.dealloc() || !k_safe.destroy() || !k_t2.destroy()) return 1;
   return 0;
 }

@@ -52,7 +52,7 @@ int main() {
   auto key = bench::must(IndirectKey::create(s.pd, 8, {.backend = umr_backend::software}), "create key");
   {
     auto batch = s.b.start_send();
-    bench::must(key.configure(s.b, batch, l, access::local_write | access::remote_write,
+    bench::must(key.configure(batch, s.b, l, access::local_write | access::remote_write,
                               {1, send_flag::signaled}),
                 "configure");
     bench::must(batch.submit(), "submit configure");

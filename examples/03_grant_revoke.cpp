@@ -92,7 +92,7 @@ result<bool> owner(Listener &l) noexcept {
   RDMAXX_TRYV(msg.post(conn.qp(), 1)); // flushed when the peer's late write is denied
 
   // Grant: bind through the connection's QP, then accept with the descriptor as private data.
-  RDMAXX_TRY(desc, g.bind(conn.qp(), access::remote_write, {1, send_flag::signaled}));
+  RDMAXX_TRY(desc, g.grant(conn.qp(), access::remote_write, {1, send_flag::signaled}));
   ibv_wc wc{};
   RDMAXX_TRY(n, conn.cq().wait(std::span(&wc, 1), step_ms));
   (void)n;
@@ -117,7 +117,7 @@ result<bool> owner(Listener &l) noexcept {
   ok &= expect(landed, "owner", "the peer's bytes landed exactly in the granted range");
 
   // Revoke for good: ibv_dealloc_mw is synchronous, the key is dead when it returns.
-  RDMAXX_TRYV(g.revoke());
+  RDMAXX_TRYV(g.destroy());
   const std::vector<unsigned char> snapshot = mem;
   std::printf("owner: revoked (window deallocated, exact region deregistered); telling the peer\n");
   RDMAXX_TRYV(send_byte(conn.qp(), 'R'));

@@ -13,7 +13,7 @@ rdmaxx::result<void> owner(std::span<unsigned char> mem) noexcept {
   RDMAXX_TRY(conn, req.prepare({.timeout_ms = 20000})); // Context, PD, CQ, QP on the request's device
   RDMAXX_TRY(mr, MemoryRegion::reg(conn.pd(), mem.data(), mem.size(), access::local_write));
   RDMAXX_TRY(g, StrictGrant::create(conn.pd(), mr, {.offset = 1024, .length = 256}));
-  RDMAXX_TRY(desc, g.bind(conn.qp(), access::remote_write)); // signaled bind
+  RDMAXX_TRY(desc, g.grant(conn.qp(), access::remote_write)); // signaled bind
   ibv_wc wc{};
   RDMAXX_TRYV(conn.cq().wait(std::span(&wc, 1), 20000));    // the descriptor is valid once
   (void)g.window().complete(wc);                            // the bind has executed
@@ -22,5 +22,5 @@ rdmaxx::result<void> owner(std::span<unsigned char> mem) noexcept {
   RDMAXX_TRYV(conn.wait_established());
   RDMAXX_TRY(gone, conn.wait_disconnected(20000)); // the peer writes mem[1024, 1280), then leaves
   if (!gone) return make_error_code(errc::timeout);
-  return g.revoke();                             // window deallocated: the key is dead now
+  return g.destroy();                             // window deallocated: the key is dead now
 }

@@ -1,5 +1,5 @@
 // README "Grants a hostile peer cannot break": the library's grant mechanism for the device,
-// granted, ended, granted again and revoked; each bind and unbind waited for on `cq`.
+// granted, ended, granted again and revoked; each grant and revoke waited for on `cq`.
 #include <rdmaxx/rdmaxx.hpp>
 
 #include <span>
@@ -19,14 +19,14 @@ rdmaxx::result<void> strict_grant(rdmaxx::ProtectionDomain &peer_pd, rdmaxx::Que
                                   rdmaxx::CompletionQueue &cq, rdmaxx::MemoryRegion &mr) noexcept {
   using namespace rdmaxx;
   RDMAXX_TRY(g, StrictGrant::create(peer_pd, mr, {.offset = 4097, .length = 3001}));
-  RDMAXX_TRY(d, g.bind(qp, access::remote_write | access::remote_read)); // grant
+  RDMAXX_TRY(d, g.grant(qp, access::remote_write | access::remote_read)); // grant
   RDMAXX_TRYV(confirm(cq, g));
   // ... send d.encode() to the peer; it reads and writes ...
   (void)d;
-  RDMAXX_TRYV(g.unbind(qp));     // end this grant, keep the slot
+  RDMAXX_TRYV(g.revoke(qp));     // end this grant, keep the slot
   RDMAXX_TRYV(confirm(cq, g));
-  RDMAXX_TRY(d2, g.bind(qp, access::remote_read));                     // grant again
+  RDMAXX_TRY(d2, g.grant(qp, access::remote_read));                     // grant again
   RDMAXX_TRYV(confirm(cq, g));
   (void)d2;
-  return g.revoke();             // for good: window deallocated, exact region deregistered
+  return g.destroy();             // for good: window deallocated, exact region deregistered
 }

@@ -643,6 +643,11 @@ public:
   [[nodiscard]] explicit operator bool() const noexcept { return bool(h_); }
   /// The non-blocking fd (readable when an event is pending), or -1 when null.
   [[nodiscard]] int fd() const noexcept { return h_ ? h_.get()->fd : -1; }
+  /// Destroy now, checked (rdma_destroy_event_channel, which cannot fail; the destructor does the
+  /// same). Null afterwards; nothing to do when null.
+  /// \errors None.
+  /// \mallocs None.
+  result<void> destroy() noexcept { return h_.destroy(); }
 
 private:
   detail::handle<detail::cm_channel_traits> h_;
@@ -881,7 +886,8 @@ public:
   }
 
   /// Second half of an accept (after ConnectRequest::prepare()): rdma_accept with
-  /// `private_data` (at most 196 bytes); the state becomes accepting: advance() or
+  /// `private_data` (at most 196 bytes), or, when it is empty, with the conn_options::private_data
+  /// given to prepare() (copied there); the state becomes accepting: advance() or
   /// wait_established().
   /// \errors
   /// - errc::null_handle: the connection is null.
@@ -894,8 +900,10 @@ public:
     if (state_ != conn_state::prepared) return make_error_code(errc::wrong_state);
     if (private_data.size() > cm_accept_private_data_max)
       return make_error_code(errc::private_data_too_long);
-    connect_data_len_ = std::uint8_t(private_data.size());
-    if (!private_data.empty()) std::memcpy(connect_data_.data(), private_data.data(), private_data.size());
+    if (!private_data.empty()) {
+      connect_data_len_ = std::uint8_t(private_data.size());
+      std::memcpy(connect_data_.data(), private_data.data(), private_data.size());
+    }
     rdma_conn_param p = conn_param();
     p.responder_resources = opts_.responder_resources < resp_res_ ? opts_.responder_resources : resp_res_;
     p.initiator_depth = opts_.initiator_depth < init_depth_ ? opts_.initiator_depth : init_depth_;
@@ -962,6 +970,29 @@ public:
   [[nodiscard]] rdma_cm_id *native_handle() const noexcept { return id_.get(); }
   /// True unless null.
   [[nodiscard]] explicit operator bool() const noexcept { return bool(id_); }
+  /// Destroy now, checked, in the destructor's order: the QP, the CQ and its completion channel,
+  /// the PD and the Context where the connection owns them, the cm id (rdma_destroy_id), the
+  /// event channel. No disconnect is sent first (disconnect() ends a connection gracefully; a
+  /// destroyed established connection looks to the peer like a vanished one). Stops at the first
+  /// failure: what was destroyed stays destroyed, the rest stays with the connection (state
+  /// failed), and its destructor finishes it. Null afterwards on success.
+  /// \errors
+  /// - those of QueuePair::destroy (errc::busy: a type-2 window still bound through it),
+  ///   CompletionQueue::destroy, ProtectionDomain::dealloc (errc::busy: the caller's regions,
+  ///   windows or grants on the connection's PD: destroy them first) and Context::close.
+  /// - the errno of rdma_destroy_id.
+  /// \mallocs None.
+  result<void> destroy() noexcept {
+    if (!id_ && !qp_) return success();
+    state_ = conn_state::failed;
+    RDMAXX_TRYV(qp_.destroy());
+    RDMAXX_TRYV(cq_.destroy());
+    RDMAXX_TRYV(cq_ch_.destroy());
+    RDMAXX_TRYV(pd_.dealloc());
+    RDMAXX_TRYV(ctx_.close());
+    RDMAXX_TRYV(id_.destroy());
+    return channel_.destroy();
+  }
   /// The peer's address (rdma_get_peer_addr).
   /// \errors
   /// - errc::null_handle: the connection is null.
@@ -1188,15 +1219,24 @@ public:
   [[nodiscard]] rdma_cm_id *native_handle() const noexcept { return id_.get(); }
   /// True unless null (moved from, accepted or rejected).
   [[nodiscard]] explicit operator bool() const noexcept { return bool(id_); }
+  /// Destroy now, checked (rdma_destroy_id: the kernel rejects the request, without private
+  /// data; reject() sends some). Null afterwards on success; nothing to do when null.
+  /// \errors
+  /// - the errno of rdma_destroy_id (the request stays).
+  /// \mallocs None.
+  result<void> destroy() noexcept { return id_.destroy(); }
 
   /// First half of an accept: create the QP (conn_options as for connect), move the id to a
   /// new event channel (rdma_migrate_id) and bring the QP to INIT, RTR and RTS
   /// (rdma_init_qp_attr), without answering the client yet. The returned Connection is in
   /// conn_state::prepared: post local work now (e.g. bind the memory window whose descriptor
   /// goes into the accept's private data), then call Connection::accept(). Nothing may be sent
-  /// to the peer before it is established. The request becomes null, whatever the outcome.
+  /// to the peer before it is established. o.private_data is copied now and sent by accept()
+  /// unless accept() is given data of its own. The request becomes null, whatever the outcome
+  /// (except for the first two errors).
   /// \errors
   /// - errc::null_handle: the request is null.
+  /// - errc::private_data_too_long: o.private_data over 196 bytes (the request stays usable).
   /// - errc::invalid_argument / errc::unknown_access_flag: the options.
   /// - errc::context_mismatch: a PD of another device.
   /// - the errno of rdma_migrate_id / rdma_init_qp_attr.
@@ -1206,9 +1246,15 @@ public:
   /// what verbs allocates).
   [[nodiscard]] result<Connection> prepare(const conn_options &o = {}) noexcept {
     if (!id_) return make_error_code(errc::null_handle);
+    if (o.private_data.size() > cm_accept_private_data_max)
+      return make_error_code(errc::private_data_too_long);
     RDMAXX_TRYV(Connection::check_options(o));
     Connection c;
     c.opts_ = o;
+    c.opts_.private_data = {}; // copied: the caller's bytes need not outlive this call
+    c.connect_data_len_ = std::uint8_t(o.private_data.size());
+    if (!o.private_data.empty())
+      std::memcpy(c.connect_data_.data(), o.private_data.data(), o.private_data.size());
     c.peer_data_ = data_;
     c.resp_res_ = resp_res_;
     c.init_depth_ = init_depth_;
@@ -1239,11 +1285,8 @@ public:
   /// - those of prepare() and Connection::accept().
   /// \mallocs As prepare().
   [[nodiscard]] result<Connection> start_accept(const conn_options &o = {}) noexcept {
-    if (!id_) return make_error_code(errc::null_handle);
-    if (o.private_data.size() > cm_accept_private_data_max)
-      return make_error_code(errc::private_data_too_long);
-    RDMAXX_TRY(c, prepare(o));
-    RDMAXX_TRYV(c.accept(o.private_data));
+    RDMAXX_TRY(c, prepare(o)); // checks and copies o.private_data first
+    RDMAXX_TRYV(c.accept());
     return std::move(c);
   }
   /// Blocking accept: start_accept(), then advance() until established within o.timeout_ms.
@@ -1351,6 +1394,16 @@ public:
   [[nodiscard]] rdma_cm_id *native_handle() const noexcept { return id_.get(); }
   /// True unless null.
   [[nodiscard]] explicit operator bool() const noexcept { return bool(id_); }
+  /// Stop listening and destroy now, checked: rdma_destroy_id of the listening id (requests
+  /// already taken with get_request() stay valid), then its event channel. On failure the
+  /// listener keeps both (its destructor tries again). Null afterwards on success.
+  /// \errors
+  /// - the errno of rdma_destroy_id.
+  /// \mallocs None.
+  result<void> destroy() noexcept {
+    RDMAXX_TRYV(id_.destroy());
+    return channel_.destroy();
+  }
 
   /// Wait up to `timeout_ms` (0: do not wait) for the next connection request. Other events on
   /// the channel (of requests that went away before being accepted) are acknowledged and

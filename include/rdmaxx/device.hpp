@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <atomic>
 #include <cstdlib>
 #include <poll.h>
 #include <span>
@@ -119,6 +120,8 @@ enum class type2_risk : std::uint8_t {
   accept_kernel_panic_by_any_peer, ///< allocate anyway, knowing the whole device is exposed
 };
 
+struct Capabilities;
+
 /// Opt-ins for StrictGrant::create (and anything else that hands a peer a key).
 struct grant_options {
   /// The peers are trusted not to send a send-with-invalidate naming a key that is no longer bound
@@ -129,6 +132,10 @@ struct grant_options {
   bool trusted_peers = false;
   /// Type-2 windows on a device where any peer could then panic the kernel (see type2_risk).
   type2_risk type2 = type2_risk::refuse;
+  /// The device's capabilities, if the caller has them (Context::query_capabilities of the same
+  /// device; must outlive the call): the mechanism is then chosen from them, without an
+  /// ibv_query_device_ex per grant. nullptr: the grant queries the device.
+  const Capabilities *caps = nullptr;
 };
 
 /// The vendor id rxe (Soft-RoCE) reports (ibv_device_attr::vendor_id).
@@ -257,10 +264,34 @@ inline void known_invalidate_defect(std::uint32_t vendor_id, bool mlx5dv, trista
     measured_on = "";
   }
 }
+} // namespace detail
+
+/// FAULT INJECTION, for tests only: rxe's ibv_query_device_ex does not fail, so the rule that a
+/// failed query refuses a grant (fails closed, never guesses a mechanism) cannot be shown on
+/// it. A test may install a function called INSTEAD of ibv_query_device_ex by the grant
+/// mechanism's choice (detail::query_defect: StrictGrant, GrantPool, IndirectKey, the type-2
+/// check of MemoryWindow::alloc); nullptr restores the real verb. Never in production code.
+namespace fault_injection {
+/// The signature of ibv_query_device_ex(3).
+using query_device_fn = int (*)(ibv_context *ctx, const ibv_query_device_ex_input *input,
+                                ibv_device_attr_ex *attr);
+/// The installed substitute (nullptr: the real verb). Install through set_query_device().
+inline std::atomic<query_device_fn> &query_device_override() noexcept {
+  static std::atomic<query_device_fn> fn{nullptr};
+  return fn;
+}
+/// Install (or with nullptr remove) the substitute. Returns the previous one.
+inline query_device_fn set_query_device(query_device_fn fn) noexcept {
+  return query_device_override().exchange(fn);
+}
+} // namespace fault_injection
+
+namespace detail {
 /// ibv_query_device_ex into `ax`, and what is known of the remote-invalidate panic of that device
 /// (known_invalidate_defect). Returns 0 or the query's errno.
 [[nodiscard]] inline int query_defect(ibv_context *ctx, ibv_device_attr_ex &ax, tristate &panics) noexcept {
-  if (const int rc = ::ibv_query_device_ex(ctx, nullptr, &ax)) return rc;
+  auto query = fault_injection::query_device_override().load(std::memory_order_acquire);
+  if (const int rc = query ? query(ctx, nullptr, &ax) : ::ibv_query_device_ex(ctx, nullptr, &ax)) return rc;
   bool mlx5dv = false;
 #if RDMAXX_HAVE_MLX5
   mlx5dv = ::mlx5dv_is_supported(ctx->device);
@@ -280,8 +311,17 @@ inline void known_invalidate_defect(std::uint32_t vendor_id, bool mlx5dv, trista
   if (panics == tristate::yes) return make_error_code(errc::unsafe_grant);
   return {};
 }
-/// The grant mechanism for the device of `ctx` (one ibv_query_device_ex, no probes).
+/// The grant mechanism for the device of `ctx`: from o.caps when given (they must be of that
+/// device: errc::context_mismatch otherwise), else one ibv_query_device_ex (no probes).
 [[nodiscard]] inline result<grant_choice> grant_for(ibv_context *ctx, grant_options o) noexcept {
+  if (o.caps) {
+    const Capabilities &c = *o.caps;
+    if (std::string_view(c.name) != ::ibv_get_device_name(ctx->device))
+      return make_error_code(errc::context_mismatch);
+    const bool has_mw = c.max_mw != 0;
+    return choose_grant(has_mw && c.mw_type1, has_mw && c.mw_type2b, c.remote_inv_unbound_mw_panics, o,
+                        std::getenv("RDMAXX_GRANT"));
+  }
   ibv_device_attr_ex ax{};
   tristate panics = tristate::unknown;
   if (const int rc = query_defect(ctx, ax, panics)) return errno_code(rc);

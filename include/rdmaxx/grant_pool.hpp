@@ -356,13 +356,13 @@ public:
   /// \errors
   /// - errc::null_handle: `pd` or `buffers` is null.
   /// - errc::unusable: `buffers` is unusable.
-  /// - errc::context_mismatch: `pd` of another device.
+  /// - errc::context_mismatch: `pd` of another device, or o.grant.caps of another device.
   /// - errc::zero_length: o.slot_size is 0, or no slot fits.
   /// - errc::out_of_range: o.slot_size of 2^32 or more, or o.slots slots do not fit `buffers`.
   /// - errc::unsupported: no memory windows here.
   /// - errc::unsafe_grant: only type-2 windows on a device where a peer could panic the kernel
   ///   with them (see type2_risk; grant_options::type2 accepts the risk).
-  /// - the errno of ibv_query_device_ex, ibv_reg_mr (ENOMEM: too many pinned pages, see
+  /// - the errno of ibv_query_device_ex (not called when o.grant.caps is given), ibv_reg_mr (ENOMEM: too many pinned pages, see
   ///   `ulimit -l`) and ibv_alloc_mw; ENOMEM when the arrays cannot be allocated. Nothing is
   ///   left allocated.
   /// \mallocs The state, three arrays of o.slots entries, each exact region's node, and what
@@ -600,6 +600,30 @@ public:
       st_->settle(i);
     }
     st_->rebuild_index();
+    if (first) return first;
+    return success();
+  }
+
+  /// Destroy now, checked (what the destructor does, with the failures returned instead of
+  /// reported through the destroy-failure hook): per slot the window is deallocated
+  /// (ibv_dealloc_mw: every key the pool handed out is dead when this returns, granted or not),
+  /// then the exact region deregistered (ibv_dereg_mr). The pool is null afterwards, whatever the
+  /// outcome; its leases become null-like (ready; buffer() answers null_handle).
+  /// \errors
+  /// - errc::null_handle: a null pool.
+  /// - the first errno of ibv_dealloc_mw / ibv_dereg_mr: every slot is still handled; an object
+  ///   that could not be destroyed is reported through the hook when the pool's state goes.
+  /// \mallocs None.
+  result<void> destroy() noexcept {
+    if (!st_) return make_error_code(errc::null_handle);
+    std::error_code first;
+    for (detail::grant_slot &s : st_->slots) {
+      if (s.window)
+        if (auto r = s.window.dealloc(); !r && !first) first = r.error();
+      if (s.region && !s.window)
+        if (auto r = s.region.dereg(); !r && !first) first = r.error();
+    }
+    close();
     if (first) return first;
     return success();
   }

@@ -18,10 +18,14 @@
 ///     segment over the underlying region. configure() adds the binds to the send batch; the
 ///     descriptor carries the segments' window rkeys, and the initiator splits a write or read
 ///     into one work request per touched segment (write_indirect / read_indirect). invalidate()
-///     deallocates the windows (and deregisters the exact regions): the peer's keys stop working
-///     at once. While configured with remote rights the key counts as a child of each underlying
-///     MemoryRegion (exact-region mechanism): dereg() of one answers errc::busy. There is no
-///     single lkey/rkey (both are 0).
+///     deallocates the windows: the peer's keys stop working at once. Each segment is a grant
+///     slot (detail/grant_slot.hpp, as in StrictGrant and GrantPool). The exact regions stay
+///     after invalidate(), so that configuring the same segments again registers nothing (a
+///     repeated layout costs about what the type-2 backend's cycle costs); the next configure
+///     releases those its layout does not use, release_regions() all of them. While the key
+///     holds an exact region it counts as a child of the underlying MemoryRegion: dereg() of
+///     that answers errc::busy (release_regions() first; a destructor defers the deregistration
+///     instead). There is no single lkey/rkey (both are 0).
 /// The backend is chosen at creation: mlx5 where mlx5dv_is_supported and an mkey can be created,
 /// software otherwise; forced to software by ikey_options::backend or RDMAXX_UMR=software.
 /// Configure keys through a QP from create_indirect_key_qp() (mlx5::create_umr_qp on mlx5): on
@@ -44,13 +48,15 @@
 /// operation through it.
 ///
 /// Allocation: IndirectKey::create() allocates the key's state (new(nothrow)) and, software, its
-/// segment table and window table; mlx5dv_create_mkey allocates inside the provider. configure()
+/// segment table and its table of grant slots; mlx5dv_create_mkey allocates inside the provider. configure()
 /// (software, remote rights) allocates one window per segment (ibv_alloc_mw) and, with the
-/// exact-region mechanism, registers one region per segment (ibv_reg_mr_iova2). ikey_descriptor is
+/// exact-region mechanism, registers one region per segment whose bytes changed since the last
+/// configure (ibv_reg_mr_iova2). ikey_descriptor is
 /// a fixed-size value; write_indirect, read_indirect, sges() and descriptor() allocate nothing.
 #pragma once
 
 #include "access.hpp"
+#include "detail/grant_slot.hpp"
 #include "detail/handle.hpp"
 #include "device.hpp"
 #include "error.hpp"
@@ -97,6 +103,9 @@ struct ikey_options {
   /// Software: type-2 windows even on a device where any peer could then panic the kernel (rxe;
   /// see type2_risk). Only tests of type-2 behaviour accept it.
   type2_risk type2 = type2_risk::refuse;
+  /// Software: the device's capabilities, if the caller has them (see grant_options::caps): no
+  /// ibv_query_device_ex at create().
+  const Capabilities *caps = nullptr;
 };
 
 namespace detail {
@@ -106,14 +115,17 @@ struct ikey_state {
   std::uint32_t max_entries = 0;
   std::uint32_t max_segments = 0;
   key_segment *segs = nullptr; // software: capacity max_segments
-  ibv_mw **windows = nullptr;  // software: one per segment while configured with remote rights
-  // software, grant_mechanism::type1_exact_region: one region of exactly each segment's bytes
-  // (the type-1 window is bound over all of it) and a count on each underlying MemoryRegion.
-  ibv_mr **exact = nullptr;
+  // Software: one grant slot per segment (detail/grant_slot.hpp, the mechanism StrictGrant and
+  // GrantPool share): its window while configured with remote rights and, with
+  // grant_mechanism::type1_exact_region, a region of exactly the segment's bytes (the type-1
+  // window is bound over all of it) with a count on the underlying MemoryRegion (links). The
+  // exact regions outlive invalidate(): the next configure reuses those whose segment is
+  // unchanged and releases the others (release_regions() gives them all back).
+  grant_slot *slots = nullptr;
   child_link *links = nullptr;
   std::uint32_t nsegs = 0;
-  std::uint32_t nwindows = 0;
-  std::uint32_t nexact = 0;
+  std::uint32_t nwindows = 0; // slots [0, nwindows) may hold a window
+  std::uint32_t nkept = 0;    // slots [0, nkept) may hold an exact region
   grant_mechanism grant = grant_mechanism::none; // chosen by create(), which fails closed
   bool grant_unsafe = false; // no safe grant mechanism here (remote rights: errc::unsafe_grant)
   // software with remote rights: the binds were posted and their last (signaled) completion,
@@ -133,33 +145,40 @@ struct ikey_state {
 #endif
 
   // Deallocating (not invalidating) the windows: never a local invalidate of a type-2 window
-  // that may not be bound (rxe panics), and the peer's rkeys die at once.
-  // Then the exact regions (after their windows: a region with a bound window cannot be
-  // deregistered) and the counts on the underlying regions.
+  // that may not be bound (rxe panics), and the peer's rkeys die at once. Returns the first
+  // errno; the windows that could not be deallocated stay (and so do the regions under them).
   int release_windows() noexcept {
     int first = 0;
-    for (std::uint32_t i = 0; i < nwindows; ++i) {
-      if (windows[i]) {
-        if (const int rc = ::ibv_dealloc_mw(windows[i]); rc != 0 && first == 0) first = rc;
-        windows[i] = nullptr;
-      }
-    }
-    nwindows = 0;
-    if (first != 0) return first; // keep the regions: a window may still be bound over them
-    for (std::uint32_t i = 0; i < nexact; ++i) {
-      if (exact[i]) {
-        if (const int rc = ::ibv_dereg_mr(exact[i]); rc != 0 && first == 0) first = rc;
-        exact[i] = nullptr;
-      }
-      links[i].drop();
-    }
-    nexact = 0;
+    for (std::uint32_t i = 0; i < nwindows; ++i)
+      if (slots[i].window)
+        if (auto r = slots[i].window.dealloc(); !r && first == 0) first = r.error().value();
+    if (first == 0) nwindows = 0;
     return first;
+  }
+  // Slot i's exact region and the count on its underlying region (after its window).
+  int release_region(std::uint32_t i) noexcept {
+    if (slots[i].region)
+      if (auto r = slots[i].region.dereg(); !r) return r.error().value();
+    slots[i].data = nullptr;
+    links[i].drop();
+    return 0;
+  }
+  // The exact regions of slots [from, nkept).
+  int release_regions(std::uint32_t from = 0) noexcept {
+    int first = 0;
+    for (std::uint32_t i = from; i < nkept; ++i)
+      if (const int rc = release_region(i); rc != 0 && first == 0) first = rc;
+    if (first == 0 && nkept > from) nkept = from;
+    return first;
+  }
+  // Windows, then exact regions (a region with a bound window cannot be deregistered).
+  int release_all() noexcept {
+    if (const int rc = release_windows()) return rc;
+    return release_regions();
   }
   ~ikey_state() {
     delete[] segs;
-    delete[] windows;
-    delete[] exact;
+    delete[] slots; // windows before regions (grant_slot's member order), regions before links
     delete[] links;
   }
 };
@@ -193,7 +212,8 @@ public:
   ///   a device gets the software backend).
   /// - the errno of mlx5dv_create_mkey when mlx5 is forced.
   /// - software: the errno of ibv_query_device_ex (the grant mechanism is chosen from it; no key
-  ///   rather than a guess).
+  ///   rather than a guess; not called when o.caps is given); errc::context_mismatch: o.caps of
+  ///   another device.
   /// - ENOMEM.
   /// \mallocs The key's state (new(nothrow)) and, software, its segment table and window table;
   /// mlx5dv_create_mkey allocates inside the provider.
@@ -266,18 +286,17 @@ public:
     }
     st->max_segments = segs;
     st->segs = new (std::nothrow) key_segment[segs];
-    st->windows = new (std::nothrow) ibv_mw *[segs]();
-    st->exact = new (std::nothrow) ibv_mr *[segs]();
+    st->slots = new (std::nothrow) detail::grant_slot[segs];
     st->links = new (std::nothrow) detail::child_link[segs];
     // A failed device query fails closed: no key rather than a guess at the mechanism.
-    auto g = detail::grant_for(pd.context(), {o.trusted_peers, o.type2});
+    auto g = detail::grant_for(pd.context(), {o.trusted_peers, o.type2, o.caps});
     if (!g) {
       delete st;
       return g.error();
     }
     st->grant = g.value().mechanism;
     st->grant_unsafe = g.value().unsafe;
-    if (!st->segs || !st->windows || !st->exact || !st->links) {
+    if (!st->segs || !st->slots || !st->links) {
       delete st;
       return std::make_error_code(std::errc::not_enough_memory);
     }
@@ -394,7 +413,7 @@ public:
   /// rkey of an earlier configure answers again; while configured the key counts as a child of
   /// each MemoryRegion and nested key of its layout (their dereg()/destroy() answer
   /// errc::busy). If the batch is dropped or its submit() fails, the batch undoes the configure
-  /// (mlx5: as cancel_pending(); software: the windows and exact regions are destroyed, the key
+  /// (mlx5: as cancel_pending(); software: the windows are deallocated, the key
   /// is not configured): keep the key alive and in place until then.
   /// \errors Nothing is then added to the batch:
   /// - errc::null_handle: a null key or QP.
@@ -416,9 +435,9 @@ public:
   ///   2 GiB or more in total).
   /// - the errno of ibv_alloc_mw / ibv_reg_mr_iova2.
   /// \mallocs mlx5: none. Software with remote rights: one window per segment (ibv_alloc_mw)
-  /// and, with the exact-region mechanism, one region per segment (ibv_reg_mr_iova2), inside
-  /// verbs.
-  [[nodiscard]] result<void> configure(QueuePair &qp, SendBatch &batch, const layout &l,
+  /// and, with the exact-region mechanism, one region per segment whose bytes changed since the
+  /// last configure (ibv_reg_mr_iova2, inside verbs, and its node).
+  [[nodiscard]] result<void> configure(SendBatch &batch, QueuePair &qp, const layout &l,
                                        access_flags acc, wr w = {}) noexcept {
     if (!h_ || !qp) return make_error_code(errc::null_handle);
     detail::ikey_state &s = st();
@@ -450,32 +469,16 @@ public:
     if (!remote.empty() && s.grant == grant_mechanism::type1_exact_region) {
       for (std::size_t i = 0; i < n; ++i)
         if (!s.segs[i].mr || !s.segs[i].data) return layout_error(errc::null_handle, no_entry);
-      RDMAXX_TRYV(configure_exact(batch, remote, n, w));
+      RDMAXX_TRYV(configure_exact(batch, qp, remote, n, w));
       // Type-1 windows do not hang on the QP, but their binds are posted through it: the key
       // counts as its child as with type-2 windows (one rule for both mechanisms).
       h_.set_parent<detail::parent_slot::second>(detail::handle_access::node(qp));
     } else if (!remote.empty()) {
       for (std::size_t i = 0; i < n; ++i)
         if (!s.segs[i].mr) return layout_error(errc::null_handle, no_entry); // raw region
-      for (std::size_t i = 0; i < n; ++i) {
-        s.windows[i] = ::ibv_alloc_mw(s.pd, IBV_MW_TYPE_2);
-        s.nwindows = std::uint32_t(i + 1);
-        if (!s.windows[i]) {
-          const auto ec = last_errno();
-          s.release_windows();
-          return ec;
-        }
-      }
-      const send_flags quiet = w.flags & ~send_flags(send_flag::signaled);
-      for (std::size_t i = 0; i < n; ++i) {
-        key_segment &g = s.segs[i];
-        // rxe does not update mw->rkey on a type-2 bind: the key chosen here is the one to use
-        const std::uint32_t rkey = ::ibv_inc_rkey(s.windows[i]->rkey);
-        const ibv_mw_bind_info info{g.mr, g.addr, g.length, unsigned(remote.native())};
-        batch.bind_mw({w.id, i + 1 == n ? w.flags | send_flag::signaled : quiet}, s.windows[i], rkey,
-                      info);
-        g.rkey = rkey;
-      }
+      // Type-2 windows over the segments' own regions: no exact regions.
+      if (const int rc = s.release_regions()) return errno_code(rc);
+      RDMAXX_TRYV(bind_windows(batch, qp, remote, n, w, mw_type::type2));
       h_.set_parent<detail::parent_slot::second>(detail::handle_access::node(qp));
     }
     if (!remote.empty()) {
@@ -536,7 +539,7 @@ public:
     detail::ikey_state &s = st();
     if (s.backend != umr_backend::software) return make_error_code(errc::wrong_type);
     if (!s.configured) return make_error_code(errc::not_bound);
-    const int rc = s.release_windows();
+    const int rc = s.release_windows(); // the exact regions stay for the next configure
     s.configured = false;
     s.binds_unconfirmed = false;
     s.nsegs = 0;
@@ -544,6 +547,30 @@ public:
     h_.set_parent<detail::parent_slot::second>(nullptr);
     if (rc != 0) return errno_code(rc);
     return success();
+  }
+
+  /// Software, exact-region mechanism: deregister the regions the key kept for its next
+  /// configure (ibv_dereg_mr each) and drop its counts on the underlying MemoryRegions, so those
+  /// can be deregistered. Nothing to do on mlx5 or when none is kept.
+  /// \errors
+  /// - errc::null_handle: the key is null.
+  /// - errc::already_bound: configured (its layout uses them: invalidate first).
+  /// - the errno of ibv_dereg_mr (the regions not deregistered stay kept).
+  /// \mallocs None.
+  result<void> release_regions() noexcept {
+    if (!h_) return make_error_code(errc::null_handle);
+    if (st().configured) return make_error_code(errc::already_bound);
+    if (st().backend != umr_backend::software) return success();
+    if (const int rc = st().release_regions()) return errno_code(rc);
+    return success();
+  }
+  /// Software: exact regions the key holds (its layout's while configured; kept for the next
+  /// configure after invalidate()).
+  [[nodiscard]] std::uint32_t kept_regions() const noexcept {
+    if (!h_ || st().backend != umr_backend::software) return 0;
+    std::uint32_t k = 0;
+    for (std::uint32_t i = 0; i < st().nkept; ++i) k += st().slots[i].region ? 1u : 0u;
+    return k;
   }
 
   /// Local use: SGEs for bytes [offset, offset + length) of the key, into `out` (give it the
@@ -660,7 +687,7 @@ public:
   /// true when the key's state changed. Software with remote rights: the configure's last bind is
   /// always signaled; its completion (matched by the configure's wr_id and QP) confirms the binds
   /// (descriptor() refuses before), an error one (a failed or flushed bind) undoes the configure
-  /// (windows and exact regions go, the key is not configured); true when it concerned the key.
+  /// (the windows go, the key is not configured); true when it concerned the key.
   /// Inline, allocation-free.
   bool complete(const ibv_wc &wc) noexcept {
     if (!h_) return false;
@@ -674,6 +701,9 @@ public:
     detail::ikey_state &s = st();
     if (!s.binds_unconfirmed || wc.wr_id != s.bind_wr_id || wc.qp_num != s.bind_qp_num) return false;
     s.binds_unconfirmed = false;
+    // The last bind's own completion: the earlier, unsignaled binds of the configure executed
+    // before it (one send queue, in order), so it confirms (or, failed, rolls back) every window.
+    for (std::uint32_t i = 0; i < s.nwindows; ++i) (void)s.slots[i].window.complete(wc);
     if (wc.status != IBV_WC_SUCCESS) (void)invalidate(); // a bind failed or was flushed: no key
     return true;
   }
@@ -685,6 +715,14 @@ public:
     mlx5::cancel_key(st().mk);
     sync_mlx5();
 #endif
+  }
+
+  /// The batch form with the arguments in the order of 0.1 (QP first). Every other batch form
+  /// takes (batch, qp, ...): MemoryWindow::bind, StrictGrant::grant, GrantPool::grant.
+  [[deprecated("IndirectKey::configure takes (batch, qp, layout, rights, wr), as bind() does")]]
+  [[nodiscard]] result<void> configure(QueuePair &qp, SendBatch &batch, const layout &l,
+                                       access_flags acc, wr w = {}) noexcept {
+    return configure(batch, qp, l, acc, w);
   }
 
   /// Configure through a batch of its own on `qp` (start_send, configure, submit); the work
@@ -701,7 +739,7 @@ public:
   [[nodiscard]] result<void> configure(QueuePair &qp, const layout &l, access_flags acc,
                                        wr w = {0, send_flag::signaled}) noexcept {
     auto batch = qp.start_send();
-    RDMAXX_TRYV(configure(qp, batch, l, acc, w));
+    RDMAXX_TRYV(configure(batch, qp, l, acc, w));
     return batch.submit(); // a failed submit undid the configure
   }
   /// Invalidate through a batch of its own on `qp` (mlx5: always signaled; hand the completion to
@@ -727,7 +765,7 @@ private:
     static constexpr const char *verb = "ibv_dealloc_mw / mlx5dv_destroy_mkey";
     static constexpr std::size_t parents = 2; // PD, software: the QP the windows were bound through
     static int destroy(native *s) noexcept {
-      if (const int rc = s->release_windows()) return rc;
+      if (const int rc = s->release_all()) return rc;
 #if RDMAXX_HAVE_MLX5
       if (s->mkey) {
         if (const int rc = ::mlx5dv_destroy_mkey(s->mkey)) return rc;
@@ -744,7 +782,7 @@ private:
   [[nodiscard]] detail::ikey_state &st() const noexcept { return *h_.get(); }
   // The undo a batch-form configure or (mlx5) invalidate registers with its batch: nothing of the
   // batch was posted. mlx5: the unconfirmed operation is dropped; software (a configure): the
-  // windows and exact regions go, the key is not configured.
+  // windows go, the key is not configured.
   static void undo_op(void *key, std::uint64_t) noexcept {
     auto *self = static_cast<IndirectKey *>(key);
     if (!self->h_) return;
@@ -769,44 +807,62 @@ private:
   void sync_mlx5() noexcept { st().configured = st().mk.live(); }
 #endif
   // grant_mechanism::type1_exact_region: per segment, a region of exactly its bytes at the same
-  // device address (ibv_reg_mr_iova2: the descriptor is unchanged), a type-1 window bound over
-  // all of it in `batch` (a peer's send-with-invalidate of a type-1 key is refused, and bounds
-  // are the exact region's, which rxe enforces), and a count on the underlying MemoryRegion.
-  // On failure everything made so far is destroyed and nothing is added to the batch.
-  [[nodiscard]] result<void> configure_exact(SendBatch &batch, access_flags remote, std::size_t n,
-                                             wr w) noexcept {
+  // device address (ibv_reg_mr_iova2: the descriptor is unchanged) with a count on the
+  // underlying MemoryRegion, and a type-1 window bound over all of it in `batch` (a peer's
+  // send-with-invalidate of a type-1 key is refused, and bounds are the exact region's, which
+  // rxe enforces). A slot whose kept region already holds the segment's bytes keeps it (a
+  // repeated layout registers nothing); regions of the previous layout beyond this one's
+  // segments are released. On failure nothing is added to the batch and no window is left; the
+  // regions registered so far stay kept (valid registrations of the segments' bytes).
+  [[nodiscard]] result<void> configure_exact(SendBatch &batch, QueuePair &qp, access_flags remote,
+                                             std::size_t n, wr w) noexcept {
     detail::ikey_state &s = st();
     const bool writes = remote.any(access::remote_write | access::remote_atomic);
-    const int acc = IBV_ACCESS_MW_BIND | (writes ? IBV_ACCESS_LOCAL_WRITE : 0);
-    for (std::size_t i = 0; i < n; ++i) {
+    const access_flags racc = access::mw_bind | (writes ? access::local_write : access_flags{});
+    for (std::uint32_t i = 0; i < n; ++i) {
       const key_segment &g = s.segs[i];
-      s.exact[i] = ::ibv_reg_mr_iova2(s.pd, g.data, g.length, g.addr, unsigned(acc));
-      if (!s.exact[i]) {
-        const auto ec = last_errno();
-        s.release_windows();
-        return ec;
-      }
-      s.nexact = std::uint32_t(i + 1);
+      if (i < s.nkept && s.slots[i].holds(g.data, g.length, g.addr, racc) &&
+          s.links[i].parent() == g.node)
+        continue;
+      if (i < s.nkept)
+        if (const int rc = s.release_region(i)) return errno_code(rc);
+      if (i >= s.nkept) s.nkept = i + 1;
+      RDMAXX_TRYV(s.slots[i].reg_exact(h_.parent(), s.pd, g.data, g.length, g.addr, racc));
       s.links[i] = detail::child_link(g.node, child_kind::indirect_key);
     }
-    for (std::size_t i = 0; i < n; ++i) {
-      s.windows[i] = ::ibv_alloc_mw(s.pd, IBV_MW_TYPE_1);
-      if (!s.windows[i]) {
-        const auto ec = last_errno();
+    if (const int rc = s.release_regions(std::uint32_t(n))) return errno_code(rc);
+    return bind_windows(batch, qp, remote, n, w, mw_type::type1);
+  }
+  // One fresh window of `type` per segment (ibv_alloc_mw), each bound over its segment in
+  // `batch` (through the slot's exact region where it has one), w.flags' signaled bit on the
+  // last bind only. Every bind is checked before any is added, so a refusal adds nothing; the
+  // windows are then deallocated.
+  [[nodiscard]] result<void> bind_windows(SendBatch &batch, QueuePair &qp, access_flags remote,
+                                          std::size_t n, wr w, mw_type type) noexcept {
+    detail::ikey_state &s = st();
+    for (std::uint32_t i = 0; i < n; ++i) {
+      s.nwindows = i + 1;
+      if (auto r = s.slots[i].alloc_window(h_.parent(), s.pd, type); !r) {
+        s.release_windows();
+        return r.error();
+      }
+    }
+    // The segments' own regions were checked by layout::validate (MW_BIND where type-2
+    // windows bind over them, LOCAL_WRITE for remote writes): their access as validated.
+    const access_flags own = access::mw_bind | access::local_write;
+    for (std::uint32_t i = 0; i < n; ++i) {
+      const key_segment &g = s.segs[i];
+      if (auto ec = s.slots[i].check_segment(qp, g.mr, own, g.length, remote)) {
         s.release_windows();
         return ec;
       }
-      s.nwindows = std::uint32_t(i + 1);
     }
     const send_flags quiet = w.flags & ~send_flags(send_flag::signaled);
-    for (std::size_t i = 0; i < n; ++i) {
+    for (std::uint32_t i = 0; i < n; ++i) {
       key_segment &g = s.segs[i];
-      const std::uint32_t rkey = ::ibv_inc_rkey(s.windows[i]->rkey);
-      const ibv_mw_bind_info info{s.exact[i], g.addr, g.length, unsigned(remote.native())};
-      batch.bind_mw({w.id, i + 1 == n ? w.flags | send_flag::signaled : quiet}, s.windows[i], rkey,
-                    info);
-      s.windows[i]->rkey = rkey;
-      g.rkey = rkey;
+      s.slots[i].bind_segment(batch, qp, g.mr, g.node, g.addr, g.length, remote,
+                              {w.id, i + 1 == n ? w.flags | send_flag::signaled : quiet});
+      g.rkey = s.slots[i].window.rkey();
     }
     return success();
   }

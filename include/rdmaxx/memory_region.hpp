@@ -25,6 +25,10 @@
 
 namespace rdmaxx {
 
+namespace detail {
+struct grant_slot;
+}
+
 /// How the memory behind a MemoryRegion came to be.
 enum class mr_kind : std::uint8_t {
   user,      ///< reg(): the caller's memory, IOVA = virtual address
@@ -454,12 +458,19 @@ private:
     // Arguments first, so that every malformed call is refused the same way with or without a PD.
     if (auto ec = check_reg_args(addr, length, acc)) return ec;
     if (!pd) return make_error_code(errc::null_handle);
+    return reg_on(detail::handle_access::node(pd), pd.native_handle(), addr, length, iova, acc, kind);
+  }
+  // ibv_reg_mr_iova2 on a PD known by its C object and children counter, arguments checked
+  // (an IndirectKey registers its exact regions without holding the ProtectionDomain).
+  [[nodiscard]] static result<MemoryRegion> reg_on(detail::parent_node *pd_node, ibv_pd *pd, void *addr,
+                                                   std::size_t length, std::uint64_t iova,
+                                                   access_flags acc, mr_kind kind) noexcept {
     // The node counts memory windows bound to this MR (dereg refuses with errc::busy meanwhile).
-    auto h = detail::create_with_node<traits>(detail::handle_access::node(pd), [&] {
-      return ::ibv_reg_mr_iova2(pd.native_handle(), addr, length, iova, int(acc.native()));
+    auto h = detail::create_with_node<traits>(pd_node, [&] {
+      return ::ibv_reg_mr_iova2(pd, addr, length, iova, int(acc.native()));
     });
     if (!h) {
-      if (odp_unsupported(pd.context(), acc)) return make_error_code(errc::unsupported);
+      if (odp_unsupported(pd->context, acc)) return make_error_code(errc::unsupported);
       return h.error();
     }
     MemoryRegion r;
@@ -474,6 +485,7 @@ private:
   // Declaration order matters: pages_ is destroyed after h_ (dereg before munmap).
   detail::owned_pages pages_;
   friend struct detail::handle_access; // children register with this object's node
+  friend struct detail::grant_slot;    // an IndirectKey segment's exact region (reg_on)
   detail::handle<traits> h_;
   std::uint64_t iova_ = 0;
   access_flags access_;

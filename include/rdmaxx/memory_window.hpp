@@ -502,13 +502,18 @@ private:
   }
   void set_bound(const QueuePair &qp, const MemoryRegion &mr, window_range r, access_flags rights,
                  std::uint32_t key) noexcept {
+    set_bound(qp, mr.native_handle(), detail::handle_access::node(mr), mr.iova() + r.offset, r.length,
+              rights, key);
+  }
+  void set_bound(const QueuePair &qp, ibv_mr *mr, detail::parent_node *mr_node, std::uint64_t addr,
+                 std::uint64_t length, access_flags rights, std::uint32_t key) noexcept {
     cur_.state = mw_state::bound;
     cur_.rkey = key;
-    cur_.mr = mr.native_handle();
-    cur_.addr = mr.iova() + r.offset;
-    cur_.length = r.length;
+    cur_.mr = mr;
+    cur_.addr = addr;
+    cur_.length = length;
     cur_.rights = rights;
-    h_.set_parent<detail::parent_slot::second>(detail::handle_access::node(mr));
+    h_.set_parent<detail::parent_slot::second>(mr_node);
     if (type_ == mw_type::type2) {
       cur_.qp_num = qp.qp_num();
       h_.set_parent<detail::parent_slot::third>(detail::handle_access::node(qp));
@@ -533,6 +538,32 @@ private:
   void unlink() noexcept {
     h_.set_parent<detail::parent_slot::second>(nullptr);
     h_.set_parent<detail::parent_slot::third>(nullptr);
+  }
+
+  // An IndirectKey segment's bind: check_segment() as bind() checks a bind over all
+  // [addr, addr + length) of `mr` (`mr_access`: what it was registered with, or what the
+  // layout's validation checked), then bind_segment() adds it to `batch` and records it in the
+  // window's log, but without an undo entry in the batch: the key binds one window per segment
+  // under one undo entry of its own and deallocates the windows when it runs.
+  [[nodiscard]] std::error_code check_segment(const QueuePair &qp, const ibv_mr *mr,
+                                              access_flags mr_access, std::uint32_t length,
+                                              access_flags rights) const noexcept {
+    if (!h_ || !qp || !mr) return make_error_code(errc::null_handle);
+    if (auto ec = check_window_bind(type_, h_.get()->pd, mr->pd, qp.pd(), mr_access, length,
+                                    {0, length}, rights))
+      return ec;
+    if (type_ == mw_type::type2 && cur_.state == mw_state::bound)
+      return make_error_code(errc::already_bound);
+    return check_pending(qp);
+  }
+  void bind_segment(SendBatch &batch, QueuePair &qp, ibv_mr *mr, detail::parent_node *mr_node,
+                    std::uint64_t addr, std::uint32_t length, access_flags rights, wr w) noexcept {
+    const std::uint32_t key = ::ibv_inc_rkey(cur_.rkey);
+    const ibv_mw_bind_info info{mr, addr, length, static_cast<unsigned>(rights.native())};
+    batch.bind_mw(w, h_.get(), key, info);
+    push(w.id, qp);
+    h_.get()->rkey = key;
+    set_bound(qp, mr, mr_node, addr, length, rights, key);
   }
 
   // ibv_alloc_mw on a PD known by its C object and children counter (GrantPool replaces the

@@ -38,11 +38,11 @@ namespace rdmaxx {
 /// another PD of the same device (the exact region is registered on the grant's PD).
 /// Any denied access (out of bounds, revoked key, wrong QP) moves the owner's QP to ERR as well
 /// as the peer's: reconnect it (the grant stays valid).
-/// Reuse: a StrictGrant kept per buffer slot (bind, unbind, bind again) never hands out a key it
+/// Reuse: a StrictGrant kept per buffer slot (grant, revoke, grant again) never hands out a key it
 /// handed out before: before the window's 8-bit key could repeat (grants_per_window() grants),
-/// bind() replaces the window by a fresh one (detail::grant_slot, the mechanism GrantPool shares).
-/// Cost: one ibv_reg_mr + ibv_dereg_mr per StrictGrant (create/revoke) plus a pinned-page
-/// reference; a grant cycle on an existing StrictGrant (bind, unbind/invalidate, bind again)
+/// grant() replaces the window by a fresh one (detail::grant_slot, the mechanism GrantPool shares).
+/// Cost: one ibv_reg_mr + ibv_dereg_mr per StrictGrant (create/destroy) plus a pinned-page
+/// reference; a grant cycle on an existing StrictGrant (grant, revoke, grant again)
 /// costs one window bind and one unbind (and an ibv_alloc_mw + ibv_dealloc_mw every
 /// grants_per_window() grants): reuse one StrictGrant per buffer slot.
 class StrictGrant {
@@ -60,11 +60,11 @@ public:
   /// - errc::unusable: `mr` is unusable.
   /// - errc::zero_length: `r` is empty.
   /// - errc::out_of_range: `r` is not inside `mr`.
-  /// - errc::context_mismatch: `pd` of another device.
+  /// - errc::context_mismatch: `pd` of another device, or o.caps of another device.
   /// - errc::unsupported: no memory windows here.
   /// - errc::unsafe_grant: only type-2 windows on a device where a peer could panic the kernel
   ///   with them (see type2_risk; grant_options::type2 accepts the risk).
-  /// - the errno of ibv_query_device_ex and ibv_reg_mr.
+  /// - the errno of ibv_query_device_ex (not called when o.caps is given) and ibv_reg_mr.
   /// - those of MemoryWindow::alloc.
   /// \mallocs The exact region (MemoryRegion::reg: its node, besides what verbs allocates) and
   /// what ibv_alloc_mw allocates.
@@ -104,17 +104,17 @@ public:
     return make(pd, mr, r, type, risk);
   }
 
-  /// Bind the window over the whole exact region (see MemoryWindow::bind). Before the window's
+  /// Grant: bind the window over the whole exact region (see MemoryWindow::bind). Before the window's
   /// key could repeat, the window is first replaced by a fresh one (ibv_alloc_mw, then
   /// ibv_dealloc_mw of the old one), so no key handed out before ever answers again.
   /// \errors
   /// - errc::grant_outstanding: the window's keys are used up and the previous grant is still
-  ///   bound or unconfirmed (unbind it and hand its completion to window().complete()).
+  ///   bound or unconfirmed (revoke it and hand its completion to window().complete()).
   /// - the errno of ibv_alloc_mw / ibv_dealloc_mw when the window is replaced (nothing posted).
   /// - those of MemoryWindow::bind (the posting form).
   /// \mallocs None (what ibv_alloc_mw allocates when the window is replaced).
-  [[nodiscard]] result<remote_descriptor> bind(QueuePair &qp, access_flags rights,
-                                               wr w = {window_wr_id, send_flag::signaled}) noexcept {
+  [[nodiscard]] result<remote_descriptor> grant(QueuePair &qp, access_flags rights,
+                                                wr w = {window_wr_id, send_flag::signaled}) noexcept {
     if (auto ec = renew_if_used_up()) return ec;
     return slot_.bind(qp, rights, w);
   }
@@ -123,28 +123,51 @@ public:
   /// \errors
   /// - as the posting form, with those of the batch form of MemoryWindow::bind.
   /// \mallocs None (what ibv_alloc_mw allocates when the window is replaced).
-  [[nodiscard]] result<remote_descriptor> bind(SendBatch &batch, QueuePair &qp, access_flags rights,
-                                               wr w = {}) noexcept {
+  [[nodiscard]] result<remote_descriptor> grant(SendBatch &batch, QueuePair &qp, access_flags rights,
+                                                wr w = {}) noexcept {
     if (auto ec = renew_if_used_up()) return ec;
     return slot_.bind(batch, qp, rights, w);
   }
-  /// End the current grant and keep the slot for the next bind: type 1, MemoryWindow::unbind
+  /// Revoke: end the current grant and keep the slot for the next one: type 1, MemoryWindow::unbind
   /// (ibv_bind_mw, length 0); type 2, MemoryWindow::invalidate (a local invalidate). The old key
   /// is dead once the operation executes (its completion, handed to window().complete()).
   /// \errors
   /// - those of MemoryWindow::unbind / invalidate.
   /// \mallocs None.
-  result<void> unbind(QueuePair &qp, wr w = {window_wr_id, send_flag::signaled}) noexcept {
+  result<void> revoke(QueuePair &qp, wr w = {window_wr_id, send_flag::signaled}) noexcept {
     return slot_.unbind(qp, w);
   }
   /// As above, added to an open batch of `qp`.
   /// \errors
   /// - those of the batch forms of MemoryWindow::unbind / invalidate.
   /// \mallocs None.
-  result<void> unbind(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept {
+  result<void> revoke(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept {
     return slot_.unbind(batch, qp, w);
   }
-  /// Grants one window makes before bind() replaces it (127 type 1, whose unbind takes a key
+
+  /// 0.1's name of grant(qp, ...) (the window verb it posts). Deprecated: one name per meaning
+  /// in every grant form: grant() hands a key out, revoke() ends that grant, destroy() is the
+  /// checked destruction (0.1's revoke()).
+  [[deprecated("StrictGrant::bind is now grant()")]] [[nodiscard]] result<remote_descriptor>
+  bind(QueuePair &qp, access_flags rights, wr w = {window_wr_id, send_flag::signaled}) noexcept {
+    return grant(qp, rights, w);
+  }
+  /// 0.1's name of grant(batch, qp, ...). Deprecated (see above).
+  [[deprecated("StrictGrant::bind is now grant()")]] [[nodiscard]] result<remote_descriptor>
+  bind(SendBatch &batch, QueuePair &qp, access_flags rights, wr w = {}) noexcept {
+    return grant(batch, qp, rights, w);
+  }
+  /// 0.1's name of revoke(qp, ...). Deprecated (see above).
+  [[deprecated("StrictGrant::unbind is now revoke(qp)")]] result<void>
+  unbind(QueuePair &qp, wr w = {window_wr_id, send_flag::signaled}) noexcept {
+    return revoke(qp, w);
+  }
+  /// 0.1's name of revoke(batch, qp, ...). Deprecated (see above).
+  [[deprecated("StrictGrant::unbind is now revoke(batch, qp)")]] result<void>
+  unbind(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept {
+    return revoke(batch, qp, w);
+  }
+  /// Grants one window makes before grant() replaces it (127 type 1, whose unbind takes a key
   /// too; 255 type 2).
   [[nodiscard]] std::uint32_t grants_per_window() const noexcept {
     return detail::grant_slot::grants_per_window(slot_.window.type());
@@ -161,17 +184,18 @@ public:
     return slot_.window.type() == mw_type::type1 ? grant_mechanism::type1_exact_region
                                             : grant_mechanism::type2_window;
   }
-  /// True while the grant holds a window (false when empty, moved from or revoked).
+  /// True while the grant holds a window (false when empty, moved from or destroyed).
   [[nodiscard]] explicit operator bool() const noexcept { return bool(slot_.window); }
 
-  /// Revoke for good and destroy: deallocate the window (ibv_dealloc_mw: the key is dead when it
-  /// returns, whatever the window's recorded state), then deregister the exact region
-  /// (ibv_dereg_mr).
+  /// Destroy now (the checked destruction; the destructor does the same and reports a failure
+  /// through the destroy-failure hook): deallocate the window (ibv_dealloc_mw: the key is dead
+  /// when it returns, whatever the window's recorded state), then deregister the exact region
+  /// (ibv_dereg_mr). 0.1 called this revoke().
   /// \errors
   /// - those of MemoryWindow::dealloc and MemoryRegion::dereg (the grant then keeps what was not
   ///   destroyed).
   /// \mallocs None.
-  result<void> revoke() noexcept {
+  result<void> destroy() noexcept {
     RDMAXX_TRYV(slot_.window.dealloc());
     return slot_.region.dereg();
   }

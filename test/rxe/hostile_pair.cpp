@@ -202,7 +202,7 @@ int owner(int lfd) {
   auto mr = MUST(MemoryRegion::reg(s.pd, mem.data(), mem.size(), access::local_write));
   auto mrecv = MUST(MemoryRegion::reg(s.pd, rbuf.data(), rbuf.size(), access::local_write));
   auto g = MUST(StrictGrant::create(s.pd, mr, {grant_off, grant_len}));
-  const auto d = MUST(g.bind(s.qp, access::remote_read | access::remote_write | access::remote_atomic));
+  const auto d = MUST(g.grant(s.qp, access::remote_read | access::remote_write | access::remote_atomic));
   ibv_wc wc{};
   if (!wait_wc(s.cq, wc) || wc.status != IBV_WC_SUCCESS) return 1;
   (void)g.window().complete(wc);
@@ -213,7 +213,7 @@ int owner(int lfd) {
     char c = 0;
     if (!recv_all(fd, &c, 1) || c != 'S') return 1; // the peer has reconnected its QP
     if (i == revoke_before) {
-      MUSTV(g.unbind(s.qp, {window_wr_id, send_flag::signaled}));
+      MUSTV(g.revoke(s.qp, {window_wr_id, send_flag::signaled}));
       if (!wait_wc(s.cq, wc) || wc.status != IBV_WC_SUCCESS) return 1;
       (void)g.window().complete(wc);
     }
@@ -240,7 +240,7 @@ int owner(int lfd) {
     bad += verdict != 'k';
     if (!send_all(fd, &verdict, 1)) return 1;
   }
-  MUSTV(g.revoke());
+  MUSTV(g.destroy());
   std::printf("owner: %d steps, %d unexpected\n", nsteps, bad);
   ::close(fd);
   return bad == 0 ? 0 : 1;

@@ -255,7 +255,7 @@ void bad_inputs(const std::string &only) {
   auto kt = need(IndirectKey::create(pd, 8, {.trusted_peers = true, .type2 = accept_risk}), "type-2 software key");
   {
     auto b = lb.b.start_send();
-    need(kc.configure(lb.b, b, layout::list({{mt, 3000, 100}, {mt, 100, 50}}), remote_rw,
+    need(kc.configure(b, lb.b, layout::list({{mt, 3000, 100}, {mt, 100, 50}}), remote_rw,
                       {15, send_flag::signaled}),
          "configure kc");
     need(b.submit(), "submit kc");
@@ -263,7 +263,7 @@ void bad_inputs(const std::string &only) {
     CHECK(wc.wr_id == 15);
     CHECK(kc.complete(wc));
     auto bl = lb.a.start_send();
-    need(kl.configure(lb.a, bl, layout::list({{ms, 0, 64}}), access::local_write), "configure kl");
+    need(kl.configure(bl, lb.a, layout::list({{ms, 0, 64}}), access::local_write), "configure kl");
     need(bl.submit(), "submit kl (empty)");
   }
   const ikey_descriptor dk = need(kc.descriptor(), "kc descriptor");
@@ -1049,33 +1049,33 @@ void bad_inputs(const std::string &only) {
         sys_errno(std::errc::invalid_argument), [&] {
           return err(StrictGrant::create(pd, mt, {0, 64}, static_cast<mw_type>(7)));
         });
-  t.add("StrictGrant::bind", "no rights", is(errc::bad_grant_rights),
-        [&] { return err(g.bind(lb.b, access_flags{})); });
-  t.add("StrictGrant::bind", "QP of another PD", is(errc::pd_mismatch),
-        [&] { return err(g.bind(p2.b, access::remote_read)); });
-  t.add("StrictGrant::bind", "moved-from QP", is(errc::null_handle),
-        [&] { return err(g.bind(qp_moved, access::remote_read)); });
-  t.add("StrictGrant::bind", "moved-from grant", is(errc::null_handle),
-        [&] { return err(g_moved.bind(lb.b, access::remote_read)); });
-  t.add("StrictGrant::bind", "type 1, zero-based", is(errc::wrong_type), [&] {
+  t.add("StrictGrant::grant", "no rights", is(errc::bad_grant_rights),
+        [&] { return err(g.grant(lb.b, access_flags{})); });
+  t.add("StrictGrant::grant", "QP of another PD", is(errc::pd_mismatch),
+        [&] { return err(g.grant(p2.b, access::remote_read)); });
+  t.add("StrictGrant::grant", "moved-from QP", is(errc::null_handle),
+        [&] { return err(g.grant(qp_moved, access::remote_read)); });
+  t.add("StrictGrant::grant", "moved-from grant", is(errc::null_handle),
+        [&] { return err(g_moved.grant(lb.b, access::remote_read)); });
+  t.add("StrictGrant::grant", "type 1, zero-based", is(errc::wrong_type), [&] {
     auto g1 = need(StrictGrant::create(pd, mt, {0, 64}, mw_type::type1), "type-1 grant");
-    return err(g1.bind(lb.b, access::remote_read | access::zero_based));
+    return err(g1.grant(lb.b, access::remote_read | access::zero_based));
   });
-  t.add("StrictGrant::bind", "remote write over an MR without LOCAL_WRITE", is(errc::missing_access), [&] {
+  t.add("StrictGrant::grant", "remote write over an MR without LOCAL_WRITE", is(errc::missing_access), [&] {
     auto gr = need(StrictGrant::create(pd, m_nolw, {0, 64}, mw_type::type2, accept_risk), "grant over m_nolw");
-    return err(gr.bind(lb.b, access::remote_write));
+    return err(gr.grant(lb.b, access::remote_write));
   });
-  t.add("StrictGrant::bind", "a bound type-2 grant, again", is(errc::already_bound), [&] {
+  t.add("StrictGrant::grant", "a bound type-2 grant, again", is(errc::already_bound), [&] {
     auto gb = need(StrictGrant::create(pd, mt, {128, 64}, mw_type::type2, accept_risk), "grant");
-    need(gb.bind(lb.b, access::remote_read, {120, send_flag::signaled}), "first bind");
+    need(gb.grant(lb.b, access::remote_read, {120, send_flag::signaled}), "first bind");
     CHECK(gb.window().complete(wait_one(lb.cq_b)));
-    const auto ec = err(gb.bind(lb.b, access::remote_read));
-    need(gb.revoke(), "revoke");
+    const auto ec = err(gb.grant(lb.b, access::remote_read));
+    need(gb.destroy(), "revoke");
     return ec;
   });
-  t.add("StrictGrant::bind (batch)", "batch of another QP", is(errc::qp_mismatch), [&] {
+  t.add("StrictGrant::grant (batch)", "batch of another QP", is(errc::qp_mismatch), [&] {
     auto b = lb.a.start_send();
-    return err(g.bind(b, lb.b, access::remote_read));
+    return err(g.grant(b, lb.b, access::remote_read));
   });
 
   // =============================================================================================
@@ -1248,7 +1248,7 @@ void bad_inputs(const std::string &only) {
   // configure() through QP b in a batch that is then dropped (a refused configure adds nothing).
   auto configure_with = [&](IndirectKey &key, QueuePair &qp, const layout &l, access_flags acc) {
     auto b = qp.start_send();
-    return err(key.configure(qp, b, l, acc));
+    return err(key.configure(b, qp, l, acc));
   };
   t.add("IndirectKey::create", "moved-from PD", is(errc::null_handle),
         [&] { return err(IndirectKey::create(pd_moved, 4)); });
@@ -1366,7 +1366,7 @@ void bad_inputs(const std::string &only) {
   });
   t.add("IndirectKey::configure", "moved-from QP", is(errc::null_handle), [&] {
     auto b = lb.b.start_send();
-    return err(k.configure(qp_moved, b, layout::list({{mt, 0, 8}}), remote_rw));
+    return err(k.configure(b, qp_moved, layout::list({{mt, 0, 8}}), remote_rw));
   });
   t.add("IndirectKey::configure", "a configured key, again", is(errc::already_bound), [&] {
     return configure_with(kc, lb.b, layout::list({{mt, 0, 8}}), remote_rw);
@@ -1374,11 +1374,11 @@ void bad_inputs(const std::string &only) {
   t.add("IndirectKey::configure", "submitted batch", is(errc::wrong_state), [&] {
     auto b = lb.b.start_send();
     need(b.submit(), "submit (empty batch)");
-    return err(k.configure(lb.b, b, layout::list({{mt, 0, 8}}), remote_rw));
+    return err(k.configure(b, lb.b, layout::list({{mt, 0, 8}}), remote_rw));
   });
   t.add("IndirectKey::configure", "batch of another QP", is(errc::qp_mismatch), [&] {
     auto b = lb.a.start_send();
-    return err(k.configure(lb.b, b, layout::list({{mt, 0, 8}}), remote_rw));
+    return err(k.configure(b, lb.b, layout::list({{mt, 0, 8}}), remote_rw));
   });
   t.add("IndirectKey::configure", "QP of another PD", is(errc::pd_mismatch), [&] {
     return configure_with(k, p2.b, layout::list({{mt, 0, 8}}), remote_rw);
@@ -1486,7 +1486,7 @@ void bad_inputs(const std::string &only) {
   CHECK(cq_moved.destroy().has_value());
   CHECK(qp_moved.destroy().has_value());
   CHECK(w_moved.dealloc().has_value());
-  CHECK(g_moved.revoke().has_value());
+  CHECK(g_moved.destroy().has_value());
   CHECK(k_moved.destroy().has_value());
 
   // =============================================================================================
@@ -1541,7 +1541,7 @@ void bad_inputs(const std::string &only) {
   std::memcpy(want_tgt.data() + 1024 + 8, src.data() + 3000, 64);
   CHECK(tgt == want_tgt);
   // The strict grant refused above binds and carries traffic.
-  const auto dg = need(g.bind(lb.b, access::remote_write, {204, send_flag::signaled}), "grant bind");
+  const auto dg = need(g.grant(lb.b, access::remote_write, {204, send_flag::signaled}), "grant bind");
   CHECK(g.window().complete(wait_one(lb.cq_b)));
   REQUIRE(lb.write(ms.sge(3100, 512), dg.at(0)) == IBV_WC_SUCCESS);
   std::memcpy(want_tgt.data() + 2048, src.data() + 3100, 512);
@@ -1549,7 +1549,7 @@ void bad_inputs(const std::string &only) {
   // The key refused above configures and carries traffic; the configured one still works.
   {
     auto b = lb.b.start_send();
-    need(k.configure(lb.b, b, layout::list({{mt, 600, 30}, {mt, 700, 20}}), remote_rw,
+    need(k.configure(b, lb.b, layout::list({{mt, 600, 30}, {mt, 700, 20}}), remote_rw,
                      {205, send_flag::signaled}),
          "configure k");
     need(b.submit(), "submit k");
@@ -1580,7 +1580,7 @@ void bad_inputs(const std::string &only) {
 
   // Everything is destroyable through the checked calls, children first.
   for (MemoryWindow *w : {&w1, &w2, &w1b, &w2b, &w2i, &w2x}) destroyed(w->dealloc(), "window");
-  destroyed(g.revoke(), "strict grant");
+  destroyed(g.destroy(), "strict grant");
   for (IndirectKey *key : {&k, &kc, &kl, &k2, &kt}) destroyed(key->destroy(), "indirect key");
   for (MemoryRegion *m : {&mt, &mt2, &mt_x, &ms, &md, &mrr, &ma, &m_nobind, &m_nolw, &mu})
     destroyed(m->dereg(), "memory region");

@@ -145,6 +145,45 @@ TEST_CASE("connect, accept, private data at the limit both ways, verified write,
   CHECK(resources() == before);
 }
 
+TEST_CASE("prepare() + accept(): conn_options::private_data is sent (copied at prepare), accept's own "
+          "data replaces it, over 196 bytes refused at prepare with the request still usable", "[cm]") {
+  auto l = listen_any_port();
+  for (int round = 0; round < 2; ++round) {
+    const auto prep_data = pattern(40, 11);
+    const auto own_data = pattern(24, 12);
+    std::atomic<bool> server_ok{false};
+    std::thread server([&] {
+      auto req = l.get_request(10000);
+      if (!req) return;
+      if (round == 0) {
+        const auto over = pattern(cm_accept_private_data_max + 1, 13);
+        auto refused = req.value().prepare({.private_data = over});
+        if (refused || refused.error() != errc::private_data_too_long || !req.value()) return;
+      }
+      std::vector<std::byte> scratch = prep_data; // gone before accept(): prepare copied it
+      auto conn = req.value().prepare({.timeout_ms = 10000, .private_data = scratch});
+      if (!conn) return;
+      std::fill(scratch.begin(), scratch.end(), std::byte{0});
+      scratch.clear();
+      scratch.shrink_to_fit();
+      auto a = round == 0 ? conn.value().accept() : conn.value().accept(own_data);
+      if (!a) return;
+      if (!conn.value().wait_established()) return;
+      auto d = conn.value().wait_disconnected(10000);
+      server_ok = d && d.value();
+    });
+    auto c = Connection::connect(target(l), {.timeout_ms = 10000});
+    INFO("round " << round << " connect: " << (c ? "ok" : c.error().message()));
+    REQUIRE(c);
+    const auto &want = round == 0 ? prep_data : own_data;
+    REQUIRE(c.value().peer_private_data().size() >= want.size());
+    CHECK(std::equal(want.begin(), want.end(), c.value().peer_private_data().begin()));
+    need(c.value().disconnect(), "disconnect");
+    server.join();
+    CHECK(server_ok);
+  }
+}
+
 TEST_CASE("private data one byte over the limit is refused before verbs", "[cm]") {
   auto l = listen_any_port();
   const auto over_connect = pattern(cm_connect_private_data_max + 1, 4);
@@ -194,6 +233,57 @@ TEST_CASE("private data one byte over the limit is refused before verbs", "[cm]"
   CHECK(cm_reject_reason(client_ec) == 28); // consumer defined
   REQUIRE(rej.size >= cm_reject_private_data_max);
   CHECK(std::equal(at_reject.begin(), at_reject.end(), rej.bytes.begin()));
+}
+
+TEST_CASE("checked destroy of every cm handle: Connection stops at its first failure and "
+          "finishes later; Listener, ConnectRequest, EventChannel", "[cm]") {
+  const std::string before = resources_baseline();
+  {
+    auto l = listen_any_port();
+    const std::uint16_t port = l.port();
+    std::atomic<bool> server_ok{false};
+    std::thread server([&] {
+      // First request: destroyed unanswered (the kernel rejects it).
+      auto r1 = l.get_request(10000);
+      if (!r1 || !r1.value().destroy() || r1.value()) return;
+      // Second: accepted, held until the client destroyed its side.
+      auto r2 = l.get_request(10000);
+      if (!r2) return;
+      auto conn = r2.value().accept({.timeout_ms = 10000});
+      if (!conn) return;
+      auto d = conn.value().wait_disconnected(10000);
+      server_ok = d && d.value() && conn.value().destroy() && !conn.value();
+    });
+    auto refused = Connection::connect(target(l), {.timeout_ms = 10000});
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error() == std::errc::connection_refused);
+    auto c = need(Connection::connect(target(l), {.timeout_ms = 10000}), "connect");
+    std::vector<unsigned char> mem(4096);
+    auto mr = need(MemoryRegion::reg(c.pd(), mem.data(), mem.size(), access::local_write), "mr on its PD");
+    need(c.disconnect(), "disconnect");
+    auto r = c.destroy();
+    REQUIRE_FALSE(r);
+    CHECK(r.error() == errc::busy); // the PD: the caller's region is on it
+    CHECK(c);                       // the PD, Context, id and channel stay
+    CHECK(c.state() == conn_state::failed);
+    need(mr.dereg(), "dereg");
+    need(c.destroy(), "destroy again");
+    CHECK_FALSE(c);
+    need(c.destroy(), "null: nothing to do");
+    server.join();
+    CHECK(server_ok);
+    need(l.destroy(), "listener destroy");
+    CHECK_FALSE(l);
+    auto after = Connection::connect(addr(std::string(local_ip) + ":" + std::to_string(port)),
+                                     {.timeout_ms = 10000});
+    REQUIRE_FALSE(after);
+    CHECK(after.error() == std::errc::connection_refused); // nobody listens there now
+    auto ch = need(EventChannel::create(), "event channel");
+    need(ch.destroy(), "event channel destroy");
+    CHECK_FALSE(ch);
+    CHECK(ch.fd() == -1);
+  }
+  CHECK(resources() == before);
 }
 
 TEST_CASE("connect to a port nobody listens on is refused", "[cm]") {

@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <set>
 #include <vector>
@@ -45,7 +46,7 @@ TEST_CASE("a StrictGrant reused 300 times never hands a key out again; grant #0'
   remote_descriptor first{};
   int refused_old = 0, stale_attempts = 0;
   for (int i = 0; i < 300; ++i) {
-    auto d = need(g.bind(lb.b, access::remote_write), "bind");
+    auto d = need(g.grant(lb.b, access::remote_write), "bind");
     confirm(lb, g.window());
     INFO("grant #" << i << " key " << std::hex << d.rkey);
     REQUIRE(keys.insert(d.rkey).second); // never a key handed out before
@@ -63,14 +64,14 @@ TEST_CASE("a StrictGrant reused 300 times never hands a key out again; grant #0'
       CHECK(mem[off] == 0x5A);
       std::memset(mem.data() + off, 0, 64);
     }
-    need(g.unbind(lb.b), "unbind");
+    need(g.revoke(lb.b), "unbind");
     confirm(lb, g.window());
   }
   CHECK(keys.size() == 300);
   CHECK(refused_old == stale_attempts);
   // Keys are renewed while the grant is unbound and confirmed: a bound grant whose keys are used
   // up is not silently rebound.
-  need(g.revoke(), "revoke");
+  need(g.destroy(), "revoke");
 }
 
 TEST_CASE("a GrantPool slot reused 300 times never hands a key out again", "[grant-core]") {
@@ -131,7 +132,7 @@ TEST_CASE("type-2 windows on rxe: refused through every public path unless the r
                 "key");
   const layout l = layout::list({{mr, 0, 64}});
   auto b = lb.b.start_send();
-  need(k.configure(lb.b, b, l, access::remote_read, {9, send_flag::signaled}), "configure");
+  need(k.configure(b, lb.b, l, access::remote_read, {9, send_flag::signaled}), "configure");
   need(b.submit(), "submit");
   for (auto &wc : wait_wc(lb.cq_b, 1)) (void)k.complete(wc);
   // RDMAXX_GRANT=type2 in the environment cannot expose this device either.
@@ -175,7 +176,7 @@ TEST_CASE("a software IndirectKey hands out its descriptor only once its binds' 
   const layout l = layout::list({{mr, 100, 50}, {mr, 4000, 30}});
   // Posted without the signaled flag: the library signals the last bind itself.
   auto b = lb.b.start_send();
-  need(key.configure(lb.b, b, l, access::local_write | access::remote_write, {41, {}}), "configure");
+  need(key.configure(b, lb.b, l, access::local_write | access::remote_write, {41, {}}), "configure");
   need(b.submit(), "submit");
   CHECK(key.pending());
   CHECK(key.descriptor().error() == errc::operation_unconfirmed); // not confirmed yet
@@ -194,7 +195,7 @@ TEST_CASE("a software IndirectKey hands out its descriptor only once its binds' 
   // An error completion of the configure (a failed or flushed bind) undoes it: no key, and the
   // keys it would have handed out are dead.
   auto b2 = lb.b.start_send();
-  need(key.configure(lb.b, b2, l, access::local_write | access::remote_write, {42, {}}), "configure 2");
+  need(key.configure(b2, lb.b, l, access::local_write | access::remote_write, {42, {}}), "configure 2");
   need(b2.submit(), "submit 2");
   ibv_wc real = wait_one(lb.cq_b);
   const std::uint32_t rkey = key.segments()[0].rkey;
@@ -295,4 +296,106 @@ TEST_CASE("ExactGrant, the one-shot grant: exactly the bytes, live on return, de
   CHECK(is_denial(peer_post(lb.a, lb.cq_a, IBV_WR_RDMA_WRITE, src_mr.sge(0, 8), d.addr, d.rkey)));
   CHECK(all_equal(mem.data(), N, 0));
   lb.recover();
+}
+
+namespace {
+// Memory regions of this process's device as `rdma resource show mr` counts them.
+std::size_t mr_count() {
+  std::size_t n = 0;
+  if (FILE *f = ::popen("rdma resource show mr 2>/dev/null", "r")) {
+    char line[512];
+    while (std::fgets(line, sizeof line, f))
+      if (std::strstr(line, "mrn")) ++n;
+    ::pclose(f);
+  }
+  return n;
+}
+void configure_confirmed(loopback &lb, IndirectKey &k, const layout &l, std::uint64_t id) {
+  auto b = lb.b.start_send();
+  need(k.configure(b, lb.b, l, access::local_write | access::remote_write, {id, send_flag::signaled}),
+       "configure");
+  need(b.submit(), "submit");
+  REQUIRE(k.complete(wait_one(lb.cq_b)));
+}
+} // namespace
+
+TEST_CASE("a software IndirectKey reuses the exact regions of unchanged segments across "
+          "configures and gives them back", "[grant-core][ikey]") {
+  loopback lb;
+  std::vector<unsigned char> mem(16384, 0);
+  auto mr = need(MemoryRegion::reg(lb.pd, mem.data(), mem.size(), access::local_write), "mr");
+  std::vector<unsigned char> src(64, 0x3C);
+  auto src_mr = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "src");
+  auto key = need(IndirectKey::create(lb.pd, 4, {.backend = umr_backend::software}), "key");
+  const layout l = layout::list({{mr, 100, 300}, {mr, 5000, 200}});
+  const std::size_t base = mr_count();
+  configure_confirmed(lb, key, l, 61);
+  CHECK(key.kept_regions() == 2);
+  CHECK(mr_count() == base + 2);
+  const auto first = need(key.descriptor(), "descriptor 1");
+  need(key.invalidate(), "invalidate");
+  CHECK(key.kept_regions() == 2); // kept for the next configure
+  // The old keys are dead at once although the regions stay (they carry no remote rights).
+  CHECK(is_denial(peer_post(lb.a, lb.cq_a, IBV_WR_RDMA_WRITE, src_mr.sge(0, 16), first.segments()[0].addr,
+                            first.segments()[0].rkey)));
+  CHECK(all_equal(mem.data(), mem.size(), 0));
+  lb.recover();
+  // The underlying region is counted while its exact regions are kept.
+  CHECK(mr.dereg().error() == errc::busy);
+
+  // The same layout again: nothing registered, new keys, the old ones still dead.
+  configure_confirmed(lb, key, l, 62);
+  CHECK(mr_count() == base + 2);
+  const auto second = need(key.descriptor(), "descriptor 2");
+  for (std::size_t i = 0; i < 2; ++i) CHECK(second.segments()[i].rkey != first.segments()[i].rkey);
+  REQUIRE(lb.write(src_mr.sge(0, 16), {second.segments()[1].addr + 184, second.segments()[1].rkey}) ==
+          IBV_WC_SUCCESS);
+  CHECK(all_equal(mem.data() + 5184, 16, 0x3C));
+  std::memset(mem.data() + 5184, 0, 16);
+  CHECK(is_denial(peer_post(lb.a, lb.cq_a, IBV_WR_RDMA_WRITE, src_mr.sge(0, 16), first.segments()[1].addr,
+                            first.segments()[1].rkey)));
+  CHECK(all_equal(mem.data(), mem.size(), 0));
+  lb.recover();
+  need(key.invalidate(), "invalidate 2");
+
+  // One segment changed: its region is replaced, the other kept; a shorter layout gives back the
+  // regions it does not use.
+  configure_confirmed(lb, key, layout::list({{mr, 100, 300}, {mr, 6000, 200}}), 63);
+  CHECK(key.kept_regions() == 2);
+  CHECK(mr_count() == base + 2);
+  need(key.invalidate(), "invalidate 3");
+  configure_confirmed(lb, key, layout::list({{mr, 100, 300}}), 64);
+  CHECK(key.kept_regions() == 1);
+  CHECK(mr_count() == base + 1);
+  CHECK(key.release_regions().error() == errc::already_bound); // its layout uses them
+  need(key.invalidate(), "invalidate 4");
+  need(key.release_regions(), "release_regions");
+  CHECK(key.kept_regions() == 0);
+  CHECK(mr_count() == base);
+  need(mr.dereg(), "dereg: nothing counts on it any more");
+}
+
+TEST_CASE("GrantPool::destroy, the checked destruction: every key dead when it returns, the pool "
+          "null, its leases inert", "[grant-core][grants]") {
+  loopback lb;
+  auto buf = need(MemoryRegion::allocate(lb.pd, 8192, access::local_write), "buffers");
+  std::memset(buf.address(), 0, 8192);
+  auto pool = need(GrantPool::create(lb.pd, buf, {.slot_size = 4096}), "pool");
+  auto l = need(pool.acquire(), "acquire");
+  auto b = lb.b.start_send();
+  auto d = need(pool.grant(b, lb.b, l, access::remote_write), "grant");
+  need(b.submit(), "submit");
+  std::vector<unsigned char> src(64, 0x21);
+  auto src_mr = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "src");
+  REQUIRE(lb.write(src_mr.sge(0, 64), d.at(0)) == IBV_WC_SUCCESS); // live while granted
+  std::memset(buf.address(), 0, 64);
+  need(pool.destroy(), "destroy");
+  CHECK_FALSE(pool);
+  CHECK(pool.destroy().error() == errc::null_handle);
+  CHECK(l.state() == lease_state::ready);
+  CHECK(l.buffer().error() == errc::null_handle); // the pool is gone
+  CHECK(is_denial(peer_post(lb.a, lb.cq_a, IBV_WR_RDMA_WRITE, src_mr.sge(0, 64), d.addr, d.rkey)));
+  CHECK(all_equal(buf.address(), 8192, 0));
+  lb.recover();
+  need(buf.dereg(), "the buffers' region: nothing counts on it any more");
 }

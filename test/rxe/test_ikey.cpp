@@ -84,7 +84,7 @@ struct targets {
 /// Configure `key` through QP b (the target side owns the key) and wait for the binds.
 void configure(loopback &lb, IndirectKey &key, const layout &l, access_flags acc) {
   auto batch = lb.b.start_send();
-  need(key.configure(lb.b, batch, l, acc, {900, send_flag::signaled}), "configure");
+  need(key.configure(batch, lb.b, l, acc, {900, send_flag::signaled}), "configure");
   need(batch.submit(), "submit configure");
   const ibv_wc wc = wait_one(lb.cq_b);
   CHECK(wc.wr_id == 900);
@@ -263,7 +263,7 @@ TEST_CASE("ikey: a nested key (an indirect key inside another) resolves through 
   auto outer2 = need(IndirectKey::create(lb.pd, 4), "create outer2");
   configure(lb, ro, layout::list({{t.m1, 0, 10}}), access::local_write | access::remote_read);
   auto batch = lb.b.start_send();
-  auto r = outer2.configure(lb.b, batch, layout::list({{t.m2, 0, 5}, {ro, 0, 10}}), remote_rw);
+  auto r = outer2.configure(batch, lb.b, layout::list({{t.m2, 0, 5}, {ro, 0, 10}}), remote_rw);
   REQUIRE_FALSE(r.has_value());
   CHECK(layout_errc(r.error()) == errc::missing_access);
   CHECK(layout_error_entry(r.error()) == 1);
@@ -331,7 +331,7 @@ TEST_CASE("ikey: access beyond the layout is refused before posting, nothing wri
   // a layout entry outside its region is refused by name, nothing posted
   auto k2 = need(IndirectKey::create(lb.pd, 4), "create k2");
   auto batch = lb.b.start_send();
-  auto r = k2.configure(lb.b, batch, layout::list({{t.m1, 0, 10}, {t.m2, 700, 78}}), remote_rw);
+  auto r = k2.configure(batch, lb.b, layout::list({{t.m1, 0, 10}, {t.m2, 700, 78}}), remote_rw);
   REQUIRE_FALSE(r.has_value());
   CHECK(layout_errc(r.error()) == errc::out_of_range);
   CHECK(layout_error_entry(r.error()) == 1);
@@ -378,7 +378,7 @@ TEST_CASE("ikey: after invalidation the key no longer works; it can be configure
   CHECK(t.b1[30] == 0xEE);
   // configuring a configured key is refused
   auto batch = lb.b.start_send();
-  CHECK(key.configure(lb.b, batch, layout::list({{t.m1, 0, 1}}), remote_rw).error() == errc::already_bound);
+  CHECK(key.configure(batch, lb.b, layout::list({{t.m1, 0, 1}}), remote_rw).error() == errc::already_bound);
 }
 
 TEST_CASE("ikey: a dropped configure batch, or a failed submit, leaves the key unconfigured", "[ikey][undo]") {
@@ -388,7 +388,7 @@ TEST_CASE("ikey: a dropped configure batch, or a failed submit, leaves the key u
   const layout l = layout::list({{t.m1, 10, 20}, {t.m3, 30, 40}});
   {
     auto batch = lb.b.start_send();
-    need(key.configure(lb.b, batch, l, remote_rw, {901, send_flag::signaled}), "configure");
+    need(key.configure(batch, lb.b, l, remote_rw, {901, send_flag::signaled}), "configure");
     CHECK(key.configured());
     CHECK(lb.b.live_children() == 1);
   } // dropped: the batch undoes the configure
@@ -422,7 +422,7 @@ TEST_CASE("ikey: local use expands into SGEs, refused beyond max_sge", "[ikey]")
   auto key = need(IndirectKey::create(lb.pd, 8), "create");
   {
     auto batch = lb.a.start_send();
-    need(key.configure(lb.a, batch, layout::list({{m2, 7, 13}, {m1, 250, 50}, {m2, 100, 1}, {m1, 0, 9}, {m2, 299, 1}}),
+    need(key.configure(batch, lb.a, layout::list({{m2, 7, 13}, {m1, 250, 50}, {m2, 100, 1}, {m1, 0, 9}, {m2, 299, 1}}),
                        access::local_write),
          "configure local");
     need(batch.submit(), "submit (empty)");
@@ -471,13 +471,13 @@ TEST_CASE("ikey: type-2 software remote rights need mw_bind on every region; PDs
   auto mb = need(MemoryRegion::reg(lb.pd, b.data(), b.size(), remote_rw), "reg b (no mw_bind)");
   auto key = need(IndirectKey::create(lb.pd, 4, {.trusted_peers = true, .type2 = accept_risk}), "create (type-2 windows)");
   auto batch = lb.b.start_send();
-  auto r = key.configure(lb.b, batch, layout::list({{ma, 0, 8}, {mb, 0, 8}}), remote_rw);
+  auto r = key.configure(batch, lb.b, layout::list({{ma, 0, 8}, {mb, 0, 8}}), remote_rw);
   REQUIRE_FALSE(r.has_value());
   CHECK(layout_errc(r.error()) == errc::missing_access);
   CHECK(layout_error_entry(r.error()) == 1);
   auto pd2 = need(ProtectionDomain::alloc(lb.ctx), "alloc pd2");
   auto k2 = need(IndirectKey::create(pd2, 4), "create on pd2");
-  CHECK(k2.configure(lb.b, batch, layout::list({{ma, 0, 8}}), remote_rw).error() == errc::pd_mismatch);
+  CHECK(k2.configure(batch, lb.b, layout::list({{ma, 0, 8}}), remote_rw).error() == errc::pd_mismatch);
 }
 
 // Canary for a provider defect found here (rdma-core 44 rxe): ibv_wr_set_sge_list sets the work
@@ -550,7 +550,7 @@ TEST_CASE("ikey: exact regions need no remote rights and no mw_bind on the under
   // remote write still needs LOCAL_WRITE on the source
   auto k2 = need(IndirectKey::create(lb.pd, 4), "create 2");
   auto batch = lb.b.start_send();
-  auto r = k2.configure(lb.b, batch, layout::list({{mr_ro, 0, 8}}), remote_rw);
+  auto r = k2.configure(batch, lb.b, layout::list({{mr_ro, 0, 8}}), remote_rw);
   REQUIRE_FALSE(r.has_value());
   CHECK(layout_errc(r.error()) == errc::missing_access);
 }

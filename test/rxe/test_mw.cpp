@@ -551,9 +551,9 @@ TEST_CASE("what a strict grant costs against a type-2 bind + invalidate (printed
   const auto t1 = clock::now();
   for (int i = 0; i < cycles; ++i) {
     auto g = need(StrictGrant::create(lb.pd, mr, {4096, 4096}, mw_type::type2, accept_risk), "strict grant");
-    need(g.bind(lb.b, rw_rights, {3, send_flag::signaled}), "strict bind");
+    need(g.grant(lb.b, rw_rights, {3, send_flag::signaled}), "strict bind");
     REQUIRE(g.window().complete(wait_one(lb.cq_b)));
-    need(g.revoke(), "revoke");
+    need(g.destroy(), "revoke");
   }
   const auto strict_cycle = per_cycle_us(clock::now() - t1);
   // (c) a 64 B RDMA write round trip, the unit of REFERENCE's relative costs.

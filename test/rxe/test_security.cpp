@@ -174,7 +174,7 @@ TEST_CASE("bounds: the probe tells the truth about the device, strict grants hol
   INFO((t == mw_type::type1 ? "type 1" : "type 2B"));
   auto g = need(StrictGrant::create(lb.pd, mr, {4096, 256}, t, accept_risk), "strict grant");
   CHECK(g.region().length() == 256);
-  auto d = need(g.bind(lb.b, rw_rights, {1, send_flag::signaled}), "strict bind");
+  auto d = need(g.grant(lb.b, rw_rights, {1, send_flag::signaled}), "strict bind");
   CHECK(g.window().complete(wait_one(lb.cq_b)));
   CHECK(d.length == 256);
   REQUIRE(lb.read(mb.sge(), d.at(0)) == IBV_WC_SUCCESS);
@@ -192,7 +192,7 @@ TEST_CASE("bounds: the probe tells the truth about the device, strict grants hol
   CHECK(lb.write(ms.sge(), d.at(256 - 32)) == IBV_WC_REM_ACCESS_ERR);
   CHECK(mem == before);
   lb.recover();
-  need(g.revoke(), "revoke strict grant");
+  need(g.destroy(), "revoke strict grant");
   CHECK(mr.bound_windows() == 0);
 }
 

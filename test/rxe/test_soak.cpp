@@ -73,7 +73,7 @@ TEST_CASE("soak: grant/revoke, rereg and indirect-key cycles leave no kernel res
     for (long i = 0; i < 400 && in_budget(start, std::chrono::seconds(15)); ++i) {
       {
         auto batch = lb.b.start_send();
-        need(key.configure(lb.b, batch, l, access::local_write | access::remote_write,
+        need(key.configure(batch, lb.b, l, access::local_write | access::remote_write,
                            {3, send_flag::signaled}),
              "configure");
         need(batch.submit(), "submit configure");

@@ -843,7 +843,7 @@ TEST_CASE("mlx5 contract: IndirectKey::configure checks everything before any ml
     mlx5_rig g(r.caps, r.ops);
     g.rec.qpx.qp_base.pd = r.qp_pd;
     auto batch = g.qp.start_send();
-    auto res = g.key.configure(g.qp, batch, *r.l, r.acc, {5, send_flag::signaled});
+    auto res = g.key.configure(batch, g.qp, *r.l, r.acc, {5, send_flag::signaled});
     REQUIRE_FALSE(res.has_value());
     INFO(res.error().message());
     const bool layout_code = res.error().category() == layout_category();
@@ -858,11 +858,11 @@ TEST_CASE("mlx5 contract: IndirectKey::configure checks everything before any ml
     mlx5_rig g;
     auto batch = g.qp.start_send();
     IndirectKey none;
-    CHECK(none.configure(g.qp, batch, one, rw).error() == errc::null_handle);
+    CHECK(none.configure(batch, g.qp, one, rw).error() == errc::null_handle);
     QueuePair no_qp;
-    CHECK(g.key.configure(no_qp, batch, one, rw).error() == errc::null_handle);
+    CHECK(g.key.configure(batch, no_qp, one, rw).error() == errc::null_handle);
     auto closed = no_qp.start_send(); // a batch of no QP: never the key's QP's
-    CHECK(g.key.configure(g.qp, closed, one, rw).error() == errc::qp_mismatch);
+    CHECK(g.key.configure(closed, g.qp, one, rw).error() == errc::qp_mismatch);
     ibv_qp_ex other{};
     other.qp_base.pd = pd1;
     other.qp_base.qp_num = 0x45;
@@ -870,9 +870,9 @@ TEST_CASE("mlx5 contract: IndirectKey::configure checks everything before any ml
     other.wr_abort = [](ibv_qp_ex *) {};
     QueuePair other_qp = test_access::qp(other, {.max_inline_data = 512}, mlx5::umr_send_ops);
     auto other_batch = other_qp.start_send();
-    CHECK(g.key.configure(g.qp, other_batch, one, rw).error() == errc::qp_mismatch);
+    CHECK(g.key.configure(other_batch, g.qp, one, rw).error() == errc::qp_mismatch);
     REQUIRE(batch.submit().has_value());
-    CHECK(g.key.configure(g.qp, batch, one, rw).error() == errc::wrong_state); // submitted
+    CHECK(g.key.configure(batch, g.qp, one, rw).error() == errc::wrong_state); // submitted
     CHECK(g.names() == (names{"wr_start", "wr_complete"})); // the other batches are not its QP's
     CHECK(to_dv_calls == 0);
     CHECK(g.phase() == mlx5::key_phase::idle);
@@ -887,7 +887,7 @@ TEST_CASE("mlx5 contract: IndirectKey posts the configure, then follows its comp
   CHECK(g.key.backend() == umr_backend::mlx5);
   CHECK(g.key.limits(g.qp).max_entries == 32);
   auto batch = g.qp.start_send();
-  REQUIRE(g.key.configure(g.qp, batch, l, rw, {0x51, send_flag::signaled}).has_value());
+  REQUIRE(g.key.configure(batch, g.qp, l, rw, {0x51, send_flag::signaled}).has_value());
   REQUIRE(g.names() == with({"wr_start"}, configure_calls));
   const call &c = g.rec.calls[1];
   CHECK(c.mkey == &g.mkey);
@@ -913,7 +913,7 @@ TEST_CASE("mlx5 contract: IndirectKey posts the configure, then follows its comp
   CHECK(g.key.sges(0, 128, sge).error() == errc::operation_unconfirmed);
   CHECK(region_ref(g.key).problem == errc::operation_unconfirmed);
   // a second operation while one is unconfirmed: before already_bound, nothing added
-  CHECK(g.key.configure(g.qp, batch, l, rw).error() == errc::operation_unconfirmed);
+  CHECK(g.key.configure(batch, g.qp, l, rw).error() == errc::operation_unconfirmed);
   CHECK(g.key.invalidate(batch).error() == errc::operation_unconfirmed);
   REQUIRE(batch.submit().has_value());
   CHECK(g.names() == with(with({"wr_start"}, configure_calls), {"wr_complete"}));
@@ -949,7 +949,7 @@ TEST_CASE("mlx5 contract: IndirectKey posts the configure, then follows its comp
   // configured: another configure is refused before the QP is looked at
   g.rec.calls.clear();
   auto b2 = g.qp.start_send();
-  CHECK(g.key.configure(g.qp, b2, l, rw).error() == errc::already_bound);
+  CHECK(g.key.configure(b2, g.qp, l, rw).error() == errc::already_bound);
   CHECK(g.names() == names{"wr_start"});
 
   // the invalidate: a local invalidate of the mkey's lkey; live until its completion
@@ -1020,7 +1020,7 @@ TEST_CASE("mlx5 contract: IndirectKey rolls back on a failed, flushed or dropped
     mlx5_rig g;
     {
       auto batch = g.qp.start_send();
-      REQUIRE(g.key.configure(g.qp, batch, l, rw).has_value());
+      REQUIRE(g.key.configure(batch, g.qp, l, rw).has_value());
       CHECK(g.key.pending());
     } // aborted
     CHECK(g.names() == with(with({"wr_start"}, configure_calls), {"wr_abort"}));
@@ -1198,7 +1198,7 @@ TEST_CASE("mlx5 contract: only the configure's own completion confirms it", "[un
   post_write(batch, 0x90, true);
   post_write(batch, 0x91, true); // the same wr_id as the configure, another opcode
   // asked unsignaled: posted signaled all the same, or no completion would ever say it ran
-  REQUIRE(g.key.configure(g.qp, batch, one_entry, rw, {0x91}).has_value());
+  REQUIRE(g.key.configure(batch, g.qp, one_entry, rw, {0x91}).has_value());
   CHECK(g.rec.calls.back().name == "set_mkey_layout_list");
   CHECK(g.rec.calls[3].name == "mkey_configure");
   CHECK(g.rec.calls[3].wr_flags == (IBV_SEND_SIGNALED | IBV_SEND_INLINE));

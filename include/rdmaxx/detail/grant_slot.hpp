@@ -47,6 +47,57 @@ struct grant_slot {
     return s;
   }
 
+  // ---- IndirectKey's software backend: one slot per flattened segment ----
+
+  /// The exact region of an indirect key's segment: [bytes, bytes + length) at device address
+  /// `iova` (ibv_reg_mr_iova2, so the descriptor keeps the layout's addresses), on the PD known by
+  /// its node (the key holds no ProtectionDomain). Replaces the slot's region.
+  /// \errors the errno of ibv_reg_mr_iova2.
+  [[nodiscard]] result<void> reg_exact(parent_node *pd_node, ibv_pd *pd, std::byte *bytes,
+                                       std::size_t length, std::uint64_t iova,
+                                       access_flags acc) noexcept {
+    RDMAXX_TRY(r, MemoryRegion::reg_on(pd_node, pd, bytes, length, iova, acc, mr_kind::iova));
+    region = std::move(r);
+    data = bytes;
+    return success();
+  }
+  /// The region still holds exactly these bytes at this address with these rights (an indirect
+  /// key reuses it for an unchanged segment instead of registering the bytes again).
+  [[nodiscard]] bool holds(const std::byte *bytes, std::size_t length, std::uint64_t iova,
+                           access_flags acc) const noexcept {
+    return region && data == bytes && region.length() == length && region.iova() == iova &&
+           region.access() == acc;
+  }
+  /// A fresh window of `type` for the slot (the previous one, if any, deallocated first by the
+  /// caller).
+  /// \errors those of ibv_alloc_mw.
+  [[nodiscard]] result<void> alloc_window(parent_node *pd_node, ibv_pd *pd, mw_type type) noexcept {
+    RDMAXX_TRY(w, MemoryWindow::alloc_on(pd_node, pd, type));
+    window = std::move(w);
+    key_changes = 0;
+    return success();
+  }
+  /// Check a bind of the window over a segment, as MemoryWindow::bind checks: over the slot's
+  /// exact region when it has one, else over the segment's own region `mr` (type 2; `mr_access`
+  /// as the layout's validation checked it).
+  [[nodiscard]] std::error_code check_segment(const QueuePair &qp, const ibv_mr *mr,
+                                              access_flags mr_access, std::uint32_t length,
+                                              access_flags rights) const noexcept {
+    if (region) return window.check_segment(qp, region.native_handle(), region.access(), length, rights);
+    return window.check_segment(qp, mr, mr_access, length, rights);
+  }
+  /// Add the checked bind to `batch` (then `addr` is the exact region's iova, which is the
+  /// segment's address). No undo entry in the batch: the key has one for all its segments.
+  void bind_segment(SendBatch &batch, QueuePair &qp, ibv_mr *mr, parent_node *mr_node,
+                    std::uint64_t addr, std::uint32_t length, access_flags rights, wr w) noexcept {
+    if (region) {
+      mr = region.native_handle();
+      mr_node = handle_access::node(region);
+    }
+    window.bind_segment(batch, qp, mr, mr_node, addr, length, rights, w);
+    ++key_changes;
+  }
+
   /// Grants left before the window must be renewed.
   [[nodiscard]] static constexpr std::uint32_t grants_per_window(mw_type t) noexcept {
     return t == mw_type::type2 ? max_key_changes : max_key_changes / 2;
