@@ -569,7 +569,7 @@ private:
     } else {
       RDMAXX_TRY(lease, pool_.acquire());
       cur_ = std::move(lease);
-      const std::span<std::byte> buf = cur_.buffer();
+      RDMAXX_TRY(buf, cur_.buffer()); // just acquired: ready
       const std::uint32_t version = j.what == op::write ? versions_[j.block] + 1 : 0;
       if (j.what == op::write) fill_block(buf, j.block, version);
       else std::fill(buf.begin(), buf.end(), sentinel);
@@ -619,7 +619,8 @@ private:
 
   // The current lease is ready: check its bytes, record what the slot holds, give it back.
   void finish() noexcept {
-    const std::span<std::byte> buf = cur_.buffer();
+    const auto ready = cur_.buffer(); // ready once revoked and confirmed; else nothing to check
+    const std::span<std::byte> buf = ready ? ready.value() : std::span<std::byte>{};
     if (cur_done_) {
       if (cur_job_.what == op::read) {
         std::vector<std::byte> want(block_size);
@@ -687,7 +688,8 @@ private:
     std::vector<GrantLease> all;
     for (auto l = pool_.acquire(); l; l = pool_.acquire()) all.push_back(std::move(l).value());
     for (GrantLease &l : all) {
-      const std::span<std::byte> b = l.buffer();
+      const auto ready = l.buffer(); // just acquired: ready
+      const std::span<std::byte> b = ready ? ready.value() : std::span<std::byte>{};
       const auto &want = last_[l.slot()];
       const bool same = want.empty() ? std::all_of(b.begin(), b.end(), [](std::byte x) { return x == std::byte{0}; })
                                      : std::equal(b.begin(), b.end(), want.begin());

@@ -558,9 +558,11 @@ private:
       if (!l) co_return l.error();
       lease = std::move(l).value();
       version = j.what == op::write ? k.versions[j.block] + 1 : 0;
-      if (j.what == op::write) fill_block(lease.buffer(), j.block, version);
-      else std::fill(lease.buffer().begin(), lease.buffer().end(), sentinel);
-      std::copy(lease.buffer().begin(), lease.buffer().end(), k.expect_now.begin());
+      const auto buf = lease.buffer(); // just acquired: ready
+      if (!buf) co_return buf.error();
+      if (j.what == op::write) fill_block(buf.value(), j.block, version);
+      else std::fill(buf.value().begin(), buf.value().end(), sentinel);
+      std::copy(buf.value().begin(), buf.value().end(), k.expect_now.begin());
       auto d = k.pool.grant(batch, qp, lease, j.what == op::write ? access::remote_read : access::remote_write);
       if (!d) co_return d.error();
       if (auto p = r.grants.push(d.value()); !p) co_return p.error();
@@ -601,7 +603,7 @@ private:
       k.held = std::move(lease); // recover() settles it
       return;
     }
-    const std::span<std::byte> buf = lease.buffer();
+    const std::span<std::byte> buf = lease.buffer().value(); // ready: checked above
     if (served && j.what == op::read) {
       fill_block(k.want, j.block, k.versions[j.block]);
       if (!std::equal(buf.begin(), buf.end(), k.want.begin())) ++st_.mismatches;
@@ -621,7 +623,8 @@ private:
     co_await sleep_ms(50); // flushed completions arrive, the router hands them to the pool
     if (auto r = k.pool.revoke_all(); !r) co_return r.error();
     if (k.held) { // the request the connection broke under: not served, its slot unchanged
-      const std::span<std::byte> b = k.held.buffer();
+      const auto held = k.held.buffer(); // ready after revoke_all(), else damage
+      const std::span<std::byte> b = held ? held.value() : std::span<std::byte>{};
       if (b.size() != block_size || !std::equal(b.begin(), b.end(), k.expect_now.begin())) ++st_.slot_damage;
       else k.last[k.held.slot()].assign(b.begin(), b.end());
       st_.slot_bytes_checked += block_size;
@@ -630,7 +633,7 @@ private:
     std::vector<GrantLease> all;
     for (auto l = k.pool.acquire(); l; l = k.pool.acquire()) all.push_back(std::move(l).value());
     for (GrantLease &l : all) {
-      const std::span<std::byte> b = l.buffer();
+      const std::span<std::byte> b = l.buffer().value(); // just acquired: ready
       const auto &want = k.last[l.slot()];
       const bool same = want.empty() ? std::all_of(b.begin(), b.end(), [](std::byte x) { return x == std::byte{0}; })
                                      : std::equal(b.begin(), b.end(), want.begin());

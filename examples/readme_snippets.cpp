@@ -1,7 +1,8 @@
 // examples/readme_snippets: runs README's snippets (examples/snippets/*.cpp) on rxe and checks
-// what they did; the GrantPool one needs a server and is only compiled.
+// what they did; the GrantPool client (grant_pool_client.cpp, then grant_pool.cpp) against the
+// small server below, which checks the offer and the bytes it read through the grant.
 //
-//   tools/rxe-vm build/examples/readme-snippets     (the peer connects to 192.0.2.1, rxe0's
+//   tools/rxe-vm build/examples/readme-snippets     (the peers connect to 192.0.2.1, rxe0's
 //                                                    address in tools/rxe-vm)
 #include <rdmaxx/connection.hpp>
 #include <rdmaxx/rdmaxx.hpp>
@@ -22,6 +23,7 @@
 rdmaxx::result<void> loopback_write() noexcept;
 rdmaxx::result<void> owner(std::span<unsigned char> mem) noexcept;
 rdmaxx::result<void> peer(std::span<unsigned char> src) noexcept;
+rdmaxx::result<void> grant_pool_client(std::span<std::byte> buffers) noexcept;
 rdmaxx::result<void> grant_then_revoke(rdmaxx::MemoryRegion &mr,
                                        rdmaxx::result<void> (*send_to_peer)(std::uint64_t, std::uint32_t)) noexcept;
 rdmaxx::result<void> window_grant(rdmaxx::ProtectionDomain &pd, rdmaxx::QueuePair &qp, rdmaxx::CompletionQueue &cq,
@@ -51,6 +53,48 @@ void report(const char *what, bool ok, const char *saw) {
 std::uint32_t sent_rkey = 0;
 result<void> record(std::uint64_t, std::uint32_t rkey) noexcept {
   sent_rkey = rkey;
+  return success();
+}
+
+// The server of grant_pool_client.cpp: the offer from the connect request, then the request
+// (a grant list), an RDMA read of the granted slot, its bytes checked ('x' from grant_pool.cpp),
+// the reply; then the client disconnects.
+struct pool_server_saw {
+  bool offer = false, remote_invalidate = false, bytes = false, gone = false;
+};
+result<void> grant_pool_server(pool_server_saw &saw) noexcept {
+  RDMAXX_TRY(at, address::parse("192.0.2.1:7472"));
+  RDMAXX_TRY(l, Listener::listen(at));
+  RDMAXX_TRY(req, l.get_request(60000));
+  RDMAXX_TRY(offer, grant_offer::decode(req.private_data())); // padded: decoded from the front
+  saw.offer = true;
+  saw.remote_invalidate = offer.remote_invalidate;
+  RDMAXX_TRY(conn, req.prepare({.timeout_ms = 20000}));
+  static std::array<std::byte, 64> rx{};
+  RDMAXX_TRY(rxmr, MemoryRegion::reg(conn.pd(), rx.data(), rx.size(), access::local_write));
+  RDMAXX_TRYV(conn.qp().post_recv(7, rxmr.sge()));
+  RDMAXX_TRYV(conn.accept());
+  RDMAXX_TRYV(conn.wait_established());
+  RDMAXX_TRY(wc, conn.cq().wait_for(7, 20000));
+  const auto got = std::span<const std::byte>(rx).first(wc.byte_len);
+  RDMAXX_TRY(h, descriptor_header::peek(got));
+  if (h.total_size() > got.size()) return make_error_code(errc::malformed_input);
+  RDMAXX_TRY(g, grant_list::decode(got.first(h.total_size())));
+  static std::array<std::byte, 4096> slot{};
+  RDMAXX_TRY(smr, MemoryRegion::reg(conn.pd(), slot.data(), slot.size(), access::local_write));
+  RDMAXX_TRY(where, g[0].slice(0, slot.size()));
+  auto b = conn.qp().start_send();
+  b.read({.id = 8, .flags = send_flag::signaled}, where, smr.sge());
+  RDMAXX_TRYV(b.submit());
+  RDMAXX_TRYV(conn.cq().wait_for(8, 20000));
+  saw.bytes = std::all_of(slot.begin(), slot.end(), [](std::byte x) { return x == std::byte{'x'}; });
+  const std::byte done[8]{};
+  auto r = conn.qp().start_send();
+  r.send_inline({.id = 9, .flags = send_flag::signaled}, done);
+  RDMAXX_TRYV(r.submit());
+  RDMAXX_TRYV(conn.cq().wait_for(9, 20000));
+  RDMAXX_TRY(gone, conn.wait_disconnected(20000));
+  saw.gone = gone;
   return success();
 }
 
@@ -120,6 +164,22 @@ int main() {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
   }
+  // The GrantPool client in a second child, forked before any verbs call too; it retries until
+  // the server below listens.
+  const pid_t pool_child = ::fork();
+  if (pool_child < 0) return 1;
+  if (pool_child == 0) {
+    alignas(4096) static std::byte buffers[4 * 4096];
+    for (int attempt = 0;; ++attempt) {
+      auto r = grant_pool_client(buffers);
+      if (r || cm_reject_reason(r.error()) != 8 || attempt == 300) {
+        std::printf("grant_pool_client.cpp + grant_pool.cpp: %s\n", r ? "ok" : r.error().message().c_str());
+        std::fflush(stdout);
+        ::_exit(r ? 0 : 1);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
   std::vector<unsigned char> mem(4096, '.');
   auto o = owner(mem);
   report("connect_owner.cpp", o ? std::error_code{} : o.error());
@@ -129,6 +189,18 @@ int main() {
   report("connect_owner.cpp: the peer's 256 bytes landed exactly at [1024, 1280)", landed, "owner memory checked");
   int status = 0;
   while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {}
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failures;
+
+  pool_server_saw saw;
+  auto ps = grant_pool_server(saw);
+  report("grant_pool server", ps ? std::error_code{} : ps.error());
+  report("grant_pool_client.cpp: the pool's offer arrived in the connect request", saw.offer,
+         saw.remote_invalidate ? "remote invalidation offered" : "no remote invalidation (type-1 windows)");
+  report("grant_pool.cpp: the server read the slot's 4096 'x' bytes through the grant", saw.bytes,
+         "server's RDMA read checked");
+  report("grant_pool_client.cpp: the client disconnected after its request", saw.gone, "DISCONNECTED seen");
+  status = 0;
+  while (::waitpid(pool_child, &status, 0) < 0 && errno == EINTR) {}
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failures;
 
   report("loopback_write.cpp", [] { auto r = loopback_write(); return r ? std::error_code{} : r.error(); }());

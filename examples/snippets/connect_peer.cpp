@@ -18,8 +18,6 @@ rdmaxx::result<void> peer(std::span<unsigned char> src) noexcept {
   auto b = c.qp().start_send();                     // the QP is an ordinary rdmaxx QueuePair
   b.write({.id = 1, .flags = send_flag::signaled}, where, src_mr.sge());
   RDMAXX_TRYV(b.submit());
-  ibv_wc wc{};
-  RDMAXX_TRYV(c.cq().wait(std::span(&wc, 1), 20000));
-  if (auto ec = wc_error(wc)) return ec;            // e.g. remote access error once revoked
+  RDMAXX_TRYV(c.cq().wait_for(1, 20000));           // e.g. remote access error once revoked
   return success();                                 // c's destructor disconnects
 }

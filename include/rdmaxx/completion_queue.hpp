@@ -16,7 +16,10 @@
 
 #include <poll.h>
 
+#include <array>
+#include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 namespace rdmaxx {
@@ -242,6 +245,69 @@ public:
       if (::ibv_get_cq_event(ch, &ev_cq, &ev_ctx)) return last_errno();
       ::ibv_ack_cq_events(ev_cq, 1);
     }
+  }
+
+  /// Wait up to `timeout_ms` for the completion of the one work request `wr_id` (posted
+  /// signaled: an unsignaled one never completes on its own) and return it. Completions of other
+  /// work requests polled meanwhile are never dropped: they are handed to `on_other` (called with
+  /// a span of them, in the order polled, possibly several times; also those polled in the same
+  /// batch after the one waited for), e.g. a GrantPool's complete() and the caller's own
+  /// bookkeeping. `on_other` must not throw. Waits as wait() does (a busy poll without a channel;
+  /// with a channel the same arm-and-poll sequence); it polls up to 16 completions at a time.
+  /// \errors
+  /// - errc::null_handle: the CQ is null.
+  /// - errc::timeout: `wr_id` did not complete within `timeout_ms` (what completed meanwhile went
+  ///   to `on_other`).
+  /// - wc_error(wc) (wc_category(), e.g. IBV_WC_REM_ACCESS_ERR): the work request completed with
+  ///   a failed status (the QP is then in ERR: later completions are flushed).
+  /// - the errno of the verbs.
+  /// \mallocs None.
+  template <class OnOther>
+    requires std::invocable<OnOther &, std::span<ibv_wc>>
+  [[nodiscard]] result<ibv_wc> wait_for(std::uint64_t wr_id, int timeout_ms, OnOther &&on_other) noexcept {
+    if (!h_) return make_error_code(errc::null_handle);
+    const std::int64_t deadline = detail::monotonic_ms() + timeout_ms;
+    std::array<ibv_wc, 16> wcs;
+    for (;;) {
+      const std::int64_t left = deadline - detail::monotonic_ms();
+      RDMAXX_TRY(n, wait(wcs, left > 0 ? int(left) : 0));
+      bool found = false;
+      ibv_wc hit{};
+      std::size_t k = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (!found && wcs[i].wr_id == wr_id) {
+          hit = wcs[i];
+          found = true;
+        } else {
+          wcs[k++] = wcs[i];
+        }
+      }
+      if (k != 0) on_other(std::span<ibv_wc>(wcs.data(), k));
+      if (found) {
+        if (auto ec = wc_error(hit)) return ec;
+        return hit;
+      }
+    }
+  }
+  /// wait_for() where no other completion is expected: one that arrives anyway ends the wait
+  /// with errc::unexpected_completion and is written to `*other` (when not null), so that it is
+  /// never lost silently.
+  /// \errors
+  /// - errc::unexpected_completion: another work request's completion came first (in `*other`;
+  ///   hand it to whoever posted it, then wait again).
+  /// - those of wait_for(wr_id, timeout_ms, on_other).
+  /// \mallocs None.
+  [[nodiscard]] result<ibv_wc> wait_for(std::uint64_t wr_id, int timeout_ms, ibv_wc *other = nullptr) noexcept {
+    if (!h_) return make_error_code(errc::null_handle);
+    ibv_wc wc{};
+    RDMAXX_TRY(n, wait(std::span(&wc, 1), timeout_ms)); // one at a time: nothing polled is held back
+    (void)n;
+    if (wc.wr_id != wr_id) {
+      if (other) *other = wc;
+      return make_error_code(errc::unexpected_completion);
+    }
+    if (auto ec = wc_error(wc)) return ec;
+    return wc;
   }
 
   /// Destroy now (ibv_destroy_cq).

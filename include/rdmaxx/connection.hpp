@@ -31,6 +31,11 @@
 /// than the one resolved), or opens its
 /// own Context on the resolved device, a PD and one CQ (optionally with a CompletionChannel),
 /// reachable through context(), pd(), cq().
+/// Those exist once the address is resolved, before the connect request goes out only with the
+/// two-step connect: Connection::resolve() (stops with the QP in INIT, conn_state::resolved),
+/// then connect_with(private_data): for private data made on the Connection's own PD, e.g. a
+/// GrantPool's offer. The passive side's two steps are ConnectRequest::prepare() and
+/// Connection::accept().
 ///
 /// Events and file descriptors: every Listener and every Connection owns its own event channel
 /// (an accepted connection's id is moved to a new channel by rdma_migrate_id(3) before
@@ -695,6 +700,8 @@ struct conn_options {
 enum class conn_state : std::uint8_t {
   resolving_addr,  ///< rdma_resolve_addr posted
   resolving_route, ///< rdma_resolve_route posted
+  resolved,        ///< active side (Connection::resolve): route resolved, QP in INIT on pd(),
+                   ///< rdma_connect not called yet (connect_with())
   connecting,      ///< rdma_connect posted, waiting for the response
   prepared,        ///< accepting side: QP in RTS, rdma_accept not called yet (accept())
   accepting,       ///< rdma_accept posted, waiting for ESTABLISHED
@@ -762,6 +769,54 @@ public:
     return c;
   }
 
+  /// Active side, first half, blocking: resolve the address and the route and create the QP
+  /// and its resources (on o.pd, or the Connection's own Context, PD and CQ on the resolved
+  /// device, as connect() does), without sending the connect request. The Connection is then
+  /// in conn_state::resolved: pd(), cq() and qp() (in INIT) exist, so that what the request
+  /// carries can be made on them first, e.g. a GrantPool on pd() and its offer(). Then
+  /// connect_with(private_data) and wait_established(). The mirror of ConnectRequest::prepare()
+  /// + Connection::accept() on the passive side.
+  /// \errors
+  /// - errc::invalid_argument: o.private_data is not empty (give the bytes to connect_with()).
+  /// - those of start_connect() and advance() (a cm timeout naming the address or route step).
+  /// \mallocs As start_connect() and advance().
+  [[nodiscard]] static result<Connection> resolve(const address &to, const conn_options &o = {}) noexcept {
+    if (!o.private_data.empty()) return make_error_code(errc::invalid_argument);
+    RDMAXX_TRY(c, start_connect(to, o));
+    c.hold_connect_ = true; // no event was processed yet: ROUTE_RESOLVED stops at resolved
+    for (;;) {
+      RDMAXX_TRY(s, c.advance());
+      if (s == conn_state::resolved) return std::move(c);
+      RDMAXX_TRY(readable, detail::wait_readable(c.fd(), c.deadline_));
+      (void)readable; // advance() reports the timeout
+    }
+  }
+
+  /// Second half of a connect (after resolve()): rdma_connect with `private_data` (at most 56
+  /// bytes); the state becomes connecting: wait_established() or advance().
+  /// \errors
+  /// - errc::null_handle: the connection is null.
+  /// - errc::wrong_state: not resolved (not made by resolve(), or connect_with() called already).
+  /// - errc::private_data_too_long: over 56 bytes; nothing is sent (call again with less).
+  /// - cm_call_error(cm_call::rdma_connect, errno) naming the peer.
+  /// \mallocs None.
+  result<void> connect_with(std::span<const std::byte> private_data = {}) noexcept {
+    if (!id_) return make_error_code(errc::null_handle);
+    if (state_ != conn_state::resolved) return make_error_code(errc::wrong_state);
+    if (private_data.size() > cm_connect_private_data_max)
+      return make_error_code(errc::private_data_too_long);
+    connect_data_len_ = std::uint8_t(private_data.size());
+    if (!private_data.empty()) std::memcpy(connect_data_.data(), private_data.data(), private_data.size());
+    state_ = conn_state::connecting;
+    deadline_ = detail::monotonic_ms() + opts_.timeout_ms;
+    rdma_conn_param p = conn_param();
+    if (::rdma_connect(id_.get(), &p)) {
+      state_ = conn_state::failed;
+      return call_failed(cm_call::rdma_connect);
+    }
+    return success();
+  }
+
   /// Active side, blocking: start_connect(), then advance() until established or failed, each
   /// step within o.timeout_ms.
   /// \errors
@@ -806,7 +861,8 @@ public:
       if (state_ == conn_state::established && was != conn_state::established) return state_;
     }
     if (state_ != conn_state::established && state_ != conn_state::disconnected &&
-        state_ != conn_state::prepared && detail::monotonic_ms() >= deadline_) {
+        state_ != conn_state::prepared && state_ != conn_state::resolved &&
+        detail::monotonic_ms() >= deadline_) {
       const cm_step s = step();
       state_ = conn_state::failed;
       return named(cm_timeout(s));
@@ -869,12 +925,13 @@ public:
   /// timeout_ms).
   /// \errors
   /// - errc::null_handle: the connection is null.
-  /// - errc::wrong_state: prepared (accept() first).
+  /// - errc::wrong_state: prepared (accept() first) or resolved (connect_with() first).
   /// - those of advance(); DISCONNECTED when the peer went away first.
   /// \mallocs As advance().
   result<void> wait_established() noexcept {
     if (!id_) return make_error_code(errc::null_handle);
-    if (state_ == conn_state::prepared) return make_error_code(errc::wrong_state);
+    if (state_ == conn_state::prepared || state_ == conn_state::resolved)
+      return make_error_code(errc::wrong_state);
     return run_until_established();
   }
 
@@ -1083,6 +1140,10 @@ private:
       if (state_ != conn_state::resolving_route) return make_error_code(errc::wrong_state);
       if (ev.status) return fail();
       if (auto r = move_qp(IBV_QPS_INIT); !r) return r.error();
+      if (hold_connect_) { // resolve(): connect_with() sends the request
+        state_ = conn_state::resolved;
+        return {};
+      }
       rdma_conn_param p = conn_param();
       if (::rdma_connect(id_.get(), &p)) return call_failed(cm_call::rdma_connect);
       state_ = conn_state::connecting;
@@ -1144,6 +1205,7 @@ private:
   std::uint8_t init_depth_ = 0;
   address peer_{};              // what error codes name
   bool passive_ = false;
+  bool hold_connect_ = false;   // resolve(): stop at conn_state::resolved
 };
 
 /// A connection request received by a Listener (RDMA_CM_EVENT_CONNECT_REQUEST): accept() it or

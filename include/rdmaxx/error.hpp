@@ -20,6 +20,8 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -158,6 +160,18 @@ enum class errc : int {
   /// zero-based SGE's offset taken as an address: use a QP rdmaxx created on the device
   /// (QueuePair::scatter_to_cqe_disabled()).
   scatter_to_cqe,
+  /// The GrantLease belongs to another GrantPool: hand it to the pool that leased it (each
+  /// connection's pool serves only its own leases).
+  pool_mismatch,
+  /// Grant rights (a window bind, a grant, a grant list entry) must be one or more of
+  /// access::remote_read, remote_write, remote_atomic (and zero_based for type-2 windows):
+  /// local_write and mw_bind are rights of the region, not of the peer: drop them from the
+  /// rights (and register the region with them).
+  bad_grant_rights,
+  /// CompletionQueue::wait_for() without a handler for other completions saw the completion of
+  /// another work request first (it is handed back, not dropped): give it to whoever posted
+  /// that work request, or pass wait_for() a handler for them.
+  unexpected_completion,
 };
 
 namespace detail {
@@ -221,6 +235,13 @@ public:
       return "send queue full: hand the queue pair its send completions (retire) first";
     case errc::scatter_to_cqe:
       return "the queue pair scatters to the CQE: zero-based SGEs would be written to as addresses";
+    case errc::pool_mismatch:
+      return "the lease belongs to another GrantPool: hand it to the pool that leased it";
+    case errc::unexpected_completion:
+      return "unexpected completion: another work request completed first (handed back to the caller)";
+    case errc::bad_grant_rights:
+      return "bad grant rights: a peer can be granted only remote_read, remote_write and remote_atomic "
+             "(at least one); local_write and mw_bind belong to the region's registration";
     }
     return "unknown rdmaxx error";
   }
@@ -288,6 +309,8 @@ enum class retry_hint : std::uint8_t {
     case errc::pool_exhausted:
     case errc::grant_outstanding:
     case errc::operation_unconfirmed:
+    case errc::unexpected_completion:
+    case errc::send_queue_full:
     case errc::already_bound:
     case errc::wrong_state: return retry_hint::after_progress;
     default: return retry_hint::no;
@@ -637,27 +660,102 @@ inline bool detail::condition_category_impl::equivalent(const std::error_code &e
 // ---------------------------------------------------------------------------------------------
 // Destruction failures: destructors cannot return errors, so they report them here.
 
+/// The kinds of objects that count as children of a parent (destroy_failure::children): a
+/// handle's kind follows from its class, a GrantPool counts on its PD, an IndirectKey on its
+/// regions. Values index destroy_failure::children; other is anything else.
+enum class child_kind : std::uint8_t {
+  context,            ///< Context
+  protection_domain,  ///< ProtectionDomain
+  completion_channel, ///< CompletionChannel
+  completion_queue,   ///< CompletionQueue
+  queue_pair,         ///< QueuePair
+  memory_region,      ///< MemoryRegion
+  memory_window,      ///< MemoryWindow
+  indirect_key,       ///< IndirectKey
+  grant_pool,         ///< GrantPool (its windows are reallocated on the PD)
+  other,              ///< none of the above
+};
+/// Number of child_kind values.
+inline constexpr std::size_t child_kind_count = 10;
+/// The class name of a child_kind ("MemoryRegion", ...; "other object" for child_kind::other).
+[[nodiscard]] constexpr const char *child_kind_name(child_kind k) noexcept {
+  constexpr const char *names[child_kind_count] = {
+      "Context",    "ProtectionDomain", "CompletionChannel", "CompletionQueue", "QueuePair",
+      "MemoryRegion", "MemoryWindow",   "IndirectKey",       "GrantPool",       "other object"};
+  return std::size_t(k) < child_kind_count ? names[std::size_t(k)] : names[child_kind_count - 1];
+}
+
 /// What a destructor could not do.
 struct destroy_failure {
   const char *object;        ///< "ProtectionDomain", "MemoryRegion", ...
   const char *verb;          ///< the verb that failed or was withheld, e.g. "ibv_dealloc_pd"
   std::error_code error;     ///< errno of the verb, or errc::busy when children are alive
   unsigned live_children;    ///< children still alive (destruction deferred to the last of them)
+  /// The live children by kind (index: child_kind), read just before the parent let go (with
+  /// children destroyed on other threads meanwhile they may add up to more than live_children).
+  std::uint32_t children[child_kind_count];
 };
+
+/// The one-line text of `f` (what the default handler prints, without the newline) into `out`
+/// (`size` bytes), truncated to fit and NUL-terminated: e.g. "rdmaxx: ProtectionDomain destroyed
+/// while 10 child object(s) still use it (3 MemoryRegion, 7 MemoryWindow); ibv_dealloc_pd is
+/// deferred until the last of them is destroyed. ...". Returns the characters written (without
+/// the NUL).
+/// \mallocs None for children still alive; for a failed verb its error's message() (a string).
+inline std::size_t describe(const destroy_failure &f, char *out, std::size_t size) noexcept {
+  if (size == 0) return 0;
+  std::size_t n = 0;
+  const auto put = [&](const char *t) {
+    while (*t && n + 1 < size) out[n++] = *t++;
+    out[n] = '\0';
+  };
+  const auto put_u = [&](unsigned v) {
+    char d[12];
+    int i = 0;
+    do d[i++] = char('0' + v % 10); while ((v /= 10) != 0);
+    char r[12];
+    for (int j = 0; j < i; ++j) r[j] = d[i - 1 - j];
+    r[i] = '\0';
+    put(r);
+  };
+  out[0] = '\0';
+  put("rdmaxx: ");
+  if (f.live_children == 0) {
+    put(f.verb);
+    put(" failed while destroying a ");
+    put(f.object);
+    put(": ");
+    put(f.error.message().c_str());
+    return n;
+  }
+  put(f.object);
+  put(" destroyed while ");
+  put_u(f.live_children);
+  put(" child object(s) still use it (");
+  bool first = true;
+  for (std::size_t k = 0; k < child_kind_count; ++k) {
+    if (f.children[k] == 0) continue;
+    if (!first) put(", ");
+    put_u(f.children[k]);
+    put(" ");
+    put(child_kind_name(child_kind(k)));
+    first = false;
+  }
+  if (first) put("kinds not recorded");
+  put("); ");
+  put(f.verb);
+  put(" is deferred until the last of them is destroyed. Destroy children before their parent.");
+  return n;
+}
 
 /// Called by destructors that could not destroy their object (see set_destroy_failure_handler()).
 using destroy_failure_handler = void (*)(const destroy_failure &) noexcept;
 
 namespace detail {
 inline void default_destroy_failure_handler(const destroy_failure &f) noexcept {
-  if (f.live_children != 0)
-    std::fprintf(stderr,
-                 "rdmaxx: %s destroyed while %u child object(s) still use it; %s is deferred "
-                 "until the last of them is destroyed. Destroy children before their parent.\n",
-                 f.object, f.live_children, f.verb);
-  else
-    std::fprintf(stderr, "rdmaxx: %s failed while destroying a %s: %s\n", f.verb, f.object,
-                 f.error.message().c_str());
+  char line[512];
+  describe(f, line, sizeof line);
+  std::fprintf(stderr, "%s\n", line);
 }
 inline std::atomic<destroy_failure_handler> &destroy_failure_hook() noexcept {
   static std::atomic<destroy_failure_handler> h{&default_destroy_failure_handler};

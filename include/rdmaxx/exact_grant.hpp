@@ -44,8 +44,8 @@ public:
   /// - errc::context_mismatch: `pd` of another device.
   /// - errc::zero_length: `r` is empty.
   /// - errc::out_of_range: `r` is not inside `mr`.
-  /// - errc::invalid_argument: `rights` has no remote right, or bits other than remote_read,
-  ///   remote_write and remote_atomic.
+  /// - errc::bad_grant_rights: `rights` has no remote right, or bits other than remote_read,
+  ///   remote_write and remote_atomic (e.g. local_write: the region's, not the peer's).
   /// - errc::missing_access: remote write or atomic rights on a region without local_write (the
   ///   caller's memory is not writable through it).
   /// - the errno of ibv_reg_mr.
@@ -59,7 +59,7 @@ public:
     if (r.length == 0) return make_error_code(errc::zero_length);
     if (r.offset > mr.length() || r.length > mr.length() - r.offset)
       return make_error_code(errc::out_of_range);
-    if (rights.empty() || (rights & remote) != rights) return make_error_code(errc::invalid_argument);
+    if (rights.empty() || (rights & remote) != rights) return make_error_code(errc::bad_grant_rights);
     const bool writes = rights.any(access::remote_write | access::remote_atomic);
     if (writes && !mr.access().any(access::local_write)) return make_error_code(errc::missing_access);
     ExactGrant g;

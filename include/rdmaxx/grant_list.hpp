@@ -52,14 +52,14 @@ struct grant_list {
   /// - errc::too_many_entries: max_grants already.
   /// - errc::zero_length: `d.length` is 0.
   /// - errc::out_of_range: `d.length` does not fit 32 bits.
-  /// - errc::invalid_argument: no remote right, or rights other than remote read/write/atomic.
+  /// - errc::bad_grant_rights: no remote right, or rights other than remote read/write/atomic.
   /// \mallocs None.
   result<void> push(const remote_descriptor &d) noexcept {
     if (count_ == max_grants) return make_error_code(errc::too_many_entries);
     if (d.length == 0) return make_error_code(errc::zero_length);
     if (d.length > 0xFFFFFFFFull) return make_error_code(errc::out_of_range);
     const access_flags remote = access::remote_read | access::remote_write | access::remote_atomic;
-    if (!d.rights.subset_of(remote) || !d.rights.any(remote)) return make_error_code(errc::invalid_argument);
+    if (!d.rights.subset_of(remote) || !d.rights.any(remote)) return make_error_code(errc::bad_grant_rights);
     grants_[count_++] = d;
     return success();
   }
@@ -97,15 +97,21 @@ struct grant_list {
   /// Decode exactly one grant list; `in` must be exactly its encoded size (descriptor_header::peek
   /// gives it from the first 8 bytes).
   /// \errors
-  /// - errc::malformed_input: truncated, trailing bytes, wrong magic, a body length that does not
-  ///   match the count, a count of 0 or above max_grants, reserved bits set, unknown rights or
-  ///   flag bits, no rights, zero length, a range that wraps the 64-bit address space.
+  /// - errc::malformed_input: truncated, wrong magic, a body length that does not match the
+  ///   count, a count of 0 or above max_grants, reserved bits set, unknown rights or flag bits,
+  ///   no rights, zero length, a range that wraps the 64-bit address space.
+  /// - descriptor_trailing_error() (malformed_input in descriptor_category()): bytes after the
+  ///   list its header announces (e.g. a receive buffer passed whole); the message points to
+  ///   descriptor_header::peek().
   /// - errc::wrong_version: another encoding version.
-  /// - errc::wrong_type: a valid header of another descriptor kind.
+  /// - descriptor_kind_error() (wrong_type in descriptor_category()): a valid header of another
+  ///   descriptor kind; the message names the kind expected and the kind found.
   /// \mallocs None.
   [[nodiscard]] static result<grant_list> decode(std::span<const std::byte> in) noexcept {
     RDMAXX_TRY(h, descriptor_header::peek(in));
-    if (h.kind != kind) return make_error_code(errc::wrong_type);
+    if (h.kind != kind) return descriptor_kind_error(kind, h.kind);
+    if (in.size() > h.total_size() && h.body_length >= 2)
+      return descriptor_trailing_error(in.size() - h.total_size());
     if (in.size() != h.total_size() || h.body_length < 2) return make_error_code(errc::malformed_input);
     detail::wire_reader r(in.subspan(descriptor_header::size));
     const std::uint8_t count = r.u8();

@@ -6,7 +6,7 @@
 /// How a request goes (client side; the server only uses the descriptors it receives):
 /// ```
 ///   auto lease = pool.acquire();                  // a buffer slot, not granted: lease.buffer()
-///   fill(lease->buffer());
+///   fill(lease->buffer().value());                // result<span>: refused unless ready
 ///   auto batch = qp.start_send();
 ///   auto d = pool.grant(batch, qp, *lease, access::remote_read);   // the bind, in your batch
 ///   batch.send_inline({id, send_flag::fence | send_flag::signaled}, header_with(d));
@@ -29,8 +29,9 @@
 ///     batch (posted with the request, one doorbell), a revocation one unbind or local invalidate
 ///     (or the peer's send-with-invalidate, type 2 only).
 ///   - The buffer is reachable only through its lease, and only while no peer can reach it:
-///     GrantLease::buffer() is empty while the slot is granted or its revocation unconfirmed, and
-///     release() refuses a lease in those states. A revocation counts only once its completion
+///     GrantLease::buffer() answers errc::grant_outstanding (a result, never an empty span to
+///     write through) while the slot is granted or its revocation unconfirmed, and release()
+///     refuses a lease in those states. A revocation counts only once its completion
 ///     (or the receive of the peer's send-with-invalidate) was handed to complete(), or after
 ///     revoke_all() deallocated the windows. Completions the caller forgets to hand over keep
 ///     slots out of use; they never make a granted buffer reusable.
@@ -121,15 +122,18 @@ struct grant_offer {
     return out;
   }
   /// Decode from the front of `in` (private data arrives padded with zeros: bytes after the
-  /// offer are ignored).
+  /// offer are ignored, unlike the other decoders, so ConnectRequest::private_data() can be
+  /// passed as it is).
   /// \errors
   /// - errc::malformed_input: truncated, wrong magic or body length, unknown flag or reserved bits.
   /// - errc::wrong_version: another encoding version.
-  /// - errc::wrong_type: a valid header of another descriptor kind.
+  /// - descriptor_kind_error() (wrong_type in descriptor_category()): a valid header of another
+  ///   descriptor kind; the message names the kind expected and the kind found.
   /// \mallocs None.
   [[nodiscard]] static result<grant_offer> decode(std::span<const std::byte> in) noexcept {
     RDMAXX_TRY(h, descriptor_header::peek(in));
-    if (h.kind != std::uint8_t(descriptor_kind::grant_offer)) return make_error_code(errc::wrong_type);
+    if (h.kind != std::uint8_t(descriptor_kind::grant_offer))
+      return descriptor_kind_error(std::uint8_t(descriptor_kind::grant_offer), h.kind);
     if (h.body_length != 4 || in.size() < encoded_size) return make_error_code(errc::malformed_input);
     detail::wire_reader r(in.subspan(descriptor_header::size, 4));
     const std::uint8_t fl = r.u8();
@@ -282,11 +286,20 @@ public:
   [[nodiscard]] lease_state state() const noexcept {
     return st_ ? st_->state_of(slot_) : lease_state::ready;
   }
-  /// The slot's bytes while ready; empty while granted or revoking, when null, and once the pool
-  /// is destroyed.
-  [[nodiscard]] std::span<std::byte> buffer() const noexcept {
-    if (!st_ || !st_->open || state() != lease_state::ready) return {};
-    return {st_->slots[slot_].data, std::size_t(st_->slot_size)};
+  /// The slot's bytes (GrantPool::slot_size() of them), only while the lease is ready. A checked
+  /// accessor rather than an empty span: a caller that copies into the buffer of a granted slot
+  /// gets an error it must look at (RDMAXX_TRY, or .value(), which throws or terminates), never
+  /// a null pointer to write through, and never the bytes a peer may still read or write.
+  /// \errors
+  /// - errc::null_handle: a null lease (default-constructed, moved from, released), or its pool
+  ///   was destroyed.
+  /// - errc::grant_outstanding: granted or revoking: revoke it and hand the pool the completion
+  ///   (state() says when it is ready again).
+  /// \mallocs None.
+  [[nodiscard]] result<std::span<std::byte>> buffer() const noexcept {
+    if (!st_ || !st_->open) return make_error_code(errc::null_handle);
+    if (state() != lease_state::ready) return make_error_code(errc::grant_outstanding);
+    return std::span<std::byte>{st_->slots[slot_].data, std::size_t(st_->slot_size)};
   }
   /// The grant as the peer must use it (meaningful while granted).
   [[nodiscard]] remote_descriptor descriptor() const noexcept {
@@ -331,7 +344,7 @@ public:
     return *this;
   }
   /// Deallocates the windows, deregisters the exact regions (failures go to the destroy-failure
-  /// hook). Leases still held become null-like: empty buffer, state ready.
+  /// hook). Leases still held become null-like: buffer() answers null_handle, state ready.
   ~GrantPool() { close(); }
 
   /// Cut `buffers` into o.slots slots of o.slot_size bytes from its start and, per slot, register
@@ -376,7 +389,7 @@ public:
     st.type = g.mechanism == grant_mechanism::type1_exact_region ? mw_type::type1 : mw_type::type2;
     st.slot_size = o.slot_size;
     st.pd = pd.native_handle();
-    st.pd_link = detail::child_link(detail::handle_access::node(pd));
+    st.pd_link = detail::child_link(detail::handle_access::node(pd), child_kind::grant_pool);
     st.tag = grant_pool_wr_tag | (std::uint64_t(next_id()) << 32);
     if (!st.slots.allocate(n, true) || !st.free.allocate(n, false) || !st.index.allocate(n, false))
       return std::make_error_code(std::errc::not_enough_memory);
@@ -445,11 +458,12 @@ public:
   /// batch rolls the grant back itself (lease ready again). Inline.
   /// \errors
   /// - errc::null_handle: a null pool, lease or QP.
-  /// - errc::invalid_argument: a lease of another pool.
+  /// - errc::pool_mismatch: a lease of another pool.
   /// - errc::grant_outstanding: the slot is granted or its revocation is not confirmed.
   /// - errc::unusable: the slot lost its window (a failed revoke_all()).
   /// - those of MemoryWindow::bind (batch form): pd_mismatch (the QP is not on the pool's PD),
-  ///   invalid_argument (rights), qp_mismatch, wrong_state, too_many_pending.
+  ///   bad_grant_rights (rights other than remote read/write/atomic, e.g. local_write, or none),
+  ///   qp_mismatch, wrong_state, too_many_pending.
   /// - the errno of ibv_alloc_mw / ibv_dealloc_mw when the slot's window is replaced first (see
   ///   max_key_changes; the slot then keeps its window, nothing is posted).
   /// \mallocs None (what ibv_alloc_mw allocates when the window is replaced).
@@ -470,7 +484,7 @@ public:
   /// to complete().
   /// \errors
   /// - errc::null_handle: a null pool, lease or QP.
-  /// - errc::invalid_argument: a lease of another pool.
+  /// - errc::pool_mismatch: a lease of another pool.
   /// - errc::wrong_state: the QP is in ERR (a disconnect, a remote error the QP was moved to ERR
   ///   for): the revoke would be flushed; use revoke_all().
   /// - those of MemoryWindow::unbind / invalidate (posting forms): wrong_state (the QP is not at
@@ -539,7 +553,7 @@ public:
   /// Give a ready slot back to the pool; `l` becomes null.
   /// \errors
   /// - errc::null_handle: a null pool or lease.
-  /// - errc::invalid_argument: a lease of another pool.
+  /// - errc::pool_mismatch: a lease of another pool.
   /// - errc::grant_outstanding: granted or revoking: revoke it and hand the pool the completion,
   ///   or revoke_all() after a disconnect; `l` is unchanged.
   /// \mallocs None.
@@ -594,7 +608,7 @@ public:
   /// reported through the destroy-failure hook): per slot the window is deallocated
   /// (ibv_dealloc_mw: every key the pool handed out is dead when this returns, granted or not),
   /// then the exact region deregistered (ibv_dereg_mr). The pool is null afterwards, whatever the
-  /// outcome; its leases become null-like (ready, empty buffer()).
+  /// outcome; its leases become null-like (ready; buffer() answers null_handle).
   /// \errors
   /// - errc::null_handle: a null pool.
   /// - the first errno of ibv_dealloc_mw / ibv_dereg_mr: every slot is still handled; an object
@@ -643,7 +657,7 @@ private:
   }
   [[nodiscard]] result<detail::grant_slot *> slot_of(const GrantLease &l) noexcept {
     if (!st_ || !l) return make_error_code(errc::null_handle);
-    if (l.st_ != st_) return make_error_code(errc::invalid_argument);
+    if (l.st_ != st_) return make_error_code(errc::pool_mismatch);
     detail::grant_slot &s = st_->slots[l.slot_];
     if (!s.window) return make_error_code(errc::unusable);
     return &s;

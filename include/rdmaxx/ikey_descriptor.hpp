@@ -124,16 +124,21 @@ public:
 
   /// Decode exactly one indirect-key descriptor from a peer's bytes.
   /// \errors
-  /// - errc::malformed_input: truncated, trailing bytes, wrong magic, a body length that does
-  ///   not match the count, unknown rights bits or no rights, reserved bytes set, no or empty
-  ///   segments, lengths that do not add up to the total.
+  /// - errc::malformed_input: truncated, wrong magic, a body length that does not match the
+  ///   count, unknown rights bits or no rights, reserved bytes set, no or empty segments, lengths
+  ///   that do not add up to the total.
+  /// - descriptor_trailing_error() (malformed_input in descriptor_category()): bytes after a
+  ///   complete descriptor (e.g. padded rdma_cm private data); the message points to
+  ///   descriptor_header::peek().
   /// - errc::wrong_version: another encoding version.
-  /// - errc::wrong_type: a valid header of another kind.
+  /// - descriptor_kind_error() (wrong_type in descriptor_category()): a valid header of another
+  ///   kind; the message names the kind expected and the kind found.
   /// - errc::too_many_entries: more than max_segments.
   /// \mallocs None; never reads past `in`.
   [[nodiscard]] static result<ikey_descriptor> decode(std::span<const std::byte> in) noexcept {
     RDMAXX_TRY(h, descriptor_header::peek(in));
-    if (h.kind != std::uint8_t(descriptor_kind::indirect_key)) return make_error_code(errc::wrong_type);
+    if (h.kind != std::uint8_t(descriptor_kind::indirect_key))
+      return descriptor_kind_error(std::uint8_t(descriptor_kind::indirect_key), h.kind);
     detail::wire_reader r(in.subspan(descriptor_header::size));
     const std::uint8_t bits = r.u8();
     const std::uint8_t reserved8 = r.u8();
@@ -145,8 +150,10 @@ public:
       return make_error_code(errc::malformed_input);
     if (n == 0) return make_error_code(errc::malformed_input);
     if (n > max_segments) return make_error_code(errc::too_many_entries);
-    if (h.body_length != body_header_size + std::size_t(n) * segment_size || in.size() != encoded_size(n))
+    if (h.body_length != body_header_size + std::size_t(n) * segment_size)
       return make_error_code(errc::malformed_input);
+    if (in.size() > encoded_size(n)) return descriptor_trailing_error(in.size() - encoded_size(n));
+    if (in.size() != encoded_size(n)) return make_error_code(errc::malformed_input);
     ikey_descriptor d;
     for (std::uint16_t i = 0; i < n; ++i) {
       remote_segment s;

@@ -835,7 +835,7 @@ private:
         if (const int rc = s.release_region(i)) return errno_code(rc);
       if (i >= s.nkept) s.nkept = i + 1;
       RDMAXX_TRYV(s.slots[i].reg_exact(h_.parent(), s.pd, g.data, g.length, g.addr, racc));
-      s.links[i] = detail::child_link(g.node);
+      s.links[i] = detail::child_link(g.node, child_kind::indirect_key);
     }
     if (const int rc = s.release_regions(std::uint32_t(n))) return errno_code(rc);
     return bind_windows(batch, qp, remote, n, w, mw_type::type1);

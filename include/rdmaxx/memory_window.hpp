@@ -105,8 +105,8 @@ inline constexpr access_flags window_rights =
 /// \errors In this order:
 /// - errc::pd_mismatch: window, region and QP do not share one PD.
 /// - errc::unknown_access_flag: `rights` has a bit outside all_known_access.
-/// - errc::invalid_argument: rights other than remote read/write/atomic and zero-based, or no
-///   remote right.
+/// - errc::bad_grant_rights: rights other than remote read/write/atomic and zero-based (e.g.
+///   local_write or mw_bind, which belong to the region), or no remote right.
 /// - errc::wrong_type: zero-based type-1 window.
 /// - errc::zero_length: the range is empty.
 /// - errc::out_of_range: the range is not inside the region.
@@ -121,7 +121,7 @@ inline constexpr access_flags window_rights =
   if (!rights.subset_of(all_known_access)) return make_error_code(errc::unknown_access_flag);
   if (!rights.subset_of(window_rights) ||
       !rights.any(access::remote_read | access::remote_write | access::remote_atomic))
-    return make_error_code(errc::invalid_argument);
+    return make_error_code(errc::bad_grant_rights);
   if (type == mw_type::type1 && rights.any(access::zero_based)) return make_error_code(errc::wrong_type);
   if (r.length == 0) return make_error_code(errc::zero_length);
   if (r.offset > mr_length || r.length > mr_length - r.offset) return make_error_code(errc::out_of_range);

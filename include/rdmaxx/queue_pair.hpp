@@ -119,14 +119,20 @@ struct endpoint {
   }
   /// Decode exactly one endpoint; `in` must be exactly encoded_size bytes.
   /// \errors
-  /// - errc::malformed_input: truncated, trailing bytes, wrong magic or body length, qpn 0 or
-  ///   above 24 bits, psn above 24 bits, an mtu outside 256..4096, reserved byte set.
+  /// - errc::malformed_input: truncated, wrong magic or body length, qpn 0 or above 24 bits, psn
+  ///   above 24 bits, an mtu outside 256..4096, reserved byte set.
+  /// - descriptor_trailing_error() (malformed_input in descriptor_category()): bytes after a
+  ///   complete endpoint; the message points to descriptor_header::peek().
   /// - errc::wrong_version: another encoding version.
-  /// - errc::wrong_type: a valid header of another kind.
+  /// - descriptor_kind_error() (wrong_type in descriptor_category()): a valid header of another
+  ///   kind; the message names the kind expected and the kind found.
   /// \mallocs None.
   [[nodiscard]] static result<endpoint> decode(std::span<const std::byte> in) noexcept {
     RDMAXX_TRY(h, descriptor_header::peek(in));
-    if (h.kind != std::uint8_t(descriptor_kind::endpoint)) return make_error_code(errc::wrong_type);
+    if (h.kind != std::uint8_t(descriptor_kind::endpoint))
+      return descriptor_kind_error(std::uint8_t(descriptor_kind::endpoint), h.kind);
+    if (h.body_length == body_size && in.size() > encoded_size)
+      return descriptor_trailing_error(in.size() - encoded_size);
     if (h.body_length != body_size || in.size() != encoded_size)
       return make_error_code(errc::malformed_input);
     detail::wire_reader r(in.subspan(descriptor_header::size));
@@ -360,8 +366,9 @@ private:
 /// back itself (at most max_undo of them per batch; keep those windows and keys alive, at their
 /// address, until the batch is submitted or dropped). A batch that is not open (submitted, moved from, or
 /// started on a null QueuePair) ignores further operations and its submit() answers
-/// errc::wrong_state, as it does on a QP that has not reached RTS (rxe would otherwise keep the
-/// refused work requests and run them once the QP is connected).
+/// errc::wrong_state (errc::null_handle for a batch of a null QueuePair: moved from, e.g. a
+/// moved-from Connection's qp()), as it does on a QP that has not reached RTS (rxe would
+/// otherwise keep the refused work requests and run them once the QP is connected).
 ///
 /// One open batch per QP at a time: a second ibv_wr_start on the same QP spins forever in the
 /// provider (rxe; its send-queue lock). The posting forms MemoryWindow::bind(qp, ...) (type 2)
@@ -485,6 +492,7 @@ public:
   /// ibv_wr_complete: post everything added. Nothing of a failed batch is posted, and the window
   /// and key operations it carried are rolled back before it returns.
   /// \errors
+  /// - errc::null_handle: the batch was started on a null QueuePair (moved from, destroyed).
   /// - errc::wrong_state: the batch is not open (already submitted, or moved from); or the QP
   ///   has not reached RTS (the batch is aborted).
   /// - errc::provider_defect: an operation this device's provider would have got wrong (the
@@ -575,12 +583,13 @@ private:
     return *this;
   }
   [[gnu::cold, gnu::noinline]] static void abort_open(ibv_qp_ex *qp) noexcept { ::ibv_wr_abort(qp); }
-  // submit() of a batch that is not open (null `qp`: answers its fault, else wrong_state) or
-  // whose QP has not reached RTS (aborted; wrong_state).
+  // submit() of a batch that is not open (null `qp`: answers its fault, else wrong_state), of a
+  // null QueuePair (the stand-in: null_handle) or whose QP has not reached RTS (aborted;
+  // wrong_state).
   [[gnu::cold, gnu::noinline]] static std::error_code refused(ibv_qp_ex *qp, errc fault) noexcept {
     if (!qp) return make_error_code(fault != errc{} ? fault : errc::wrong_state);
     ::ibv_wr_abort(qp);
-    return make_error_code(errc::wrong_state);
+    return make_error_code(qp == detail::closed_qp() ? errc::null_handle : errc::wrong_state);
   }
   // A counted send queue's refusal (detail::sq_credit) has its own code.
   [[gnu::cold, gnu::noinline]] static std::error_code complete_failed(const ibv_qp_ex *qp, int rc) noexcept {
@@ -655,7 +664,7 @@ public:
   // ---- fast path ----
 
   /// Open a send batch (ibv_wr_start). On a null QP (moved from, destroyed) the batch is not
-  /// open: its operations are ignored and its submit() answers errc::wrong_state.
+  /// open: its operations are ignored and its submit() answers errc::null_handle.
   [[nodiscard]] SendBatch start_send() noexcept {
     ibv_qp_ex *q = qpx_.get();
     if (!q) [[unlikely]] q = detail::closed_qp();

@@ -166,7 +166,7 @@ TEST_CASE("[asio] a request timeout while a grant is live: revoked, confirmed, t
       need(pool.revoke(qc, lease), "revoke");
       auto s = co_await ra::settled(router, pool, lease, qc.qp_num(), ra::after_ms(5000));
       if (!s) settle_err = s.error();
-      ready_after = lease.state() == lease_state::ready && lease.buffer().size() == 4096;
+      ready_after = lease.state() == lease_state::ready && lease.buffer() && lease.buffer().value().size() == 4096;
       // The late access with the revoked key: refused, the slot untouched.
       const ibv_wc_status st = write_one(qs, cq_s, lmr.sge(), granted.at(0));
       late_refused = is_denial(st);

@@ -343,6 +343,9 @@ TEST_CASE("a moved-from Connection answers null_handle", "[cm]") {
   std::byte b[8]{};
   auto mr = need(MemoryRegion::reg(moved.pd(), b, sizeof b, access::local_write), "reg");
   CHECK(from.qp().post_recv(1, mr.sge()).error() == errc::null_handle);
+  auto closed = from.qp().start_send(); // a batch of the moved-from QP: null_handle, not wrong_state
+  closed.write({.id = 1, .flags = send_flag::signaled}, {0, 0}, mr.sge());
+  CHECK(closed.submit().error() == errc::null_handle);
   CHECK(from.advance().error() == errc::null_handle);
   CHECK(from.disconnect().error() == errc::null_handle);
   CHECK(from.peer_address().error() == errc::null_handle);
@@ -353,6 +356,77 @@ TEST_CASE("a moved-from Connection answers null_handle", "[cm]") {
   server.join();
   INFO(server_ec.message());
   CHECK(!server_ec);
+}
+
+TEST_CASE("resolve + connect_with: a GrantPool on the connection's own PD, its offer in the request", "[cm][grants]") {
+  const std::string before = resources_baseline();
+  {
+    auto l = listen_any_port();
+    std::error_code server_ec;
+    std::vector<std::byte> got;
+    std::thread server([&] {
+      auto req = l.get_request(20000);
+      if (!req) { server_ec = req.error(); return; }
+      got.assign(req.value().private_data().begin(), req.value().private_data().end());
+      auto c = req.value().accept({.timeout_ms = 20000});
+      if (!c) { server_ec = c.error(); return; }
+      (void)c.value().wait_disconnected(20000);
+    });
+    const std::byte some[4]{};
+    CHECK(Connection::resolve(target(l), {.timeout_ms = 20000, .private_data = some}).error() ==
+          errc::invalid_argument);
+    // Default options: the Connection's own Context, PD and CQ exist before the request is sent.
+    auto r = Connection::resolve(target(l), {.timeout_ms = 20000});
+    INFO("resolve: " << (r ? "ok" : r.error().message()));
+    REQUIRE(r);
+    Connection &c = r.value();
+    CHECK(c.state() == conn_state::resolved);
+    REQUIRE(c.pd());
+    CHECK(c.cq());
+    CHECK(need(c.qp().state(), "qp state") == IBV_QPS_INIT);
+    CHECK(c.wait_established().error() == errc::wrong_state);
+    CHECK(c.advance().value() == conn_state::resolved); // waits for nothing, no timeout later
+    alignas(4096) static std::byte mem[4 * 4096];
+    auto mr = need(MemoryRegion::reg(c.pd(), mem, sizeof mem, access::local_write), "reg");
+    auto pool = need(GrantPool::create(c.pd(), mr, {.slot_size = 4096}), "pool on the connection's PD");
+    const auto offer = pool.offer().encode();
+    const std::vector<std::byte> too_long(cm_connect_private_data_max + 1);
+    CHECK(c.connect_with(too_long).error() == errc::private_data_too_long);
+    CHECK(c.state() == conn_state::resolved); // nothing sent: call again with less
+    need(c.connect_with(offer), "connect_with");
+    CHECK(c.connect_with(offer).error() == errc::wrong_state);
+    need(c.wait_established(), "wait_established");
+    CHECK(c.state() == conn_state::established);
+    CHECK(need(c.qp().state(), "qp state") == IBV_QPS_RTS);
+    // The pool grants on this connection's QP (its PD): a grant, then its revocation.
+    auto lease = need(pool.acquire(), "acquire");
+    auto b = c.qp().start_send();
+    auto d = pool.grant(b, c.qp(), lease, access::remote_read);
+    REQUIRE(d);
+    need(b.submit(), "submit");
+    CHECK(lease.state() == lease_state::granted);
+    CHECK(lease.buffer().error() == errc::grant_outstanding);
+    need(pool.revoke(c.qp(), lease), "revoke");
+    for (int i = 0; i < 100 && lease.state() != lease_state::ready; ++i) {
+      ibv_wc wcs[4];
+      const auto n = need(c.cq().wait(wcs, 5000), "wait");
+      CHECK(pool.complete(std::span(wcs, n)).empty());
+    }
+    CHECK(lease.state() == lease_state::ready);
+    CHECK(need(lease.buffer(), "buffer").size() == 4096);
+    need(pool.release(lease), "release");
+    need(c.disconnect(), "disconnect");
+    server.join();
+    INFO(server_ec.message());
+    CHECK(!server_ec);
+    // The server received the offer the pool made, as the first 12 bytes of the request.
+    REQUIRE(got.size() == cm_connect_private_data_max);
+    CHECK(std::equal(offer.begin(), offer.end(), got.begin()));
+    auto o = grant_offer::decode(got);
+    REQUIRE(o);
+    CHECK(o.value().remote_invalidate == pool.offer().remote_invalidate);
+  }
+  CHECK(resources() == before);
 }
 
 TEST_CASE("connect to an unreachable address fails within the bound", "[cm]") {

@@ -125,3 +125,58 @@ TEST_CASE("one channel for two CQs: arm, get_event names the CQ, batched ack, dr
   need(cq1.destroy(), "destroy cq1");
   need(cq2.destroy(), "destroy cq2");
 }
+
+TEST_CASE("wait_for(wr_id): the one completion, the others handed over in order, never dropped", "[cq-events]") {
+  loopback lb;
+  alignas(64) static unsigned char src[64], dst[64];
+  fill(src, sizeof src, 7);
+  std::memset(dst, 0, sizeof dst);
+  auto smr = need(MemoryRegion::reg(lb.pd, src, sizeof src, access::local_write), "src");
+  auto dmr = need(MemoryRegion::reg(lb.pd, dst, sizeof dst, remote_rw), "dst");
+  const auto post = [&](std::initializer_list<std::uint64_t> ids, std::uint32_t rkey) {
+    auto b = lb.a.start_send();
+    for (std::uint64_t id : ids) b.write({.id = id, .flags = send_flag::signaled}, {dmr.iova(), rkey}, smr.sge());
+    need(b.submit(), "submit");
+  };
+  // Three writes; waiting for the last hands the first two to the handler, in order.
+  post({11, 12, 13}, dmr.rkey());
+  std::vector<std::uint64_t> others;
+  const auto keep = [&](std::span<ibv_wc> wcs) {
+    for (const ibv_wc &wc : wcs) others.push_back(wc.wr_id);
+  };
+  auto wc = need(lb.cq_a.wait_for(13, 5000, keep), "wait_for 13");
+  CHECK(wc.wr_id == 13);
+  CHECK(wc.status == IBV_WC_SUCCESS);
+  CHECK(wc.opcode == IBV_WC_RDMA_WRITE);
+  CHECK(others == std::vector<std::uint64_t>{11, 12});
+  CHECK(std::memcmp(src, dst, sizeof src) == 0);
+  // Waiting for the first of three: the two after it are handed over too (polled in the same
+  // batch), not left behind or lost.
+  others.clear();
+  post({21, 22, 23}, dmr.rkey());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200)); // all three in the CQ
+  wc = need(lb.cq_a.wait_for(21, 5000, keep), "wait_for 21");
+  CHECK(wc.wr_id == 21);
+  CHECK(others == std::vector<std::uint64_t>{22, 23});
+  // Nothing of that id: errc::timeout within the bound.
+  const auto t0 = now_ms();
+  auto none = lb.cq_a.wait_for(99, 200, keep);
+  CHECK(none.error() == errc::timeout);
+  CHECK(now_ms() - t0 >= 200);
+  // Without a handler: another completion first is errc::unexpected_completion, handed back.
+  post({31, 32}, dmr.rkey());
+  ibv_wc other{};
+  auto r = lb.cq_a.wait_for(32, 5000, &other);
+  CHECK(r.error() == errc::unexpected_completion);
+  CHECK(retry_hint_of(r.error()) == retry_hint::after_progress);
+  CHECK(other.wr_id == 31);
+  CHECK(need(lb.cq_a.wait_for(32, 5000), "wait_for 32").wr_id == 32);
+  // A failed completion is its wc_error() code.
+  post({41}, dmr.rkey() ^ 0x100u);
+  auto bad = lb.cq_a.wait_for(41, 5000);
+  REQUIRE(!bad);
+  CHECK(bad.error() == wc_error(IBV_WC_REM_ACCESS_ERR));
+  CompletionQueue null_cq;
+  CHECK(null_cq.wait_for(1, 10).error() == errc::null_handle);
+  CHECK(null_cq.wait_for(1, 10, keep).error() == errc::null_handle);
+}

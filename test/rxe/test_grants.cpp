@@ -131,7 +131,7 @@ struct rpc {
     INFO("grant: " << (d ? "ok" : d.error().message()));
     REQUIRE(d.has_value());
     CHECK(l.state() == lease_state::granted);
-    CHECK(l.buffer().empty()); // gated while granted
+    CHECK(l.buffer().error() == errc::grant_outstanding); // gated while granted, never an empty span
     grant_list g;
     need(g.push(d.value()), "push");
     const auto hdr = encode_request(k, id, g);
@@ -254,7 +254,7 @@ struct rpc {
     const auto deadline = std::chrono::steady_clock::now() + 10s;
     while (l.state() != lease_state::ready && std::chrono::steady_clock::now() < deadline) poll_client();
     REQUIRE(l.state() == lease_state::ready);
-    REQUIRE(!l.buffer().empty());
+    REQUIRE(need(l.buffer(), "buffer").size() == slot_bytes);
   }
   // Client: the request's send completion only (a timed-out request gets no reply).
   void client_wait_sent(std::uint32_t id) {
@@ -297,7 +297,7 @@ struct rpc {
 
 // A full on-time WRITE-block request through slot `l` with `pattern`; checks the server got it.
 void on_time_write(rpc &c, GrantLease &l, std::uint32_t id, unsigned pattern) {
-  auto buf = l.buffer();
+  auto buf = need(l.buffer(), "buffer");
   REQUIRE(buf.size() == slot_bytes);
   fill(buf.data(), slot_bytes, pattern);
   std::memcpy(c.shadow.data() + c.slot_offset(l), buf.data(), slot_bytes);
@@ -333,7 +333,7 @@ TEST_CASE("[grants] a request: grant in the request's batch, verified read and w
   CHECK(c.pool.release(l).error() == errc::grant_outstanding); // not revoked yet
   CHECK(l); // kept
   c.revoke_and_wait(l);
-  CHECK(std::memcmp(l.buffer().data(), c.server.block(), slot_bytes) == 0);
+  CHECK(std::memcmp(need(l.buffer(), "buffer").data(), c.server.block(), slot_bytes) == 0);
   std::memcpy(c.shadow.data() + c.slot_offset(l), c.server.block(), slot_bytes);
   // The old key is dead: a read with it is refused and the slot stays as it was.
   const remote_descriptor old = r.grants[0];
@@ -349,7 +349,21 @@ TEST_CASE("[grants] a request: grant in the request's batch, verified read and w
   auto b = c.qc.start_send();
   CHECK(c.pool.grant(b, c.qc, none, access::remote_read).error() == errc::null_handle);
   auto l2 = need(c.pool.acquire(), "acquire");
-  CHECK(c.pool.grant(b, c.qc, l2, access::local_write).error() == errc::invalid_argument);
+  CHECK(c.pool.grant(b, c.qc, l2, access::local_write).error() == errc::bad_grant_rights);
+  {
+    // A lease of another pool (on the same PD and QP): pool_mismatch, with what to do.
+    alignas(4096) static std::byte other_mem[4096];
+    auto omr = need(MemoryRegion::reg(c.pd_c, other_mem, sizeof other_mem, access::local_write), "other mr");
+    auto other = need(GrantPool::create(c.pd_c, omr, {.slot_size = 4096}), "other pool");
+    auto foreign = need(other.acquire(), "other acquire");
+    const auto e = c.pool.grant(b, c.qc, foreign, access::remote_read).error();
+    CHECK(e == errc::pool_mismatch);
+    CHECK(e.message().find("the pool that leased it") != std::string::npos);
+    CHECK(c.pool.revoke(c.qc, foreign).error() == errc::pool_mismatch);
+    CHECK(c.pool.release(foreign).error() == errc::pool_mismatch);
+    CHECK(foreign.state() == lease_state::ready);
+    need(other.release(foreign), "release to its own pool");
+  }
   CHECK(c.pool.grant(b, c.qs, l2, access::remote_read).error() == errc::pd_mismatch); // server's PD
   CHECK(l2.state() == lease_state::ready);
   std::vector<GrantLease> all;
@@ -365,16 +379,16 @@ TEST_CASE("[grants] nbs 5708: a late read after the timeout never sees the next 
   rpc c(ctx);
   auto l = need(c.pool.acquire(), "acquire");
   // Request 1: WRITE block; the server takes it and sits on it past the client's timeout.
-  fill(l.buffer().data(), slot_bytes, 0x11);
-  std::memcpy(c.shadow.data() + c.slot_offset(l), l.buffer().data(), slot_bytes);
+  fill(need(l.buffer(), "buffer").data(), slot_bytes, 0x11);
+  std::memcpy(c.shadow.data() + c.slot_offset(l), need(l.buffer(), "buffer").data(), slot_bytes);
   c.send_request(l, op::write_block, 1);
   const request late = c.server_receive();
   c.client_wait_sent(1);
   // Timeout: the client revokes, and once confirmed reuses the buffer for request 2.
   c.revoke_and_wait(l);
-  fill(l.buffer().data(), slot_bytes, 0x22);
-  std::memcpy(c.shadow.data() + c.slot_offset(l), l.buffer().data(), slot_bytes);
-  const auto b2 = l.buffer();
+  fill(need(l.buffer(), "buffer").data(), slot_bytes, 0x22);
+  std::memcpy(c.shadow.data() + c.slot_offset(l), need(l.buffer(), "buffer").data(), slot_bytes);
+  const auto b2 = need(l.buffer(), "buffer");
   std::vector<unsigned char> req2(slot_bytes);
   std::memcpy(req2.data(), b2.data(), slot_bytes);
   c.send_request(l, op::write_block, 2);
@@ -387,7 +401,7 @@ TEST_CASE("[grants] nbs 5708: a late read after the timeout never sees the next 
   // Both QPs went to ERR: recover, and request 2 goes through on the new connection.
   c.recover();
   CHECK(l.state() == lease_state::ready);
-  CHECK(std::memcmp(l.buffer().data(), req2.data(), slot_bytes) == 0);
+  CHECK(std::memcmp(need(l.buffer(), "buffer").data(), req2.data(), slot_bytes) == 0);
   on_time_write(c, l, 3, 0x22);
   CHECK(std::memcmp(c.server.block(), req2.data(), slot_bytes) == 0);
   CHECK(c.untouched());
@@ -407,8 +421,8 @@ TEST_CASE("[grants] nbs 5708, write form: a late write leaves request 2's buffer
   c.client_wait_sent(1);
   c.revoke_and_wait(l);
   // The slot now carries request 2 (a WRITE block: the server may only read it).
-  fill(l.buffer().data(), slot_bytes, 0x22);
-  std::memcpy(c.shadow.data() + c.slot_offset(l), l.buffer().data(), slot_bytes);
+  fill(need(l.buffer(), "buffer").data(), slot_bytes, 0x22);
+  std::memcpy(c.shadow.data() + c.slot_offset(l), need(l.buffer(), "buffer").data(), slot_bytes);
   c.send_request(l, op::write_block, 2);
   (void)c.server_receive();
   // The late write of request 1: refused.
@@ -423,8 +437,8 @@ TEST_CASE("[grants] late and duplicate send-with-invalidate from a buggy server:
   auto ctx = open_device();
   rpc c(ctx);
   auto l = need(c.pool.acquire(), "acquire");
-  fill(l.buffer().data(), slot_bytes, 0x31);
-  std::memcpy(c.shadow.data() + c.slot_offset(l), l.buffer().data(), slot_bytes);
+  fill(need(l.buffer(), "buffer").data(), slot_bytes, 0x31);
+  std::memcpy(c.shadow.data() + c.slot_offset(l), need(l.buffer(), "buffer").data(), slot_bytes);
   c.send_request(l, op::write_block, 1);
   const request r = c.server_receive();
   c.client_wait_sent(1);
@@ -502,23 +516,23 @@ TEST_CASE("[grants] load: 4 connections x N requests, 5% served past the timeout
           REQUIRE(c.server_reply() == IBV_WC_SUCCESS);
           c.client_wait_reply(id);
           c.revoke_and_wait(l);
-          REQUIRE(std::memcmp(l.buffer().data(), c.server.block(), slot_bytes) == 0);
+          REQUIRE(std::memcmp(need(l.buffer(), "buffer").data(), c.server.block(), slot_bytes) == 0);
           std::memcpy(c.shadow.data() + c.slot_offset(l), c.server.block(), slot_bytes);
         }
         ++verified;
       } else {
         // The server sits on it; the client times out, revokes and reuses the slot.
         if (write) {
-          fill(l.buffer().data(), slot_bytes, pattern);
-          std::memcpy(c.shadow.data() + c.slot_offset(l), l.buffer().data(), slot_bytes);
+          fill(need(l.buffer(), "buffer").data(), slot_bytes, pattern);
+          std::memcpy(c.shadow.data() + c.slot_offset(l), need(l.buffer(), "buffer").data(), slot_bytes);
         }
         c.send_request(l, write ? op::write_block : op::read_block, ++id);
         const request held = c.server_receive();
         c.client_wait_sent(id);
         c.revoke_and_wait(l);
         ++timeouts;
-        fill(l.buffer().data(), slot_bytes, pattern + 1000);
-        std::memcpy(c.shadow.data() + c.slot_offset(l), l.buffer().data(), slot_bytes);
+        fill(need(l.buffer(), "buffer").data(), slot_bytes, pattern + 1000);
+        std::memcpy(c.shadow.data() + c.slot_offset(l), need(l.buffer(), "buffer").data(), slot_bytes);
         c.send_request(l, op::write_block, ++id); // the reuse, granted read-only
         (void)c.server_receive();
         std::memset(c.server.block(), 0, slot_bytes);

@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <string>
 #include <vector>
 
 using namespace rdmaxx;
@@ -80,10 +81,13 @@ TEST_CASE("endpoint::decode refuses bad input", "[unit][endpoint]") {
     INFO(r.what);
     auto d = endpoint::decode(r.bytes);
     REQUIRE(!d);
-    CHECK(d.error() == r.expect);
+    CHECK(descriptor_errc(d.error()) == r.expect);
   }
   // A window descriptor is not an endpoint, and an endpoint is not a window descriptor.
   remote_descriptor wd{4096, 64, 0x1234, access::remote_write, false};
-  CHECK(endpoint::decode(wd.encode()).error() == errc::wrong_type);
+  const auto wrong = endpoint::decode(wd.encode()).error();
+  CHECK(descriptor_errc(wrong) == errc::wrong_type);
+  CHECK(wrong.message() == "descriptor: a descriptor of kind 1 (window) where kind 3 (endpoint) was expected");
+  CHECK(endpoint::decode(padded).error().message().find("descriptor_header::peek") != std::string::npos);
   CHECK(descriptor_errc(remote_descriptor::decode(good).error()) == errc::wrong_type);
 }

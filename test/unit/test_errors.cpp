@@ -90,6 +90,9 @@ TEST_CASE("rdmaxx::errc: every code has a message and a portable condition", "[u
       {errc::key_retired, std::errc::operation_not_permitted, "key retired"},
       {errc::send_queue_full, std::errc::resource_unavailable_try_again, "send queue full"},
       {errc::scatter_to_cqe, std::errc::operation_not_supported, "scatters to the CQE"},
+      {errc::pool_mismatch, std::errc::invalid_argument, "another GrantPool"},
+      {errc::bad_grant_rights, std::errc::invalid_argument, "local_write and mw_bind belong to the region"},
+      {errc::unexpected_completion, std::errc::invalid_argument, "another work request completed first"},
   };
   for (const auto &r : rows) {
     const std::error_code ec = r.e;

@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -113,6 +114,66 @@ TEST_CASE("a parent destroyed before its children is reported and destroyed by i
   CHECK(failures.size() == 1);
   CHECK(grand.destroy().has_value());
   CHECK(destroyed == 4);
+}
+
+namespace {
+template <const char *Name>
+struct named_traits {
+  using native = fake;
+  static constexpr const char *object = Name;
+  static constexpr const char *verb = "named_destroy";
+  static int destroy(native *) noexcept {
+    ++destroyed;
+    return 0;
+  }
+};
+constexpr char pd_name[] = "ProtectionDomain";
+constexpr char mr_name[] = "MemoryRegion";
+constexpr char mw_name[] = "MemoryWindow";
+} // namespace
+
+TEST_CASE("a parent destroyed before its children names their kinds", "[unit][handles]") {
+  hook_guard g;
+  using pd_h = detail::handle<named_traits<pd_name>>;
+  using mr_h = detail::handle<named_traits<mr_name>>;
+  using mw_h = detail::handle<named_traits<mw_name>>;
+  static_assert(pd_h::kind == child_kind::protection_domain && mr_h::kind == child_kind::memory_region &&
+                mw_h::kind == child_kind::memory_window && fake_handle::kind == child_kind::other);
+  fake objs[12]{};
+  pd_h pd(&objs[0], nullptr, detail::new_parent_node());
+  std::vector<mr_h> mrs;
+  std::vector<mw_h> mws;
+  for (int i = 0; i < 3; ++i) mrs.emplace_back(&objs[1 + i], pd.node(), nullptr);
+  for (int i = 0; i < 7; ++i) mws.emplace_back(&objs[4 + i], pd.node(), nullptr);
+  detail::child_link pool(pd.node(), child_kind::grant_pool);
+  mws.pop_back(); // a child gone before the parent: no longer counted in its kind
+  REQUIRE(pd.live_children() == 10);
+  pd.reset();
+  REQUIRE(failures.size() == 1);
+  const destroy_failure &f = failures[0];
+  CHECK(f.live_children == 10);
+  CHECK(f.children[std::size_t(child_kind::memory_region)] == 3);
+  CHECK(f.children[std::size_t(child_kind::memory_window)] == 6);
+  CHECK(f.children[std::size_t(child_kind::grant_pool)] == 1);
+  CHECK(f.children[std::size_t(child_kind::other)] == 0);
+  char line[512];
+  const std::size_t n = describe(f, line, sizeof line);
+  CHECK(n == std::string(line).size());
+  CHECK(std::string(line) ==
+        "rdmaxx: ProtectionDomain destroyed while 10 child object(s) still use it (3 MemoryRegion, "
+        "6 MemoryWindow, 1 GrantPool); named_destroy is deferred until the last of them is destroyed. "
+        "Destroy children before their parent.");
+  char tiny[16];
+  CHECK(describe(f, tiny, sizeof tiny) == 15); // truncated, NUL-terminated
+  CHECK(std::string(tiny) == "rdmaxx: Protect");
+  // The last child destroys the orphan, as before.
+  CHECK(destroyed == 1); // the MemoryWindow popped above
+  mrs.clear();
+  pool.drop();
+  CHECK(destroyed == 1 + 3);
+  mws.clear();
+  CHECK(destroyed == 1 + 3 + 6 + 1); // the last window, then the orphaned PD
+  CHECK(failures.size() == 1);
 }
 
 TEST_CASE("children released in order let the parent be destroyed", "[unit][handles]") {

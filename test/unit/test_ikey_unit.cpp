@@ -7,6 +7,7 @@
 #include <array>
 #include <random>
 #include <string_view>
+#include <string>
 #include <vector>
 
 using namespace rdmaxx;
@@ -110,7 +111,7 @@ TEST_CASE("ikey descriptor: the decoder refuses malformed input", "[unit][ikey][
     v[r.at] = std::byte(r.value);
     auto res = decode(v);
     REQUIRE_FALSE(res.has_value());
-    CHECK(res.error() == r.expect);
+    CHECK(descriptor_errc(res.error()) == r.expect);
   }
   // more segments than the bound: refused before reading them
   auto v = base;
@@ -120,7 +121,10 @@ TEST_CASE("ikey descriptor: the decoder refuses malformed input", "[unit][ikey][
   // trailing bytes
   v = base;
   v.push_back(std::byte(0));
-  CHECK(decode(v).error() == errc::malformed_input);
+  const auto trailing = decode(v).error();
+  CHECK(descriptor_errc(trailing) == errc::malformed_input);
+  CHECK(trailing.message().find("1 byte(s) after the descriptor") != std::string::npos);
+  CHECK(trailing.message().find("descriptor_header::peek") != std::string::npos);
   // segment lengths whose sum overflows 64 bits cannot occur (32-bit lengths, <= 256 of them),
   // but a total that disagrees must be refused: covered above. Random garbage never decodes
   // into something that re-encodes differently.
@@ -187,7 +191,10 @@ TEST_CASE("ikey descriptor: one header and one rights byte with window descripto
   CHECK(descriptor_errc(remote_descriptor::decode(ik).error()) == errc::wrong_type);
   const remote_descriptor w{0x2000, 64, 9, access::remote_read | access::remote_atomic, false};
   const auto wb = w.encode();
-  CHECK(ikey_descriptor::decode(wb).error() == errc::wrong_type);
+  const auto wrong = ikey_descriptor::decode(wb).error();
+  CHECK(descriptor_errc(wrong) == errc::wrong_type);
+  CHECK(wrong.message() ==
+        "descriptor: a descriptor of kind 1 (window) where kind 2 (indirect key) was expected");
   // the same rights byte in both kinds
   CHECK(wb[28] == ik[8]);
   CHECK(std::to_integer<unsigned>(ik[8]) == detail::rights_to_wire(d.rights()));

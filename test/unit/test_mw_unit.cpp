@@ -43,13 +43,13 @@ TEST_CASE("check_window_bind: each rule a device may skip, in order", "[unit][mw
       {"unknown rights bit", mw_type::type2, &pd1, &pd1, &pd1, mr_ok, 4096, {0, 64},
        access_flags(1u << 29), errc::unknown_access_flag},
       {"local write is not a window right", mw_type::type2, &pd1, &pd1, &pd1, mr_ok, 4096, {0, 64},
-       access::local_write | access::remote_read, errc::invalid_argument},
+       access::local_write | access::remote_read, errc::bad_grant_rights},
       {"mw_bind is not a window right", mw_type::type2, &pd1, &pd1, &pd1, mr_ok, 4096, {0, 64},
-       access::mw_bind | access::remote_read, errc::invalid_argument},
+       access::mw_bind | access::remote_read, errc::bad_grant_rights},
       {"no remote right", mw_type::type2, &pd1, &pd1, &pd1, mr_ok, 4096, {0, 64}, access_flags{},
-       errc::invalid_argument},
+       errc::bad_grant_rights},
       {"zero-based alone grants nothing", mw_type::type2, &pd1, &pd1, &pd1, mr_ok, 4096, {0, 64},
-       access_flags(access::zero_based), errc::invalid_argument},
+       access_flags(access::zero_based), errc::bad_grant_rights},
       {"zero-based type 1", mw_type::type1, &pd1, &pd1, &pd1, mr_ok, 4096, {0, 64},
        access::remote_read | access::zero_based, errc::wrong_type},
       {"empty range", mw_type::type2, &pd1, &pd1, &pd1, mr_ok, 4096, {0, 0}, rw, errc::zero_length},
@@ -159,7 +159,7 @@ TEST_CASE("a batch's undo list: newest first, moved with the batch, bounded", "[
   MemoryWindow mw;
   MemoryRegion mr;
   CHECK(mw.bind(b, qp, mr, {0, 64}, access::remote_read).error() == errc::null_handle);
-  CHECK(b.submit().error() == errc::wrong_state);
+  CHECK(b.submit().error() == errc::null_handle); // a batch of a null QP: its submit says so
 }
 
 TEST_CASE("the descriptor of a window is the grant as the peer must use it", "[unit][mw]") {

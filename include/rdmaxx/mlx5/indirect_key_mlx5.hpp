@@ -377,7 +377,7 @@ inline void release_credit(key_state &k, bool done) noexcept {
   }
   k.prev_lkey = old_lkey;
   k.prev_rkey = old_rkey;
-  for (std::size_t i = 0; i < l.size(); ++i) k.links[i] = detail::child_link(l[i].source.node);
+  for (std::size_t i = 0; i < l.size(); ++i) k.links[i] = detail::child_link(l[i].source.node, child_kind::indirect_key);
   ++k.generations;
   k.phase = key_phase::configuring;
   k.wr_id = w.id;
