@@ -401,23 +401,30 @@ struct router_core {
     susp = &n;
     if (!timer_set || n.until < timer_at) arm_timer(n.until);
   }
-  // Resume every ready waiter, in order (each runs until it suspends again or ends; what it
-  // readies meanwhile is resumed by this loop too).
+  // Resume the waiters ready now, in order (each runs until it suspends again or ends). What
+  // they ready meanwhile waits for the next round, posted: the reactor and other handlers get
+  // their turn in between (two coroutines answering each other must not keep the thread).
   void dispatch() {
-    const bool outer = !dispatching;
+    if (dispatching) return; // the outer call's caller resumes them (or posts the next round)
     dispatching = true;
-    struct restore {
+    struct round {
       router_core *c;
-      bool outer;
-      ~restore() {
-        if (!outer) return;
+      waiter_node *batch;
+      ~round() {
+        if (batch) { // an exception left some unresumed: first in the next round
+          waiter_node *last = batch;
+          while (last->snext) last = last->snext;
+          last->snext = c->ready_head;
+          if (!c->ready_head) c->ready_tail = last;
+          c->ready_head = batch;
+        }
         c->dispatching = false;
-        if (c->ready_head) c->post_flush(); // an exception left some unresumed
+        if (c->ready_head) c->post_flush();
       }
-    } guard{this, outer};
-    while (waiter_node *n = ready_head) {
-      ready_head = n->snext;
-      if (!ready_head) ready_tail = nullptr;
+    } r{this, std::exchange(ready_head, nullptr)};
+    ready_tail = nullptr;
+    while (waiter_node *n = r.batch) {
+      r.batch = n->snext;
       n->snext = nullptr;
       n->at = waiter_node::where::idle;
       n->resume(*n);
