@@ -19,7 +19,7 @@ run() { # name port exe client-args...
   local ms=$(( ($(date +%s%N)-t0)/1000000 ))
   wait $sp; local src=$?
   echo "$name: client rc=$rc server rc=$src $ms ms for $N requests + 8 read-backs: $(( (N+8)*1000/ms )) req/s"
-  grep -h "router:\|FAIL" /tmp/cli.log /tmp/srv.log
+  grep -h "router:\|FAIL" /tmp/cli.log /tmp/srv.log; grep -ho "steady state: .*" /tmp/cli.log
   if [ -n "$STRACE" ]; then
     for side in s c; do
       local who=server; [ $side = c ] && who=client

@@ -349,9 +349,9 @@ struct router_core {
   // A wait that found nothing stores its coroutine's handler in its node (suspend) and joins
   // the suspended list; the router's one timer runs at the earliest deadline. A completion,
   // failure or deadline moves the node to the ready queue; the router's own handlers (channel
-  // readable, timer) resume the queue inline once they are done routing; a wake from inside a
-  // coroutine (a poll before suspending that finds another waiter's completion, fail(),
-  // close()) posts one flush for the queue.
+  // readable, timer) resume the queue inline once they are done routing, one round at a time
+  // (dispatch()); a wake from inside a coroutine (a poll before suspending that finds another
+  // waiter's completion, fail(), close()) posts one flush for the queue.
   void unlink_susp(waiter_node &n) noexcept {
     if (n.sprev) n.sprev->snext = n.snext;
     else susp = n.snext;
