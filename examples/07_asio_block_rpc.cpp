@@ -168,7 +168,7 @@ struct ring {
     return success();
   }
   // The next receive's completion (any status), or why none.
-  task<result<ibv_wc>> take(int ms) { co_return co_await w[next]->wait(ra::after_ms(ms)); }
+  task<result<ibv_wc>> take(int ms) { return w[next]->wait(ra::after_ms(ms)); } // no frame of its own
   std::span<const std::byte> bytes(const ibv_wc &wc) const {
     return {mem.data() + (wc.wr_id & 0xff) * msg_max, wc.byte_len};
   }
@@ -421,6 +421,8 @@ public:
     }
     io.run();
     router_.close();
+    std::printf("client: router: %llu channel events, %llu of %llu waits suspended\n", ull(rs_.events),
+                ull(rs_.suspended), ull(rs_.waits));
     const double secs = double(end_ms_ - start_ms_) / 1000.0;
     std::printf("client: %llu requests done in %.3f s (%.1f requests/s, %d connections), %llu bytes verified, "
                 "%llu slot bytes checked after breaks, %llu timeouts (%llu asked stalls), late accesses refused "
@@ -460,7 +462,10 @@ private:
   // the io_context's last work, so run() returns).
   task<void> link_run(std::uint64_t index, std::deque<job> todo) {
     co_await link_body(index, std::move(todo));
-    if (++links_done_ == conns_) router_.close();
+    if (++links_done_ == conns_) {
+      rs_ = router_.stats();
+      router_.close();
+    }
   }
   task<void> link_body(std::uint64_t index, std::deque<job> todo) {
     auto k = std::make_unique<link>();
@@ -662,6 +667,7 @@ private:
   CompletionQueue cq_;
   ra::CompletionRouter router_;
   client_stats st_;
+  ra::router_stats rs_;
   std::uint64_t failed_ = 0, allocs_at_ = 0, steady_allocs_ = 0, steady_reqs_ = 0;
   std::int64_t start_ms_ = 0, end_ms_ = 0;
 };

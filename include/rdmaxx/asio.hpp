@@ -8,17 +8,20 @@
 ///     Connection's / Listener's fd (Connection::advance, Listener::get_request(0)), each step
 ///     bounded by conn_options::timeout_ms as in the blocking forms;
 ///   - CompletionRouter: one CompletionQueue and its CompletionChannel shared by many
-///     connections. It waits for the channel's fd, takes the event (ibv_get_cq_event), drains
-///     with the drain-after-event rule (CompletionQueue::poll_and_arm), acknowledges events in
-///     batches (ibv_ack_cq_events) and routes every completion to the Waiter registered for its
-///     wr_id; GrantPool completions go to their pool (attach()), which wakes settled();
+///     connections. A wait polls the CQ first and suspends only if its completion is not there;
+///     the CQ is armed (the drain-after-event rule: CompletionQueue::poll_and_arm) only while a
+///     wait may suspend, so completions nobody waits for raise no event. On an event the router
+///     takes it (ibv_get_cq_event), drains, acknowledges events in batches (ibv_ack_cq_events)
+///     and routes every completion to the Waiter registered for its wr_id, resuming the waiting
+///     coroutines in the same handler; GrantPool completions go to their pool (attach()), which
+///     wakes settled(). One Asio timer serves the deadlines of every suspended wait;
 ///   - Waiter: `co_await w.wait(deadline)` for the completion of one work request;
 ///   - settled(): `co_await` until a GrantLease's revocation is confirmed (lease_state::ready);
 ///   - watch(): fails every waiter of a connection with the connection's error once it
 ///     disconnects or fails.
 ///
 /// Cancellation: Boost 1.74 (Debian 12) has no per-operation cancellation slots, so every wait
-/// takes a deadline (a steady_timer): when it passes the wait returns errc::timeout and the
+/// takes a deadline (the router's timer): when it passes the wait returns errc::timeout and the
 /// caller revokes what it granted (GrantPool::revoke, then settled()). The request-grant
 /// late-access rule holds: once settled() returns, the peer's access with the old key is refused.
 ///
@@ -34,8 +37,9 @@
 /// router fails its waiters with errc::null_handle.
 ///
 /// Allocation: CompletionRouter::create allocates its core (the bucket array, the pool table);
-/// per completion nothing is allocated beyond Asio's own recycled coroutine frames and timer
-/// operations (measured in README: "On a Boost.Asio event loop").
+/// per completion nothing is allocated beyond Asio's own coroutine frames (recycled per thread,
+/// one block per kind): a suspended wait keeps its coroutine's handler in the Waiter, with no
+/// timer or operation of its own (measured in README: "On a Boost.Asio event loop").
 #pragma once
 
 #include "completion_queue.hpp"
@@ -45,6 +49,8 @@
 #include "queue_pair.hpp"
 
 #include <utility> // before Boost 1.74's awaitable.hpp, which uses std::exchange without it
+
+#include <fcntl.h>
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
@@ -62,6 +68,7 @@
 #include <new>
 #include <span>
 #include <system_error>
+#include <type_traits>
 
 #if !defined(BOOST_ASIO_HAS_CO_AWAIT)
 #error "rdmaxx/asio.hpp needs Boost.Asio with C++20 coroutines (BOOST_ASIO_HAS_CO_AWAIT)"
@@ -223,6 +230,8 @@ struct router_stats {
   std::uint64_t routed = 0;      ///< delivered to a Waiter
   std::uint64_t to_pools = 0;    ///< taken by an attached GrantPool
   std::uint64_t unclaimed = 0;   ///< no waiter, no pool: dropped (see unclaimed handler)
+  std::uint64_t waits = 0;       ///< Waiter::wait() and settled() calls
+  std::uint64_t suspended = 0;   ///< of these, the ones that found nothing by polling and suspended
 };
 
 namespace detail {
@@ -240,10 +249,14 @@ struct waiter_node {
   ibv_wc wc{};
   const GrantPool *pool = nullptr;
   const GrantLease *lease = nullptr;
-  net::steady_timer *timer = nullptr; // set while a wait is suspended
-  void wake() noexcept {
-    if (timer) timer->cancel();
-  }
+  // A suspended wait: the coroutine's handler, kept here until it is resumed (router_core).
+  enum class where : std::uint8_t { idle, suspended, ready } at = where::idle;
+  bool expired = false;
+  deadline until{};
+  waiter_node *sprev = nullptr, *snext = nullptr; // the suspended list, or the ready queue (snext)
+  void (*resume)(waiter_node &) = nullptr;        // moves the handler out and invokes it
+  void (*drop)(waiter_node &) = nullptr;          // moves the handler out and destroys it
+  alignas(std::max_align_t) unsigned char handler[128];
 };
 
 struct pool_entry {
@@ -253,6 +266,13 @@ struct pool_entry {
 
 struct router_core {
   net::posix::stream_descriptor sd;
+  net::steady_timer timer; // one for the deadlines of every suspended wait
+  bool timer_set = false;
+  deadline timer_at{};
+  std::uint64_t timer_gen = 0;
+  waiter_node *susp = nullptr;                     // suspended waits
+  waiter_node *ready_head = nullptr, *ready_tail = nullptr; // routed, failed or expired: to resume
+  bool dispatching = false, flush_posted = false;
   CompletionQueue *cq = nullptr;
   CompletionChannel *ch = nullptr;
   std::unique_ptr<waiter_node *[]> buckets; // heads, null-terminated lists
@@ -261,7 +281,9 @@ struct router_core {
   std::unique_ptr<pool_entry[]> pools;
   std::size_t max_pools = 0, n_pools = 0;
   unsigned ack_batch = 16, unacked = 0;
-  std::size_t refs = 1; // the router, every linked waiter, the pending fd wait
+  bool armed = false; // ibv_req_notify_cq since the last event: the next completion raises one
+  int fd_flags = -1; // the channel fd's flags before create() made it non-blocking
+  std::size_t refs = 1; // the router, every linked waiter, each pending handler (fd, timer, flush)
   bool open = true;
   bool waiting = false;
   std::error_code error; // a failed poll or event: every wait fails with it
@@ -269,7 +291,7 @@ struct router_core {
   void (*unclaimed)(void *, const ibv_wc &) = nullptr;
   void *unclaimed_ctx = nullptr;
 
-  explicit router_core(const net::any_io_executor &ex) : sd(ex) {}
+  explicit router_core(const net::any_io_executor &ex) : sd(ex), timer(ex) {}
 
   static void unref(router_core *c) noexcept {
     if (c && --c->refs == 0) delete c;
@@ -311,7 +333,7 @@ struct router_core {
     each([&](waiter_node &n) {
       if ((all || n.qp_num == qp_num) && !n.done && !n.failed) {
         n.failed = ec;
-        n.wake();
+        wake(n);
       }
     });
   }
@@ -319,8 +341,110 @@ struct router_core {
     for (waiter_node *n = leases; n; n = n->next)
       if (n->pool == p && !n->done && n->lease->state() == lease_state::ready) {
         n->done = true;
-        n->wake();
+        wake(*n);
       }
+  }
+
+  // ---- suspension: no timer and no post per wait ----
+  // A wait that found nothing stores its coroutine's handler in its node (suspend) and joins
+  // the suspended list; the router's one timer runs at the earliest deadline. A completion,
+  // failure or deadline moves the node to the ready queue; the router's own handlers (channel
+  // readable, timer) resume the queue inline once they are done routing, one round at a time
+  // (dispatch()); a wake from inside a coroutine (a poll before suspending that finds another
+  // waiter's completion, fail(), close()) posts one flush for the queue.
+  void unlink_susp(waiter_node &n) noexcept {
+    if (n.sprev) n.sprev->snext = n.snext;
+    else susp = n.snext;
+    if (n.snext) n.snext->sprev = n.sprev;
+    n.sprev = n.snext = nullptr;
+  }
+  void push_ready(waiter_node &n) noexcept {
+    n.at = waiter_node::where::ready;
+    n.snext = nullptr;
+    if (ready_tail) ready_tail->snext = &n;
+    else ready_head = &n;
+    ready_tail = &n;
+  }
+  void wake(waiter_node &n) noexcept {
+    if (n.at != waiter_node::where::suspended) return; // not suspended: wait() sees it itself
+    unlink_susp(n);
+    push_ready(n);
+    if (!dispatching) post_flush();
+  }
+  template <class H>
+  void suspend(waiter_node &n, H &&h) noexcept {
+    using handler = std::decay_t<H>;
+    static_assert(sizeof(handler) <= sizeof(n.handler) && alignof(handler) <= alignof(std::max_align_t));
+    ::new (static_cast<void *>(n.handler)) handler(std::move(h));
+    n.resume = [](waiter_node &x) {
+      handler *p = std::launder(reinterpret_cast<handler *>(x.handler));
+      handler local(std::move(*p));
+      p->~handler();
+      local();
+    };
+    n.drop = [](waiter_node &x) {
+      handler *p = std::launder(reinterpret_cast<handler *>(x.handler));
+      handler local(std::move(*p));
+      p->~handler();
+    };
+    if (!armed && open && !error) // (poll_now() armed it just before: this is a safety net)
+      if (auto ec = drain(true)) stop(ec);
+    if (n.done || n.failed || !open) { // nothing to wait for after all: resume soon
+      push_ready(n);
+      if (!dispatching) post_flush();
+      return;
+    }
+    n.at = waiter_node::where::suspended;
+    n.sprev = nullptr;
+    n.snext = susp;
+    if (susp) susp->sprev = &n;
+    susp = &n;
+    if (!timer_set || n.until < timer_at) arm_timer(n.until);
+  }
+  // Resume the waiters ready now, in order (each runs until it suspends again or ends). What
+  // they ready meanwhile waits for the next round, posted: the reactor and other handlers get
+  // their turn in between (two coroutines answering each other must not keep the thread).
+  void dispatch() {
+    if (dispatching) return; // the outer call's caller resumes them (or posts the next round)
+    dispatching = true;
+    struct round {
+      router_core *c;
+      waiter_node *batch;
+      ~round() {
+        if (batch) { // an exception left some unresumed: first in the next round
+          waiter_node *last = batch;
+          while (last->snext) last = last->snext;
+          last->snext = c->ready_head;
+          if (!c->ready_head) c->ready_tail = last;
+          c->ready_head = batch;
+        }
+        c->dispatching = false;
+        if (c->ready_head) c->post_flush();
+      }
+    } r{this, std::exchange(ready_head, nullptr)};
+    ready_tail = nullptr;
+    while (waiter_node *n = r.batch) {
+      r.batch = n->snext;
+      n->snext = nullptr;
+      n->at = waiter_node::where::idle;
+      n->resume(*n);
+    }
+  }
+  // The io_context was destroyed (or shut down) with waits suspended: destroy their handlers
+  // (Asio then unwinds their coroutines), nothing will resume them.
+  void orphaned() noexcept {
+    while (waiter_node *n = susp) {
+      unlink_susp(*n);
+      n->at = waiter_node::where::idle;
+      n->drop(*n);
+    }
+    while (waiter_node *n = ready_head) {
+      ready_head = n->snext;
+      if (!ready_head) ready_tail = nullptr;
+      n->snext = nullptr;
+      n->at = waiter_node::where::idle;
+      n->drop(*n);
+    }
   }
   void route(ibv_wc &wc) noexcept {
     ++stats.completions;
@@ -343,72 +467,131 @@ struct router_core {
         n->wc = wc;
         n->done = true;
         ++stats.routed;
-        n->wake();
+        wake(*n);
         return;
       }
     ++stats.unclaimed;
     if (unclaimed) unclaimed(unclaimed_ctx, wc);
   }
-  // Poll until the CQ is empty and armed (the drain-after-event rule).
-  std::error_code drain() noexcept {
+  // Poll until the CQ is empty; with `arm`, until it is empty and armed (the drain-after-event
+  // rule: CompletionQueue::poll_and_arm).
+  std::error_code drain(bool arm) noexcept {
     ibv_wc wc[16];
     for (;;) {
-      auto n = cq->poll_and_arm(wc);
+      auto n = arm ? cq->poll_and_arm(wc) : cq->poll(wc);
       if (!n) return n.error();
       for (std::size_t i = 0; i < n.value(); ++i) route(wc[i]);
-      if (n.value() < std::size(wc)) return {};
+      if (n.value() < std::size(wc)) break;
     }
+    if (arm) armed = true;
+    return {};
   }
-  // Poll without arming (the last drain left the CQ armed; polling does not disarm it): a
-  // waiter about to suspend takes a completion that is already there without a channel event.
-  void poll_now() noexcept {
-    if (!open || error) return;
-    ibv_wc wc[16];
-    for (;;) {
-      auto n = cq->poll(wc);
-      if (!n) return stop(n.error());
-      for (std::size_t i = 0; i < n.value(); ++i) route(wc[i]);
-      if (n.value() < std::size(wc)) return;
-    }
+  // A wait begins: poll; if that did not make it ready and the CQ is not armed, arm it and poll
+  // again (as CompletionQueue::wait does before it sleeps). The CQ is armed only while someone
+  // may suspend: completions that nobody waits for (a bind's, a send's) raise no event.
+  // Counts the waits and those that found nothing: they suspend.
+  template <class Ready>
+  void poll_now(Ready &&ready) noexcept {
+    ++stats.waits;
+    if (open && !error && !ready())
+      if (auto ec = drain(false)) return stop(ec);
+    if (open && !error && !ready() && !armed)
+      if (auto ec = drain(true)) return stop(ec);
+    if (!ready()) ++stats.suspended;
   }
   void stop(std::error_code ec) noexcept {
     error = ec;
     fail(0, true, ec);
   }
   // A reference held by a handler: dropped when the handler object goes, whether it ran or was
-  // destroyed unrun (an io_context stopped before the cancelled wait completed).
+  // destroyed unrun (an io_context stopped before the cancelled wait completed, or destroyed:
+  // then no suspended wait will ever be resumed, their handlers are destroyed).
   struct ref {
     router_core *c;
+    bool ran = false;
     explicit ref(router_core *p) noexcept : c(p) { ++c->refs; }
-    ref(ref &&o) noexcept : c(std::exchange(o.c, nullptr)) {}
+    ref(ref &&o) noexcept : c(std::exchange(o.c, nullptr)), ran(o.ran) {}
     ref &operator=(ref &&) = delete;
-    ~ref() { unref(c); }
+    ~ref() {
+      if (c && !ran) c->orphaned();
+      unref(c);
+    }
   };
+  void post_flush() noexcept {
+    if (flush_posted) return;
+    flush_posted = true;
+    net::post(sd.get_executor(), [this, hold = ref(this)]() mutable {
+      hold.ran = true;
+      flush_posted = false;
+      dispatch();
+    });
+  }
+  // The one timer: at the earliest deadline of the suspended waits (re-armed only when a new
+  // wait's deadline is earlier, or when it fires).
+  void arm_timer(deadline t) noexcept {
+    timer_set = true;
+    timer_at = t;
+    const std::uint64_t g = ++timer_gen;
+    timer.expires_at(t); // cancels the wait before (its handler sees operation_aborted)
+    timer.async_wait([this, g, hold = ref(this)](const boost::system::error_code &e) mutable {
+      hold.ran = true;
+      if (open && !e && g == timer_gen) on_timer();
+    });
+  }
+  void on_timer() {
+    timer_set = false;
+    const deadline now = clock::now();
+    deadline next = deadline::max();
+    for (waiter_node *n = susp, *nx; n; n = nx) {
+      nx = n->snext;
+      if (n->until <= now) {
+        n->expired = true;
+        unlink_susp(*n);
+        push_ready(*n);
+      } else if (n->until < next) {
+        next = n->until;
+      }
+    }
+    if (susp) arm_timer(next);
+    dispatch();
+  }
   // One wait for the channel's fd at a time; its handler keeps the core alive.
   void wait() noexcept {
     if (!open || waiting) return;
     waiting = true;
     sd.async_wait(net::posix::stream_descriptor::wait_read,
-                  [this, hold = ref(this)](const boost::system::error_code &e) {
+                  [this, hold = ref(this)](const boost::system::error_code &e) mutable {
+                    hold.ran = true;
                     waiting = false;
+                    dispatching = true; // wakes queue up for the dispatch() below
                     if (open && !e) on_readable();
                     else if (open && e != net::error::operation_aborted) stop(from_asio(e));
+                    dispatching = false;
+                    dispatch();
                   });
   }
+  // Route what the channel announced; the caller resumes the ready waiters (dispatch()).
   void on_readable() noexcept {
-    // The fd is non-blocking only for poll(2): take every event that is there.
-    for (;;) {
-      auto ev = ch->get_event(0);
-      if (!ev) {
-        if (ev.error() != make_error_code(errc::timeout)) return stop(ev.error());
-        break;
-      }
+    // One read: the channel serves only this CQ, armed at most once between events, so at most one
+    // event is pending (and Asio's next wait re-checks the fd's level: EPOLL_CTL_MOD). The fd is
+    // non-blocking: a spurious wake-up reads EAGAIN instead of blocking the thread.
+    ibv_cq *ev_cq = nullptr;
+    void *ev_ctx = nullptr;
+    if (::ibv_get_cq_event(ch->native_handle(), &ev_cq, &ev_ctx) == 0) {
+      armed = false; // the event disarmed it
       ++stats.events;
       if (++unacked >= ack_batch) ack();
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      return stop(last_errno());
     }
-    if (auto ec = drain()) return stop(ec);
+    // Route what is there; arm again only if a wait is still suspended (a wait that begins
+    // later arms before it suspends).
+    if (auto ec = drain(false)) return stop(ec);
+    if (susp)
+      if (auto ec = drain(true)) return stop(ec);
     wait();
   }
+
   void ack() noexcept {
     if (unacked) {
       (void)cq->ack_events(unacked);
@@ -417,6 +600,15 @@ struct router_core {
     }
   }
 };
+
+// Suspend the calling coroutine on `n` until it is routed, failed or `until` passed (its
+// handler is kept in the node: no timer and no operation of its own).
+inline auto suspend_on(router_core &c, waiter_node &n, deadline until) {
+  n.until = until;
+  n.expired = false;
+  return net::async_initiate<decltype(net::use_awaitable), void()>(
+      [&c, &n](auto h) { c.suspend(n, std::move(h)); }, net::use_awaitable);
+}
 
 } // namespace detail
 
@@ -441,13 +633,14 @@ public:
   /// close().
   ~CompletionRouter() { close(); }
 
-  /// Serve `cq` (attached to `ch`) on `ex`: registers the channel's fd with the reactor, arms
-  /// the CQ and drains it (poll_and_arm), then waits for the channel.
+  /// Serve `cq` (attached to `ch`) on `ex`: makes the channel's fd non-blocking (fcntl, undone by
+  /// close()), registers it with the reactor, drains the CQ (routing what is there), then waits
+  /// for the channel. The CQ is armed by the first wait that may suspend.
   /// \errors
   /// - errc::null_handle: `cq` or `ch` is null.
   /// - errc::invalid_argument: `cq` is not attached to `ch`, ack_batch 0 or above 1024, no bucket.
-  /// - ENOMEM when the core cannot be allocated; the errno of registering the fd (epoll_ctl);
-  ///   those of CompletionQueue::poll_and_arm.
+  /// - ENOMEM when the core cannot be allocated; the errno of fcntl or of registering the fd
+  ///   (epoll_ctl); those of CompletionQueue::poll_and_arm.
   /// \mallocs The core, its buckets and pool table (new(nothrow)); the reactor's descriptor state.
   [[nodiscard]] static result<CompletionRouter> create(const net::any_io_executor &ex, CompletionQueue &cq,
                                                        CompletionChannel &ch, router_options o = {}) noexcept {
@@ -469,10 +662,13 @@ public:
     c.ack_batch = o.ack_batch;
     c.cq = &cq;
     c.ch = &ch;
+    const int fl = ::fcntl(ch.fd(), F_GETFL);
+    if (fl < 0 || ::fcntl(ch.fd(), F_SETFL, fl | O_NONBLOCK) < 0) return last_errno();
+    c.fd_flags = fl;
     boost::system::error_code ec;
     c.sd.assign(ch.fd(), ec);
     if (ec) return from_asio(ec);
-    if (auto e = c.drain()) return e;
+    if (auto e = c.drain(false)) return e;
     c.wait();
     return r;
   }
@@ -528,7 +724,8 @@ public:
   }
 
   /// Stop: deregister the channel's fd, acknowledge every event taken, fail every waiter with
-  /// errc::null_handle. Call before the CQ and channel are destroyed. Idempotent.
+  /// errc::null_handle, give the channel's fd its flags back. Call before the CQ and channel are
+  /// destroyed. Idempotent.
   void close() noexcept {
     detail::router_core *c = std::exchange(c_, nullptr);
     if (!c) return;
@@ -536,6 +733,9 @@ public:
     boost::system::error_code ignored;
     c->sd.cancel(ignored);
     (void)c->sd.release(); // the channel owns its fd
+    c->timer.cancel();
+    c->timer_set = false;
+    if (c->fd_flags >= 0) (void)::fcntl(c->ch->fd(), F_SETFL, c->fd_flags);
     c->ack();
     c->n_pools = 0;
     c->fail(0, true, make_error_code(errc::null_handle));
@@ -578,15 +778,13 @@ public:
   /// The completion (any status: check wc.status, or wc_error()), or why none: errc::timeout at
   /// `until` (the work request is still outstanding: revoke what it was granted), the error
   /// watch() or CompletionRouter::fail() gave for the QP, or a failed channel/poll.
-  /// \mallocs Asio's coroutine frame and timer operation (recycled per thread).
+  /// Polls the CQ first (and arms it, polling again, if it was not armed): a completion that
+  /// is already there returns without suspending.
+  /// \mallocs Asio's coroutine frames (recycled per thread).
   task<result<ibv_wc>> wait(deadline until) {
-    if (!n_.done && !n_.failed) n_.core->poll_now(); // already completed: no suspension
-    if (!n_.done && !n_.failed) {
-      net::steady_timer t(co_await net::this_coro::executor, until);
-      n_.timer = &t;
-      boost::system::error_code ec;
-      co_await t.async_wait(net::redirect_error(net::use_awaitable, ec));
-      n_.timer = nullptr;
+    if (!n_.done && !n_.failed) n_.core->poll_now([this] { return n_.done || bool(n_.failed); });
+    if (!n_.done && !n_.failed) { // nothing yet: suspend until routed, failed or `until`
+      co_await detail::suspend_on(*n_.core, n_, until);
     }
     if (n_.done) co_return n_.wc;
     if (n_.failed) co_return n_.failed;
@@ -604,11 +802,11 @@ private:
 /// - errc::timeout: not confirmed by `until`.
 /// - the connection's error (watch(), CompletionRouter::fail()): the lease may stay unready:
 ///   call GrantPool::revoke_all() once the QP's completions were polled.
-/// \mallocs Asio's coroutine frame and timer operation.
+/// \mallocs Asio's coroutine frames.
 inline task<result<void>> settled(CompletionRouter &r, const GrantPool &pool, const GrantLease &lease,
                                   std::uint32_t qp_num, deadline until) {
   if (!r.c_ || !lease) co_return make_error_code(errc::null_handle);
-  r.c_->poll_now(); // a local revoke has often completed already: no suspension
+  r.c_->poll_now([&] { return lease.state() == lease_state::ready; }); // a local revoke, often
   if (lease.state() == lease_state::ready) co_return success();
   detail::waiter_node n;
   n.what = detail::waiter_node::kind::lease;
@@ -618,11 +816,7 @@ inline task<result<void>> settled(CompletionRouter &r, const GrantPool &pool, co
   n.core = r.c_;
   detail::router_core *core = r.c_;
   core->link(n);
-  net::steady_timer t(co_await net::this_coro::executor, until);
-  n.timer = &t;
-  boost::system::error_code ec;
-  co_await t.async_wait(net::redirect_error(net::use_awaitable, ec));
-  n.timer = nullptr;
+  co_await detail::suspend_on(*core, n, until);
   core->unlink(n);
   if (n.done || lease.state() == lease_state::ready) co_return success();
   if (n.failed) co_return n.failed;

@@ -18,6 +18,7 @@
 
 #include <array>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 using namespace rxe;
@@ -196,7 +197,7 @@ TEST_CASE("[asio] a request timeout while a grant is live: revoked, confirmed, t
   CHECK(kernel_resources() == before);
 }
 
-TEST_CASE("[asio] a peer killed mid-request: its waiters fail with the connection's error", "[asio]") {
+TEST_CASE("[asio] a peer killed mid-request: every waiter of it fails with the connection's error", "[asio]") {
   { auto l0 = Listener::listen(address::parse("192.0.2.1:0").value()); } // rdma_cm's first id
   const std::string before = kernel_resources();
   {
@@ -227,15 +228,16 @@ TEST_CASE("[asio] a peer killed mid-request: its waiters fail with the connectio
     auto pd = need(ProtectionDomain::alloc(ctx), "pd");
     auto ch = need(CompletionChannel::create(ctx), "channel");
     auto cq = need(CompletionQueue::create(ctx, 64, &ch), "cq");
-    static unsigned char rbuf[2 * 64];
+    static unsigned char rbuf[3 * 64];
     std::memset(rbuf, 0, sizeof rbuf);
     auto rmr = need(MemoryRegion::reg(pd, rbuf, sizeof rbuf, access::local_write), "rbuf");
 
     net::io_context io;
     auto router = need(ra::CompletionRouter::create(io.get_executor(), cq, ch), "router");
     bool first_ok = false, stop = false;
-    std::error_code second_err, watch_err;
+    std::error_code second_err, third_err, other_err, watch_err;
     std::int64_t failed_after = -1;
+    bool other_done = false; // the other QP's wait ended after this connection's had failed
     Connection conn;
     net::co_spawn(io, [&]() -> ra::task<void> {
       auto req = co_await ra::next_request(l, 10000);
@@ -245,7 +247,22 @@ TEST_CASE("[asio] a peer killed mid-request: its waiters fail with the connectio
       conn = std::move(c).value();
       need(conn.qp().post_recv(500, rmr.sge(0, 64)), "recv 0");
       need(conn.qp().post_recv(501, rmr.sge(64, 64)), "recv 1");
+      need(conn.qp().post_recv(502, rmr.sge(128, 64)), "recv 2");
       ra::Waiter r0(router, 500, conn.qp().qp_num()), r1(router, 501, conn.qp().qp_num());
+      // Two more waits suspended at the kill: one more of this connection (it fails too), one of
+      // another QP number (it must not: it times out, after the others failed).
+      net::co_spawn(io, [&]() -> ra::task<void> {
+        ra::Waiter r2(router, 502, conn.qp().qp_num());
+        auto w2 = co_await r2.wait(ra::after_ms(30000));
+        if (!w2) third_err = w2.error();
+        else if (w2.value().status != IBV_WC_SUCCESS) third_err = wc_error(w2.value());
+      }, net::detached);
+      net::co_spawn(io, [&]() -> ra::task<void> {
+        ra::Waiter other(router, 503, conn.qp().qp_num() + 1);
+        auto wo = co_await other.wait(ra::after_ms(20000));
+        other_err = wo ? std::error_code{} : wo.error();
+        other_done = failed_after >= 0;
+      }, net::detached);
       if (auto a = co_await ra::accept(conn); !a) co_return;
       net::co_spawn(io, [&]() -> ra::task<void> { watch_err = co_await ra::watch(conn, router, stop); },
                     net::detached);
@@ -268,6 +285,10 @@ TEST_CASE("[asio] a peer killed mid-request: its waiters fail with the connectio
     INFO("failed after " << failed_after << " ms: " << second_err.message());
     CHECK(first_ok);
     CHECK(second_err == std::errc::connection_reset);
+    INFO("third: " << third_err.message() << ", other QP's: " << other_err.message());
+    CHECK(third_err == std::errc::connection_reset);
+    CHECK(other_err == errc::timeout);
+    CHECK(other_done);
     CHECK(failed_after >= 0);
     CHECK(failed_after < 15000);
     CHECK(watch_err == std::errc::connection_reset);
@@ -275,6 +296,203 @@ TEST_CASE("[asio] a peer killed mid-request: its waiters fail with the connectio
     router.close();
     // Flushed receives (if any) were routed or are dropped with the CQ.
     conn = Connection{};
+  }
+  CHECK(kernel_resources() == before);
+}
+
+namespace {
+
+// The echo traffic of the next test: a 32-byte request (connection, sequence number, pattern),
+// answered by its bytes XOR 0x5A.
+constexpr std::size_t echo_len = 32;
+constexpr std::size_t echo_recvs = 4;
+constexpr std::uint32_t echo_bye = 0xFFFFFFFFu;
+std::array<std::byte, echo_len> echo_request(int conn, std::uint32_t seq) {
+  std::array<std::byte, echo_len> m{};
+  m[0] = std::byte(conn);
+  for (int i = 0; i < 4; ++i) m[std::size_t(1 + i)] = std::byte((seq >> (24 - 8 * i)) & 0xff);
+  for (std::size_t j = 5; j < echo_len; ++j) m[j] = std::byte((unsigned(conn) * 37u + seq * 11u + unsigned(j)) & 0xff);
+  return m;
+}
+std::uint32_t echo_seq(const unsigned char *p) {
+  return std::uint32_t(p[1]) << 24 | std::uint32_t(p[2]) << 16 | std::uint32_t(p[3]) << 8 | p[4];
+}
+// wr_ids: side (1 server, 2 client) << 16 | connection << 8 | receive slot.
+std::uint64_t echo_wr(int side, int conn, std::size_t slot) {
+  return std::uint64_t(side) << 16 | std::uint64_t(conn) << 8 | slot;
+}
+
+} // namespace
+
+TEST_CASE("[asio] a listener accepting while other connections run traffic, all on one thread", "[asio]") {
+  { auto l0 = Listener::listen(address::parse("192.0.2.1:0").value()); } // rdma_cm's first id
+  const std::string before = kernel_resources();
+  constexpr int early = 2, late = 4, total = early + late;
+  constexpr std::uint32_t late_requests = 20, early_min = 40;
+  {
+    auto l = need(Listener::listen(address::parse("192.0.2.1:0").value()), "listen");
+    const address to = need(l.local_address(), "local_address");
+    Context ctx = open_device();
+    auto pd = need(ProtectionDomain::alloc(ctx), "pd");
+    auto ch = need(CompletionChannel::create(ctx), "channel");
+    auto cq = need(CompletionQueue::create(ctx, 512, &ch), "cq");
+    // Receive rings: [side: 0 server, 1 client][connection][slot].
+    static unsigned char rx[2][total][echo_recvs][echo_len];
+    std::memset(rx, 0, sizeof rx);
+    auto rxmr = need(MemoryRegion::reg(pd, rx, sizeof rx, access::local_write), "rx");
+    auto sge = [&](int side, int conn, std::size_t slot) {
+      return rxmr.sge(std::uint32_t(((std::size_t(side) * total + std::size_t(conn)) * echo_recvs + slot) * echo_len),
+                      std::uint32_t(echo_len));
+    };
+    std::array<Connection, total> srv, cli;
+    const conn_options co{.pd = &pd, .send_cq = &cq, .recv_cq = &cq, .timeout_ms = 20000};
+
+    net::io_context io{1};
+    auto router = need(ra::CompletionRouter::create(io.get_executor(), cq, ch), "router");
+    std::uint64_t early_done = 0; // replies verified on the early connections
+    int late_finished = 0, finished = 0, served_bye = 0;
+    std::array<std::uint64_t, total> at_request{}, at_established{}; // early_done at those moments
+    std::array<std::uint32_t, total> verified{}, served{};
+    std::array<int, total> bad_reply{}, bad_request{};
+    std::array<std::error_code, total> srv_err{}, cli_err{};
+    std::error_code accept_err;
+
+    // The server: one coroutine per connection, echoing until the client's bye.
+    auto serve = [&](ConnectRequest req, std::uint64_t got_at) -> ra::task<void> {
+      const int k = int(req.private_data()[0]);
+      at_request[std::size_t(k)] = got_at;
+      auto c = req.prepare(co);
+      if (!c) co_return void(srv_err[std::size_t(k)] = c.error());
+      srv[std::size_t(k)] = std::move(c).value();
+      QueuePair &qp = srv[std::size_t(k)].qp();
+      std::array<std::optional<ra::Waiter>, echo_recvs> w;
+      for (std::size_t i = 0; i < echo_recvs; ++i) {
+        w[i].emplace(router, echo_wr(1, k, i), qp.qp_num());
+        need(qp.post_recv(echo_wr(1, k, i), sge(0, k, i)), "server post_recv");
+      }
+      if (auto a = co_await ra::accept(srv[std::size_t(k)]); !a) co_return void(srv_err[std::size_t(k)] = a.error());
+      at_established[std::size_t(k)] = early_done;
+      for (std::size_t next = 0;; next = (next + 1) % echo_recvs) {
+        auto r = co_await w[next]->wait(ra::after_ms(20000));
+        if (!r) co_return void(srv_err[std::size_t(k)] = r.error());
+        if (r.value().status != IBV_WC_SUCCESS) co_return void(srv_err[std::size_t(k)] = wc_error(r.value()));
+        const unsigned char *p = rx[0][k][next];
+        const std::uint32_t seq = echo_seq(p);
+        const bool bye = seq == echo_bye;
+        const auto want = echo_request(k, seq);
+        if (r.value().byte_len != echo_len || std::memcmp(p, want.data(), echo_len) != 0 ||
+            (!bye && seq != served[std::size_t(k)]))
+          ++bad_request[std::size_t(k)];
+        std::array<std::byte, echo_len> reply;
+        for (std::size_t j = 0; j < echo_len; ++j) reply[j] = std::byte(p[j] ^ 0x5A);
+        w[next]->rearm();
+        need(qp.post_recv(echo_wr(1, k, next), sge(0, k, next)), "server repost");
+        auto b = qp.start_send();
+        b.send_inline({echo_wr(1, k, 0xff), {}}, reply);
+        need(b.submit(), "server reply");
+        if (bye) {
+          ++served_bye;
+          co_return;
+        }
+        ++served[std::size_t(k)];
+      }
+    };
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      for (int i = 0; i < total; ++i) {
+        auto req = co_await ra::next_request(l, 20000);
+        if (!req) co_return void(accept_err = req.error());
+        net::co_spawn(io, serve(std::move(req).value(), early_done), net::detached);
+      }
+    }, net::detached);
+
+    // A client: connect, then requests one at a time, each reply checked; the early ones go on
+    // until every late one is done.
+    auto client_body = [&](int k) -> ra::task<void> {
+      const std::byte idx{std::uint8_t(k)};
+      conn_options o = co;
+      o.private_data = std::span(&idx, 1);
+      auto c = co_await ra::connect(to, o);
+      if (!c) co_return void(cli_err[std::size_t(k)] = c.error());
+      cli[std::size_t(k)] = std::move(c).value();
+      QueuePair &qp = cli[std::size_t(k)].qp();
+      std::array<std::optional<ra::Waiter>, echo_recvs> w;
+      for (std::size_t i = 0; i < echo_recvs; ++i) {
+        w[i].emplace(router, echo_wr(2, k, i), qp.qp_num());
+        need(qp.post_recv(echo_wr(2, k, i), sge(1, k, i)), "client post_recv");
+      }
+      std::size_t next = 0;
+      for (std::uint32_t seq = 0;; ++seq) {
+        const bool is_early = k < early;
+        const bool bye = is_early ? (late_finished == late && seq >= early_min) : seq == late_requests;
+        const std::uint32_t s = bye ? echo_bye : seq;
+        auto b = qp.start_send();
+        b.send_inline({echo_wr(2, k, 0xff), {}}, echo_request(k, s));
+        if (auto sb = b.submit(); !sb) co_return void(cli_err[std::size_t(k)] = sb.error());
+        auto r = co_await w[next]->wait(ra::after_ms(20000));
+        if (!r) co_return void(cli_err[std::size_t(k)] = r.error());
+        if (r.value().status != IBV_WC_SUCCESS) co_return void(cli_err[std::size_t(k)] = wc_error(r.value()));
+        auto want = echo_request(k, s);
+        for (auto &x : want) x ^= std::byte{0x5A};
+        if (r.value().byte_len != echo_len || std::memcmp(rx[1][k][next], want.data(), echo_len) != 0)
+          ++bad_reply[std::size_t(k)];
+        w[next]->rearm();
+        need(qp.post_recv(echo_wr(2, k, next), sge(1, k, next)), "client repost");
+        next = (next + 1) % echo_recvs;
+        if (bye) break;
+        ++verified[std::size_t(k)];
+        if (is_early) ++early_done;
+      }
+    };
+    ra::router_stats rs;
+    auto client = [&](int k) -> ra::task<void> {
+      co_await client_body(k);
+      if (k >= early) ++late_finished; // also after a failure: the early ones then stop
+      if (++finished == total) {
+        rs = router.stats();
+        router.close(); // the channel's wait was the last work
+      }
+    };
+    for (int k = 0; k < early; ++k) net::co_spawn(io, client(k), net::detached);
+    // The late connections, one after another, each once the early traffic has moved on.
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      for (int k = early; k < total; ++k) {
+        while (early_done < std::uint64_t(k - early + 1) * 8) {
+          net::steady_timer t(io, std::chrono::milliseconds(2));
+          co_await t.async_wait(net::use_awaitable);
+        }
+        net::co_spawn(io, client(k), net::detached);
+      }
+    }, net::detached);
+    io.run_for(std::chrono::seconds(120));
+    INFO("accept: " << accept_err.message());
+    CHECK(!accept_err);
+    CHECK(finished == total);
+    CHECK(served_bye == total);
+    std::uint64_t progressed = 0; // early replies verified while late connections were being accepted
+    for (int k = 0; k < total; ++k) {
+      INFO("connection " << k << ": server " << srv_err[std::size_t(k)].message() << ", client "
+                         << cli_err[std::size_t(k)].message() << "; early replies at its request "
+                         << at_request[std::size_t(k)] << ", at established " << at_established[std::size_t(k)]);
+      CHECK(!srv_err[std::size_t(k)]);
+      CHECK(!cli_err[std::size_t(k)]);
+      CHECK(bad_request[std::size_t(k)] == 0);
+      CHECK(bad_reply[std::size_t(k)] == 0);
+      CHECK(served[std::size_t(k)] == verified[std::size_t(k)]);
+      if (k >= early) {
+        CHECK(verified[std::size_t(k)] == late_requests);
+        CHECK(at_request[std::size_t(k)] >= std::uint64_t(k - early + 1) * 8); // accepted amid traffic
+        progressed += at_established[std::size_t(k)] - at_request[std::size_t(k)];
+      } else {
+        CHECK(verified[std::size_t(k)] >= early_min);
+      }
+    }
+    // The early connections' requests went on while the listener took the late ones' requests
+    // and their handshakes ran (a blocking accept would leave this at 0).
+    CHECK(progressed > 0);
+    CHECK(early_done == std::uint64_t(verified[0]) + verified[1]);
+    CHECK(rs.unclaimed == 0);
+    CHECK(rs.routed >= 2 * (early_done + late * late_requests));
+    router.close();
   }
   CHECK(kernel_resources() == before);
 }
