@@ -164,6 +164,14 @@ struct fixture {
   owner_memory mem{lb};
   std::vector<unsigned char> src = std::vector<unsigned char>(64, 0x5A);
   MemoryRegion src_mr = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "src");
+  // The peer writes `len` bytes at `addr` with `rkey`: true when refused with no byte of the
+  // owner's memory changed; both QPs are reconnected afterwards (a denial moves them to ERR).
+  bool refused(std::uint64_t addr, std::uint32_t rkey, std::uint32_t len = 64) {
+    const bool denied = is_denial(peer_write(lb, src_mr, addr, rkey, len));
+    const bool untouched = mem.untouched();
+    lb.recover();
+    return denied && untouched;
+  }
 };
 
 int fail_query(ibv_context *, const ibv_query_device_ex_input *, ibv_device_attr_ex *) {
@@ -187,13 +195,9 @@ TEMPLATE_TEST_CASE("grant contract: the key reaches exactly the granted bytes", 
   CHECK(all_equal(x.mem.data() + owner_memory::off + owner_memory::len - 64, 64, 0x5A));
   std::memset(x.mem.data() + owner_memory::off + owner_memory::len - 64, 0, 64);
   // One byte past the grant: refused, nothing written anywhere.
-  CHECK(is_denial(peer_write(x.lb, x.src_mr, d.addr + d.length - 63, d.rkey)));
-  CHECK(x.mem.untouched());
-  x.lb.recover();
+  CHECK(x.refused(d.addr + d.length - 63, d.rkey));
   // One byte before it: refused.
-  CHECK(is_denial(peer_write(x.lb, x.src_mr, d.addr - 1, d.rkey, 1)));
-  CHECK(x.mem.untouched());
-  x.lb.recover();
+  CHECK(x.refused(d.addr - 1, d.rkey, 1));
   revoke_confirmed(f, x.lb, 12);
 }
 
@@ -234,9 +238,7 @@ TEMPLATE_TEST_CASE("grant contract: only the operation's own completion confirms
     f.post_revoke(22); // synchronous (the window is deallocated)
     CHECK(f.idle());
   }
-  CHECK(is_denial(peer_write(x.lb, x.src_mr, d.addr, d.rkey)));
-  CHECK(x.mem.untouched());
-  x.lb.recover();
+  CHECK(x.refused(d.addr, d.rkey));
 }
 
 TEMPLATE_TEST_CASE("grant contract: a dropped post and a flushed bind roll back; the key they "
@@ -250,9 +252,7 @@ TEMPLATE_TEST_CASE("grant contract: a dropped post and a flushed bind roll back;
     dropped = f.grant(b, 31);
   } // dropped: nothing was posted, the batch rolls the grant back
   CHECK(f.idle());
-  CHECK(is_denial(peer_write(x.lb, x.src_mr, dropped.addr, dropped.rkey)));
-  CHECK(x.mem.untouched());
-  x.lb.recover();
+  CHECK(x.refused(dropped.addr, dropped.rkey));
 
   // A bind that fails: the owner's QP is in ERR, so the bind is flushed.
   need(x.lb.b.to_error(), "owner QP to ERR");
@@ -266,9 +266,7 @@ TEMPLATE_TEST_CASE("grant contract: a dropped post and a flushed bind roll back;
   CHECK(f.idle());
   CHECK_FALSE(f.confirmed());
   x.lb.recover();
-  CHECK(is_denial(peer_write(x.lb, x.src_mr, flushed.addr, flushed.rkey)));
-  CHECK(x.mem.untouched());
-  x.lb.recover();
+  CHECK(x.refused(flushed.addr, flushed.rkey));
 
   // The form grants again, and the new key works.
   const remote_descriptor d = grant_confirmed(f, x.lb, 33);
@@ -293,9 +291,7 @@ TEMPLATE_TEST_CASE("grant contract: 300 reuse cycles hand out no key twice; gran
     if (i == 0) first = d;
     if (i == 128 || i == 256 || i == 299) {
       ++attempts;
-      if (is_denial(peer_write(x.lb, x.src_mr, first.addr, first.rkey))) ++refused;
-      CHECK(x.mem.untouched());
-      x.lb.recover();
+      if (x.refused(first.addr, first.rkey)) ++refused;
       REQUIRE(peer_write(x.lb, x.src_mr, d.addr, d.rkey) == IBV_WC_SUCCESS); // the current one works
       std::memset(x.mem.data() + owner_memory::off, 0, 64);
     }
@@ -304,9 +300,7 @@ TEMPLATE_TEST_CASE("grant contract: 300 reuse cycles hand out no key twice; gran
   CHECK(keys.size() == 300);
   CHECK(refused == attempts);
   // And the last key, revoked: refused.
-  CHECK(is_denial(peer_write(x.lb, x.src_mr, last.addr, last.rkey)));
-  CHECK(x.mem.untouched());
-  x.lb.recover();
+  CHECK(x.refused(last.addr, last.rkey));
 }
 
 TEMPLATE_TEST_CASE("grant contract: a failed device query fails closed (FAULT INJECTION: "

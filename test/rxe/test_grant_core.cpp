@@ -213,16 +213,30 @@ TEST_CASE("a software IndirectKey hands out its descriptor only once its binds' 
   lb.recover();
 }
 
+namespace {
+// Two zeroed 4 KiB slots in a pool on the loopback's PD; slot `l` granted for remote writes
+// (descriptor `d`), the grant posted.
+struct granted_pool {
+  loopback lb;
+  MemoryRegion buf = need(MemoryRegion::allocate(lb.pd, 8192, access::local_write), "buffers");
+  GrantPool pool = [this] {
+    std::memset(buf.address(), 0, 8192);
+    return need(GrantPool::create(lb.pd, buf, {.slot_size = 4096}), "pool");
+  }();
+  GrantLease l = need(pool.acquire(), "acquire");
+  remote_descriptor d = [this] {
+    auto b = lb.b.start_send();
+    auto r = need(pool.grant(b, lb.b, l, access::remote_write), "grant");
+    need(b.submit(), "submit");
+    return r;
+  }();
+};
+} // namespace
+
 TEST_CASE("GrantPool::revoke on a QP in ERR is refused (it would be flushed and rolled back); "
           "revoke_all kills the key", "[grant-core][grants]") {
-  loopback lb;
-  auto buf = need(MemoryRegion::allocate(lb.pd, 8192, access::local_write), "buffers");
-  std::memset(buf.address(), 0, 8192);
-  auto pool = need(GrantPool::create(lb.pd, buf, {.slot_size = 4096}), "pool");
-  auto l = need(pool.acquire(), "acquire");
-  auto b = lb.b.start_send();
-  auto d = need(pool.grant(b, lb.b, l, access::remote_write), "grant");
-  need(b.submit(), "submit");
+  granted_pool g;
+  auto &[lb, buf, pool, l, d] = g;
   need(lb.b.to_error(), "owner QP to ERR (as a disconnect does)");
   auto r = pool.revoke(lb.b, l);
   REQUIRE_FALSE(r);
@@ -377,14 +391,8 @@ TEST_CASE("a software IndirectKey reuses the exact regions of unchanged segments
 
 TEST_CASE("GrantPool::destroy, the checked destruction: every key dead when it returns, the pool "
           "null, its leases inert", "[grant-core][grants]") {
-  loopback lb;
-  auto buf = need(MemoryRegion::allocate(lb.pd, 8192, access::local_write), "buffers");
-  std::memset(buf.address(), 0, 8192);
-  auto pool = need(GrantPool::create(lb.pd, buf, {.slot_size = 4096}), "pool");
-  auto l = need(pool.acquire(), "acquire");
-  auto b = lb.b.start_send();
-  auto d = need(pool.grant(b, lb.b, l, access::remote_write), "grant");
-  need(b.submit(), "submit");
+  granted_pool g;
+  auto &[lb, buf, pool, l, d] = g;
   std::vector<unsigned char> src(64, 0x21);
   auto src_mr = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "src");
   REQUIRE(lb.write(src_mr.sge(0, 64), d.at(0)) == IBV_WC_SUCCESS); // live while granted
