@@ -12,7 +12,7 @@
 ///     the CQ is armed (the drain-after-event rule: CompletionQueue::poll_and_arm) only while a
 ///     wait may suspend, so completions nobody waits for raise no event. On an event the router
 ///     takes it (ibv_get_cq_event), drains, acknowledges events in batches (ibv_ack_cq_events)
-///     and routes every completion to the Waiter registered for its wr_id, resuming the waiting
+///     and routes every completion to the Waiter registered for its QP and wr_id, resuming the waiting
 ///     coroutines in the same handler; GrantPool completions go to their pool (attach()), which
 ///     wakes settled(). One Asio timer serves the deadlines of every suspended wait;
 ///   - Waiter: `co_await w.wait(deadline)` for the completion of one work request;
@@ -462,8 +462,10 @@ struct router_core {
         if (e.pool->stats().remote_invalidations != inv) check_leases(e.pool);
       }
     }
+    // The QP number too: after a reconnect the old QP's flushed completions carry the wr_ids
+    // the new QP's waiters registered (one CQ for many connections), and must not wake them.
     for (waiter_node *n = head(wc.wr_id); n; n = n->next)
-      if (n->wr_id == wc.wr_id && !n->done) {
+      if (n->wr_id == wc.wr_id && n->qp_num == wc.qp_num && !n->done) {
         n->wc = wc;
         n->done = true;
         ++stats.routed;
@@ -615,7 +617,7 @@ inline auto suspend_on(router_core &c, waiter_node &n, deadline until) {
 class Waiter;
 
 /// One CompletionQueue with its CompletionChannel, served on an io_context: completions routed
-/// by wr_id to Waiters, GrantPool completions to their pools. Move-only, null after move.
+/// by QP and wr_id to Waiters, GrantPool completions to their pools. Move-only, null after move.
 /// The CQ must be attached to the channel, and the channel serve only this CQ.
 class CompletionRouter {
 public:
@@ -752,10 +754,13 @@ private:
 /// The completion of one work request (by wr_id) on a router's CQ. Registered from
 /// construction to destruction (construct it before posting: a completion that arrives before
 /// wait() is kept). Not movable: it is linked into the router's table (keep it in the
-/// coroutine's frame or in a fixed array). At most one waiter per wr_id at a time.
+/// coroutine's frame or in a fixed array). At most one waiter per (QP, wr_id) at a time; a
+/// completion of another QP with the same wr_id (an old QP's flush after a reconnect) does not
+/// wake it and counts as unclaimed.
 class Waiter {
 public:
-  /// Register for `wr_id` of QP `qp_num` (the QP number lets watch() fail it on a disconnect).
+  /// Register for `wr_id` of QP `qp_num`: only that QP's completion with that wr_id wakes it,
+  /// and watch() fails it on that QP's disconnect.
   Waiter(CompletionRouter &r, std::uint64_t wr_id, std::uint32_t qp_num) noexcept {
     n_.wr_id = wr_id;
     n_.qp_num = qp_num;

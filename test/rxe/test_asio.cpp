@@ -123,6 +123,68 @@ TEST_CASE("[asio] 64 waiters on one CQ and channel, 4 QPs, completions in anothe
   CHECK(kernel_resources() == before);
 }
 
+// One CQ for many connections: wr_ids repeat across QPs (example 07 numbers them per connection,
+// and a reconnected connection reuses them while the old QP's flushes may still arrive). A
+// completion wakes only the waiter of its own QP.
+TEST_CASE("[asio] the same wr_id on two QPs of one CQ: each completion wakes its own QP's waiter only", "[asio]") {
+  const std::string before = kernel_resources();
+  {
+    device_pd d;
+    auto ch = need(CompletionChannel::create(d.ctx), "channel");
+    auto cq = need(CompletionQueue::create(d.ctx, 64, &ch), "cq");
+    auto cq_b = need(CompletionQueue::create(d.ctx, 64), "cq b");
+    QueuePair a0 = need(QueuePair::create(d.pd, cq, cq), "qp a0");
+    QueuePair a1 = need(QueuePair::create(d.pd, cq, cq), "qp a1");
+    QueuePair b0 = need(QueuePair::create(d.pd, cq_b, cq_b), "qp b0");
+    QueuePair b1 = need(QueuePair::create(d.pd, cq_b, cq_b), "qp b1");
+    need(connect_loopback(a0, b0), "connect 0");
+    need(connect_loopback(a1, b1), "connect 1");
+    static unsigned char src[2 * chunk], dst[2 * chunk];
+    fill(src, sizeof src, 9);
+    std::memset(dst, 0, sizeof dst);
+    auto smr = need(MemoryRegion::reg(d.pd, src, sizeof src, access::local_write), "src");
+    auto dmr = need(MemoryRegion::reg(d.pd, dst, sizeof dst, remote_rw), "dst");
+    constexpr std::uint64_t id = 77;
+
+    net::io_context io;
+    auto router = need(ra::CompletionRouter::create(io.get_executor(), cq, ch), "router");
+    std::optional<ibv_wc> got;
+    bool early = false; // woken by a0's completion before a1 posted anything
+    bool a1_posted = false;
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      ra::Waiter w(router, id, a1.qp_num());
+      auto r = co_await w.wait(ra::after_ms(20000));
+      if (!a1_posted) early = true;
+      if (r) got = r.value();
+    }, net::detached);
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      // a0's write with the same wr_id: its completion must not wake a1's waiter.
+      auto bt = a0.start_send();
+      bt.write({id, send_flag::signaled}, {dmr.iova(), dmr.rkey()}, smr.sge(0, std::uint32_t(chunk)));
+      need(bt.submit(), "write a0");
+      while (router.stats().completions < 1) co_await net::post(io, net::use_awaitable);
+      for (int i = 0; i < 20; ++i) co_await net::post(io, net::use_awaitable); // give it a chance to misroute
+      a1_posted = true;
+      auto bt1 = a1.start_send();
+      bt1.write({id, send_flag::signaled}, {dmr.iova() + chunk, dmr.rkey()},
+                smr.sge(std::uint32_t(chunk), std::uint32_t(chunk)));
+      need(bt1.submit(), "write a1");
+    }, net::detached);
+    io.run_for(std::chrono::seconds(30));
+    CHECK_FALSE(early);
+    REQUIRE(got.has_value());
+    CHECK(got->qp_num == a1.qp_num());
+    CHECK(got->wr_id == id);
+    CHECK(got->status == IBV_WC_SUCCESS);
+    CHECK(std::memcmp(dst, src, 2 * chunk) == 0); // both writes landed
+    CHECK(router.stats().completions == 2);
+    CHECK(router.stats().routed == 1);
+    CHECK(router.stats().unclaimed == 1); // a0's: nobody waited for it on a0
+    router.close();
+  }
+  CHECK(kernel_resources() == before);
+}
+
 TEST_CASE("[asio] a request timeout while a grant is live: revoked, confirmed, the late write refused", "[asio]") {
   const std::string before = kernel_resources();
   {
