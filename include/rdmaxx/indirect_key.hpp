@@ -185,12 +185,12 @@ struct ikey_state {
 };
 
 /// The mlx5 verbs IndirectKey::create calls to choose and make its backend (the contract tests
-/// of test/unit/test_mlx5_contract.cpp hand stand-ins).
+/// of test/unit/test_mlx5_contract.cpp hand stand-ins to IndirectKey::create_with).
 struct ikey_mlx5_verbs {
 #if RDMAXX_HAVE_MLX5
-  bool (*is_mlx5)(ibv_device *) = &::mlx5dv_is_supported;                 ///< mlx5dv_is_supported
-  mlx5::devx_cmd_verb devx_cmd = &::mlx5dv_devx_general_cmd;              ///< QUERY_HCA_CAP
-  mlx5::create_mkey_verb create_mkey = &::mlx5dv_create_mkey;              ///< the indirect mkey
+  bool (*is_mlx5)(ibv_device *) = &::mlx5dv_is_supported;    ///< mlx5dv_is_supported
+  mlx5::devx_cmd_verb devx_cmd = &::mlx5dv_devx_general_cmd; ///< QUERY_HCA_CAP (query_umr_atomic)
+  mlx5::create_mkey_verb create_mkey = &::mlx5dv_create_mkey; ///< the indirect mkey (create_mkey)
 #endif
 };
 } // namespace detail
@@ -232,7 +232,106 @@ public:
   /// mlx5dv_create_mkey allocates inside the provider.
   [[nodiscard]] static result<IndirectKey> create(const ProtectionDomain &pd, std::uint32_t max_entries,
                                                   ikey_options o = {}) noexcept {
-    return create_with(pd, max_entries, o, detail::ikey_mlx5_verbs{});
+    return create_with(pd, max_entries, o, {});
+  }
+  /// create() through the given mlx5 verbs (mlx5dv_is_supported, mlx5dv_devx_general_cmd,
+  /// mlx5dv_create_mkey): the seam the contract tests use with stand-ins. Every query that
+  /// decides the backend or the grant mechanism fails closed: a failed QUERY_HCA_CAP chooses no
+  /// mlx5 backend, a failed ibv_query_device_ex makes no software key (never a guessed type-2
+  /// fallback).
+  /// \errors As create().
+  /// \mallocs As create().
+  [[nodiscard]] static result<IndirectKey> create_with(const ProtectionDomain &pd, std::uint32_t max_entries,
+                                                       ikey_options o,
+                                                       [[maybe_unused]] const detail::ikey_mlx5_verbs &v) noexcept {
+    if (!pd) return make_error_code(errc::null_handle);
+    if (max_entries == 0) return make_error_code(errc::zero_length);
+    if (max_entries > 0xffff || o.max_segments > ikey_descriptor::max_segments)
+      return make_error_code(errc::out_of_range);
+    auto *st = new (std::nothrow) detail::ikey_state;
+    if (!st) return std::make_error_code(std::errc::not_enough_memory);
+    st->pd = pd.native_handle();
+    st->max_entries = max_entries;
+    bool want_mlx5 = o.backend == umr_backend::mlx5;
+    if (o.backend == umr_backend::none && !detail::umr_forced_software()) {
+#if RDMAXX_HAVE_MLX5
+      want_mlx5 = v.is_mlx5(pd.context()->device);
+#endif
+    }
+    if (want_mlx5) {
+#if RDMAXX_HAVE_MLX5
+      if (max_entries > mlx5::max_mkey_entries) {
+        delete st;
+        return make_error_code(errc::out_of_range);
+      }
+      // A device that cannot modify an mkey's atomic right through a UMR fails every configure
+      // of rdma-core 44 (the setter always sets that bit): the software backend, or refused. A
+      // failed query is no answer: no mlx5 backend either (automatic: software, whose own
+      // device query decides; forced: the command's errno).
+      int qerr = 0;
+      const mlx5::umr_atomic at = mlx5::query_umr_atomic(pd.context(), v.devx_cmd, &qerr);
+      if (at != mlx5::umr_atomic::allowed) {
+        if (o.backend == umr_backend::mlx5) {
+          delete st;
+          if (at == mlx5::umr_atomic::disabled) return make_error_code(errc::unsupported);
+          return errno_code(qerr);
+        }
+        want_mlx5 = false;
+      }
+#endif
+    }
+    if (want_mlx5) {
+#if RDMAXX_HAVE_MLX5
+      // One entry more than asked: `max_entries` repeat entries are promised (mkey_entries_for).
+      auto k = mlx5::create_mkey(st->pd, mlx5::mkey_entries_for(max_entries), o.remote_invalidate,
+                                 v.create_mkey);
+      if (k) {
+        // The key's child counter: an outer key nesting this one, while configured, counts here.
+        detail::parent_node *node = detail::new_parent_node();
+        if (!node) {
+          (void)::mlx5dv_destroy_mkey(k.value().mkey);
+          delete st;
+          return std::make_error_code(std::errc::not_enough_memory);
+        }
+        st->backend = umr_backend::mlx5;
+        st->mkey = k.value().mkey;
+        mlx5::init_key(st->mk, k.value().mkey, k.value().update_tag);
+        st->max_entries = k.value().max_entries;
+        return IndirectKey(st, pd, node);
+      }
+      if (o.backend == umr_backend::mlx5) {
+        delete st;
+        return k.error();
+      }
+      // automatic: no DEVX context or no UMR here: fall back to software
+#else
+      delete st;
+      return make_error_code(errc::unsupported);
+#endif
+    }
+    st->backend = umr_backend::software;
+    std::uint32_t segs = o.max_segments;
+    if (segs == 0) {
+      segs = max_entries * 8 < 64 ? 64 : max_entries * 8;
+      if (segs > ikey_descriptor::max_segments) segs = ikey_descriptor::max_segments;
+    }
+    st->max_segments = segs;
+    st->segs = new (std::nothrow) key_segment[segs];
+    st->slots = new (std::nothrow) detail::grant_slot[segs];
+    st->links = new (std::nothrow) detail::child_link[segs];
+    // A failed device query fails closed: no key rather than a guess at the mechanism.
+    auto g = detail::grant_for(pd.context(), {o.trusted_peers, o.type2, o.caps});
+    if (!g) {
+      delete st;
+      return g.error();
+    }
+    st->grant = g.value().mechanism;
+    st->grant_unsafe = g.value().unsafe;
+    if (!st->segs || !st->slots || !st->links) {
+      delete st;
+      return std::make_error_code(std::errc::not_enough_memory);
+    }
+    return IndirectKey(st, pd);
   }
 
   // ---- accessors ----
@@ -698,102 +797,6 @@ public:
   }
 
 private:
-  // create() with the mlx5 verbs it calls (the contract tests hand stand-ins, see
-  // detail::ikey_mlx5_verbs). Every query that decides the backend or the grant mechanism fails
-  // closed: a failed QUERY_HCA_CAP chooses no mlx5 backend, a failed ibv_query_device_ex no
-  // software key (never a guessed type-2 fallback).
-  [[nodiscard]] static result<IndirectKey> create_with(const ProtectionDomain &pd, std::uint32_t max_entries,
-                                                       ikey_options o,
-                                                       [[maybe_unused]] const detail::ikey_mlx5_verbs &v) noexcept {
-    if (!pd) return make_error_code(errc::null_handle);
-    if (max_entries == 0) return make_error_code(errc::zero_length);
-    if (max_entries > 0xffff || o.max_segments > ikey_descriptor::max_segments)
-      return make_error_code(errc::out_of_range);
-    auto *st = new (std::nothrow) detail::ikey_state;
-    if (!st) return std::make_error_code(std::errc::not_enough_memory);
-    st->pd = pd.native_handle();
-    st->max_entries = max_entries;
-    bool want_mlx5 = o.backend == umr_backend::mlx5;
-    if (o.backend == umr_backend::none && !detail::umr_forced_software()) {
-#if RDMAXX_HAVE_MLX5
-      want_mlx5 = v.is_mlx5(pd.context()->device);
-#endif
-    }
-    if (want_mlx5) {
-#if RDMAXX_HAVE_MLX5
-      if (max_entries > mlx5::max_mkey_entries) {
-        delete st;
-        return make_error_code(errc::out_of_range);
-      }
-      // A device that cannot modify an mkey's atomic right through a UMR fails every configure
-      // of rdma-core 44 (the setter always sets that bit): the software backend, or refused. A
-      // failed query is no answer: no mlx5 backend either (automatic: software, whose own
-      // device query decides; forced: the command's errno).
-      int qerr = 0;
-      const mlx5::umr_atomic at = mlx5::query_umr_atomic(pd.context(), v.devx_cmd, &qerr);
-      if (at != mlx5::umr_atomic::allowed) {
-        if (o.backend == umr_backend::mlx5) {
-          delete st;
-          if (at == mlx5::umr_atomic::disabled) return make_error_code(errc::unsupported);
-          return errno_code(qerr);
-        }
-        want_mlx5 = false;
-      }
-#endif
-    }
-    if (want_mlx5) {
-#if RDMAXX_HAVE_MLX5
-      // One entry more than asked: `max_entries` repeat entries are promised (mkey_entries_for).
-      auto k = mlx5::create_mkey(st->pd, mlx5::mkey_entries_for(max_entries), o.remote_invalidate,
-                                 v.create_mkey);
-      if (k) {
-        // The key's child counter: an outer key nesting this one, while configured, counts here.
-        detail::parent_node *node = detail::new_parent_node();
-        if (!node) {
-          (void)::mlx5dv_destroy_mkey(k.value().mkey);
-          delete st;
-          return std::make_error_code(std::errc::not_enough_memory);
-        }
-        st->backend = umr_backend::mlx5;
-        st->mkey = k.value().mkey;
-        mlx5::init_key(st->mk, k.value().mkey, k.value().update_tag);
-        st->max_entries = k.value().max_entries;
-        return IndirectKey(st, pd, node);
-      }
-      if (o.backend == umr_backend::mlx5) {
-        delete st;
-        return k.error();
-      }
-      // automatic: no DEVX context or no UMR here: fall back to software
-#else
-      delete st;
-      return make_error_code(errc::unsupported);
-#endif
-    }
-    st->backend = umr_backend::software;
-    std::uint32_t segs = o.max_segments;
-    if (segs == 0) {
-      segs = max_entries * 8 < 64 ? 64 : max_entries * 8;
-      if (segs > ikey_descriptor::max_segments) segs = ikey_descriptor::max_segments;
-    }
-    st->max_segments = segs;
-    st->segs = new (std::nothrow) key_segment[segs];
-    st->slots = new (std::nothrow) detail::grant_slot[segs];
-    st->links = new (std::nothrow) detail::child_link[segs];
-    // A failed device query fails closed: no key rather than a guess at the mechanism.
-    auto g = detail::grant_for(pd.context(), {o.trusted_peers, o.type2, o.caps});
-    if (!g) {
-      delete st;
-      return g.error();
-    }
-    st->grant = g.value().mechanism;
-    st->grant_unsafe = g.value().unsafe;
-    if (!st->segs || !st->slots || !st->links) {
-      delete st;
-      return std::make_error_code(std::errc::not_enough_memory);
-    }
-    return IndirectKey(st, pd);
-  }
   struct traits {
     using native = detail::ikey_state;
     static constexpr const char *object = "IndirectKey";
