@@ -103,6 +103,9 @@ enum class umr_reason : std::uint8_t {
   /// for a context without DEVX, or no UMR).
   mkey_creation_failed,
   no_devx,                    ///< not probed (probe_options::mlx5_umr false), and not opened with DEVX
+  /// DEVX QUERY_HCA_CAP failed (Capabilities::umr_errno: its errno): umr_modify_atomic_disabled
+  /// is unknown, and a failed device query fails closed (no mlx5 backend).
+  hca_query_failed,
 };
 
 /// One sentence for `r` (static storage).
@@ -116,6 +119,8 @@ enum class umr_reason : std::uint8_t {
     return "the device reports umr_modify_atomic_disabled: rdma-core 44 would fail every mkey configure";
   case umr_reason::mkey_creation_failed: return "mlx5dv_create_mkey failed (no DEVX context, or no UMR)";
   case umr_reason::no_devx: return "not probed, and the context was opened without DEVX";
+  case umr_reason::hca_query_failed:
+    return "DEVX QUERY_HCA_CAP failed: umr_modify_atomic_disabled unknown (fails closed)";
   }
   return "unknown";
 }
@@ -238,7 +243,8 @@ struct Capabilities {
   umr_backend umr = umr_backend::none;
   /// Why `umr` is, or is not, mlx5 (umr_reason_text() in words).
   umr_reason umr_why = umr_reason::no_mlx5_build;
-  /// With umr_reason::mkey_creation_failed: the errno of the probe's mlx5dv_create_mkey; else 0.
+  /// With umr_reason::mkey_creation_failed: the errno of the probe's mlx5dv_create_mkey; with
+  /// umr_reason::hca_query_failed: the errno of its QUERY_HCA_CAP; else 0.
   int umr_errno = 0;
   /// Whether accesses through a window's rkey are confined to the window (rxe: no, only the MR's
   /// bounds are checked). Only probe_window_bounds() (probe.hpp) sets it.
@@ -639,8 +645,11 @@ private:
       c.mlx5_devx = p.outcome == mlx5::umr_probe::ok;
       c.umr_why = p.outcome == mlx5::umr_probe::ok                ? umr_reason::chosen
                   : p.outcome == mlx5::umr_probe::atomic_disabled ? umr_reason::umr_modify_atomic_disabled
+                  : p.outcome == mlx5::umr_probe::query_failed    ? umr_reason::hca_query_failed
                                                                   : umr_reason::mkey_creation_failed;
-      c.umr_errno = p.outcome == mlx5::umr_probe::mkey_failed ? p.err : 0;
+      c.umr_errno = p.outcome == mlx5::umr_probe::mkey_failed || p.outcome == mlx5::umr_probe::query_failed
+                        ? p.err
+                        : 0;
     }
 #endif
     ::ibv_dealloc_pd(pd);

@@ -26,7 +26,8 @@
 ///     holds an exact region it counts as a child of the underlying MemoryRegion: dereg() of
 ///     that answers errc::busy (release_regions() first; a destructor defers the deregistration
 ///     instead). There is no single lkey/rkey (both are 0).
-/// The backend is chosen at creation: mlx5 where mlx5dv_is_supported and an mkey can be created,
+/// The backend is chosen at creation: mlx5 where mlx5dv_is_supported, DEVX QUERY_HCA_CAP answers
+/// (a failed query fails closed), the device allows UMR atomics and an mkey can be created,
 /// software otherwise; forced to software by ikey_options::backend or RDMAXX_UMR=software.
 /// Configure keys through a QP from create_indirect_key_qp() (mlx5::create_umr_qp on mlx5): on
 /// mlx5 an ordinary QP lacks the builders and configure() refuses it (errc::not_umr_qp).
@@ -182,6 +183,16 @@ struct ikey_state {
     delete[] links;
   }
 };
+
+/// The mlx5 verbs IndirectKey::create calls to choose and make its backend (the contract tests
+/// of test/unit/test_mlx5_contract.cpp hand stand-ins to IndirectKey::create_with).
+struct ikey_mlx5_verbs {
+#if RDMAXX_HAVE_MLX5
+  bool (*is_mlx5)(ibv_device *) = &::mlx5dv_is_supported;    ///< mlx5dv_is_supported
+  mlx5::devx_cmd_verb devx_cmd = &::mlx5dv_devx_general_cmd; ///< QUERY_HCA_CAP (query_umr_atomic)
+  mlx5::create_mkey_verb create_mkey = &::mlx5dv_create_mkey; ///< the indirect mkey (create_mkey)
+#endif
+};
 } // namespace detail
 
 /// An indirect key (user-mode memory registration): one zero-based address space over several
@@ -210,6 +221,8 @@ public:
   /// - errc::unsupported: backend mlx5 forced on a device or build without it, or on a device
   ///   reporting umr_modify_atomic_disabled (mlx5::query_umr_atomic; chosen automatically, such
   ///   a device gets the software backend).
+  /// - mlx5 forced: the errno of DEVX QUERY_HCA_CAP when it fails (a failed query fails closed;
+  ///   chosen automatically, such a device gets the software backend, whose own query decides).
   /// - the errno of mlx5dv_create_mkey when mlx5 is forced.
   /// - software: the errno of ibv_query_device_ex (the grant mechanism is chosen from it; no key
   ///   rather than a guess; not called when o.caps is given); errc::context_mismatch: o.caps of
@@ -219,6 +232,18 @@ public:
   /// mlx5dv_create_mkey allocates inside the provider.
   [[nodiscard]] static result<IndirectKey> create(const ProtectionDomain &pd, std::uint32_t max_entries,
                                                   ikey_options o = {}) noexcept {
+    return create_with(pd, max_entries, o, {});
+  }
+  /// create() through the given mlx5 verbs (mlx5dv_is_supported, mlx5dv_devx_general_cmd,
+  /// mlx5dv_create_mkey): the seam the contract tests use with stand-ins. Every query that
+  /// decides the backend or the grant mechanism fails closed: a failed QUERY_HCA_CAP chooses no
+  /// mlx5 backend, a failed ibv_query_device_ex makes no software key (never a guessed type-2
+  /// fallback).
+  /// \errors As create().
+  /// \mallocs As create().
+  [[nodiscard]] static result<IndirectKey> create_with(const ProtectionDomain &pd, std::uint32_t max_entries,
+                                                       ikey_options o,
+                                                       [[maybe_unused]] const detail::ikey_mlx5_verbs &v) noexcept {
     if (!pd) return make_error_code(errc::null_handle);
     if (max_entries == 0) return make_error_code(errc::zero_length);
     if (max_entries > 0xffff || o.max_segments > ikey_descriptor::max_segments)
@@ -230,7 +255,7 @@ public:
     bool want_mlx5 = o.backend == umr_backend::mlx5;
     if (o.backend == umr_backend::none && !detail::umr_forced_software()) {
 #if RDMAXX_HAVE_MLX5
-      want_mlx5 = ::mlx5dv_is_supported(pd.context()->device);
+      want_mlx5 = v.is_mlx5(pd.context()->device);
 #endif
     }
     if (want_mlx5) {
@@ -240,11 +265,16 @@ public:
         return make_error_code(errc::out_of_range);
       }
       // A device that cannot modify an mkey's atomic right through a UMR fails every configure
-      // of rdma-core 44 (the setter always sets that bit): the software backend, or refused.
-      if (mlx5::query_umr_atomic(pd.context()) == mlx5::umr_atomic::disabled) {
+      // of rdma-core 44 (the setter always sets that bit): the software backend, or refused. A
+      // failed query is no answer: no mlx5 backend either (automatic: software, whose own
+      // device query decides; forced: the command's errno).
+      int qerr = 0;
+      const mlx5::umr_atomic at = mlx5::query_umr_atomic(pd.context(), v.devx_cmd, &qerr);
+      if (at != mlx5::umr_atomic::allowed) {
         if (o.backend == umr_backend::mlx5) {
           delete st;
-          return make_error_code(errc::unsupported);
+          if (at == mlx5::umr_atomic::disabled) return make_error_code(errc::unsupported);
+          return errno_code(qerr);
         }
         want_mlx5 = false;
       }
@@ -253,7 +283,8 @@ public:
     if (want_mlx5) {
 #if RDMAXX_HAVE_MLX5
       // One entry more than asked: `max_entries` repeat entries are promised (mkey_entries_for).
-      auto k = mlx5::create_mkey(st->pd, mlx5::mkey_entries_for(max_entries), o.remote_invalidate);
+      auto k = mlx5::create_mkey(st->pd, mlx5::mkey_entries_for(max_entries), o.remote_invalidate,
+                                 v.create_mkey);
       if (k) {
         // The key's child counter: an outer key nesting this one, while configured, counts here.
         detail::parent_node *node = detail::new_parent_node();

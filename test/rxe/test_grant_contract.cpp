@@ -11,7 +11,9 @@
 //     handed out twice;
 //   - a failed device query fails closed (FAULT INJECTION: rxe's query cannot fail);
 //   - type 2 is refused on rxe without the acknowledgement (trusted peers are not enough).
-// The mlx5 key follows the same contract device-free (test/unit/test_mlx5_contract.cpp).
+// The properties and the adapter concept are shared with the mlx5 key's device-free suite
+// (test/grant_contract.hpp, test/unit/test_mlx5_contract.cpp).
+#include "../grant_contract.hpp"
 #include "fixture.hpp"
 
 #include <rdmaxx/rdmaxx.hpp>
@@ -181,8 +183,10 @@ int fail_query(ibv_context *, const ibv_query_device_ex_input *, ibv_device_attr
 } // namespace
 
 #define GRANT_FORMS strict_form, lease_form, ikey_form
+static_assert(grant_contract::grant_form<strict_form> && grant_contract::grant_form<lease_form> &&
+              grant_contract::grant_form<ikey_form>);
 
-TEMPLATE_TEST_CASE("grant contract: the key reaches exactly the granted bytes", "[grant-contract]",
+TEMPLATE_TEST_CASE(GRANT_CONTRACT_EXACT_BYTES, "[grant-contract]",
                    GRANT_FORMS) {
   fixture x;
   TestType f(x.lb, x.mem);
@@ -201,8 +205,7 @@ TEMPLATE_TEST_CASE("grant contract: the key reaches exactly the granted bytes", 
   revoke_confirmed(f, x.lb, 12);
 }
 
-TEMPLATE_TEST_CASE("grant contract: only the operation's own completion confirms it",
-                   "[grant-contract]", GRANT_FORMS) {
+TEMPLATE_TEST_CASE(GRANT_CONTRACT_OWN_COMPLETION, "[grant-contract]", GRANT_FORMS) {
   fixture x;
   TestType f(x.lb, x.mem);
   INFO(TestType::name);
@@ -241,8 +244,7 @@ TEMPLATE_TEST_CASE("grant contract: only the operation's own completion confirms
   CHECK(x.refused(d.addr, d.rkey));
 }
 
-TEMPLATE_TEST_CASE("grant contract: a dropped post and a flushed bind roll back; the key they "
-                   "named never works", "[grant-contract]", GRANT_FORMS) {
+TEMPLATE_TEST_CASE(GRANT_CONTRACT_ROLLBACK, "[grant-contract]", GRANT_FORMS) {
   fixture x;
   TestType f(x.lb, x.mem);
   INFO(TestType::name);
@@ -275,21 +277,20 @@ TEMPLATE_TEST_CASE("grant contract: a dropped post and a flushed bind roll back;
   revoke_confirmed(f, x.lb, 34);
 }
 
-TEMPLATE_TEST_CASE("grant contract: 300 reuse cycles hand out no key twice; grant #0's key stays "
-                   "dead", "[grant-contract]", GRANT_FORMS) {
+TEMPLATE_TEST_CASE(GRANT_CONTRACT_REUSE, "[grant-contract]", GRANT_FORMS) {
   fixture x;
   TestType f(x.lb, x.mem);
   INFO(TestType::name);
   std::set<std::uint32_t> keys;
   remote_descriptor first{}, last{};
   int refused = 0, attempts = 0;
-  for (int i = 0; i < 300; ++i) {
+  for (int i = 0; i < grant_contract::reuse_cycles; ++i) {
     const remote_descriptor d = grant_confirmed(f, x.lb, 1000u + unsigned(i));
     last = d;
     INFO("grant #" << i << " key " << std::hex << d.rkey);
     REQUIRE(keys.insert(d.rkey).second);
     if (i == 0) first = d;
-    if (i == 128 || i == 256 || i == 299) {
+    if (i == 128 || i == 256 || i == grant_contract::reuse_cycles - 1) {
       ++attempts;
       if (x.refused(first.addr, first.rkey)) ++refused;
       REQUIRE(peer_write(x.lb, x.src_mr, d.addr, d.rkey) == IBV_WC_SUCCESS); // the current one works
@@ -297,14 +298,14 @@ TEMPLATE_TEST_CASE("grant contract: 300 reuse cycles hand out no key twice; gran
     }
     revoke_confirmed(f, x.lb, 5000u + unsigned(i));
   }
-  CHECK(keys.size() == 300);
+  CHECK(keys.size() == std::size_t(grant_contract::reuse_cycles));
   CHECK(refused == attempts);
   // And the last key, revoked: refused.
   CHECK(x.refused(last.addr, last.rkey));
 }
 
-TEMPLATE_TEST_CASE("grant contract: a failed device query fails closed (FAULT INJECTION: "
-                   "ibv_query_device_ex)", "[grant-contract]", GRANT_FORMS) {
+TEMPLATE_TEST_CASE(GRANT_CONTRACT_QUERY_FAILS_CLOSED " (FAULT INJECTION: ibv_query_device_ex)",
+                   "[grant-contract]", GRANT_FORMS) {
   fixture x;
   INFO(TestType::name);
   const auto previous = fault_injection::set_query_device(&fail_query);
@@ -321,8 +322,7 @@ TEMPLATE_TEST_CASE("grant contract: a failed device query fails closed (FAULT IN
   CHECK(with_caps.value() == grant_mechanism::type1_exact_region);
 }
 
-TEMPLATE_TEST_CASE("grant contract: type 2 on rxe only with the acknowledgement", "[grant-contract]",
-                   GRANT_FORMS) {
+TEMPLATE_TEST_CASE(GRANT_CONTRACT_TYPE2, "[grant-contract]", GRANT_FORMS) {
   fixture x;
   INFO(TestType::name);
   REQUIRE(need(x.lb.ctx.query_capabilities(), "caps").remote_inv_unbound_mw_panics == tristate::yes);

@@ -209,13 +209,13 @@ TEST_CASE("Capabilities::umr_why: why the mlx5 backend is or is not chosen", "[u
   CHECK(umr_reason_of(true, true, true, umr_reason::chosen) == umr_reason::forced_software);
   CHECK(umr_reason_of(true, true, true, umr_reason::umr_modify_atomic_disabled) == umr_reason::forced_software);
   for (umr_reason probed : {umr_reason::chosen, umr_reason::umr_modify_atomic_disabled,
-                            umr_reason::mkey_creation_failed, umr_reason::no_devx})
+                            umr_reason::mkey_creation_failed, umr_reason::no_devx, umr_reason::hca_query_failed})
     CHECK(umr_reason_of(true, true, false, probed) == probed);
   // every reason has its own sentence
   const umr_reason all[] = {umr_reason::chosen,          umr_reason::no_mlx5_build,
                             umr_reason::not_mlx5_device, umr_reason::forced_software,
                             umr_reason::umr_modify_atomic_disabled, umr_reason::mkey_creation_failed,
-                            umr_reason::no_devx};
+                            umr_reason::no_devx,         umr_reason::hca_query_failed};
   for (umr_reason a : all)
     for (umr_reason b : all)
       CHECK((a == b) == (std::string_view(umr_reason_text(a)) == umr_reason_text(b)));

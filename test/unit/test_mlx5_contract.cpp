@@ -17,9 +17,13 @@
 #include <rdmaxx/mlx5/umr_qp.hpp>
 #include <rdmaxx/queue_pair.hpp>
 
+#include "../grant_contract.hpp"
+
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -758,6 +762,8 @@ struct test_access {
     st->to_dv = to_dv;
     return IndirectKey(st, ProtectionDomain{}, new_parent_node());
   }
+  // The grant mechanism a software key chose at creation.
+  static grant_mechanism grant(const IndirectKey &k) { return k.st().grant; }
   static std::uint32_t children(const IndirectKey &k) { return k.h_.live_children(); }
   static const mlx5::key_state &mk(const IndirectKey &k) { return k.st().mk; }
   // Never mlx5dv_destroy_mkey on the stand-in mkey.
@@ -1009,72 +1015,6 @@ TEST_CASE("mlx5 contract: IndirectKey posts the configure, then follows its comp
   CHECK(g.key.invalidate().error() == errc::wrong_type); // the software form
 }
 
-TEST_CASE("mlx5 contract: IndirectKey rolls back on a failed, flushed or dropped configure", "[unit][mlx5][ikey]") {
-  const layout l = layout::list({{mr(0x10000, 4096, 7), 0, 64}});
-  SECTION("completed in error, then flushed") {
-    mlx5_rig g;
-    REQUIRE(g.key.configure(g.qp, l, rw, {0x71, send_flag::signaled}).has_value());
-    CHECK(g.names() == with(with({"wr_start"}, configure_calls), {"wr_complete"}));
-    CHECK(g.key.complete(wc_of(0x71, umr_qpn, IBV_WC_MW_BIND_ERR)));
-    CHECK(g.phase() == mlx5::key_phase::idle);
-    CHECK_FALSE(g.key.configured());
-    CHECK(g.key.length() == 0);
-    REQUIRE(g.key.configure(g.qp, l, rw, {0x72, send_flag::signaled}).has_value());
-    CHECK(g.key.complete(wc_of(0x72, umr_qpn, IBV_WC_WR_FLUSH_ERR)));
-    CHECK_FALSE(g.key.configured());
-    CHECK_FALSE(g.key.complete(wc_of(0x72, umr_qpn, IBV_WC_WR_FLUSH_ERR))); // nothing pending
-  }
-  SECTION("the posting form's submit fails: cancelled, the error returned") {
-    mlx5_rig g;
-    wr_complete_rc = ENOMEM; // send queue full
-    auto r = g.key.configure(g.qp, l, rw, {0x73, send_flag::signaled});
-    REQUIRE_FALSE(r.has_value());
-    CHECK(r.error() == std::errc::not_enough_memory);
-    CHECK(g.names() == with(with({"wr_start"}, configure_calls), {"wr_complete"}));
-    CHECK(g.phase() == mlx5::key_phase::idle);
-    CHECK_FALSE(g.key.pending());
-    CHECK_FALSE(g.key.configured());
-  }
-  SECTION("the QP has not reached RTS: the batch is aborted, the key cancelled") {
-    mlx5_rig g;
-    g.rec.qpx.qp_base.state = IBV_QPS_RTR;
-    CHECK(g.key.configure(g.qp, l, rw).error() == errc::wrong_state);
-    CHECK(g.names() == with(with({"wr_start"}, configure_calls), {"wr_abort"}));
-    CHECK(g.phase() == mlx5::key_phase::idle);
-  }
-  SECTION("a dropped batch: cancel_pending") {
-    mlx5_rig g;
-    {
-      auto batch = g.qp.start_send();
-      REQUIRE(g.key.configure(batch, g.qp, l, rw).has_value());
-      CHECK(g.key.pending());
-    } // aborted
-    CHECK(g.names() == with(with({"wr_start"}, configure_calls), {"wr_abort"}));
-    g.key.cancel_pending();
-    CHECK(g.phase() == mlx5::key_phase::idle);
-    CHECK_FALSE(g.key.configured());
-    g.key.cancel_pending(); // nothing pending: no effect
-    CHECK(g.phase() == mlx5::key_phase::idle);
-  }
-  SECTION("the posting invalidate's submit fails: still configured") {
-    mlx5_rig g;
-    REQUIRE(g.key.configure(g.qp, l, rw, {0x74, send_flag::signaled}).has_value());
-    REQUIRE(g.key.complete(wc_of(0x74, umr_qpn)));
-    g.rec.calls.clear();
-    wr_complete_rc = EINVAL;
-    CHECK(g.key.invalidate(g.qp, {0x75, send_flag::signaled}).error() == std::errc::invalid_argument);
-    CHECK(g.names() == (names{"wr_start", "local_inv", "wr_complete"}));
-    CHECK(g.phase() == mlx5::key_phase::configured);
-    CHECK(g.key.configured());
-    CHECK(g.key.descriptor().has_value());
-    wr_complete_rc = 0;
-    REQUIRE(g.key.invalidate(g.qp, {0x76, send_flag::signaled}).has_value());
-    CHECK(g.key.complete(wc_of(0x76, umr_qpn, IBV_WC_SUCCESS, IBV_WC_LOCAL_INV)));
-    CHECK_FALSE(g.key.configured());
-  }
-}
-
-
 namespace {
 // The send WQE of an RC QP as rdma-core 44 sizes it: _sq_overhead (verbs.c:1463-1530) takes the
 // largest operation (a UMR: ctrl + umr ctrl + mkey context + 64, for local invalidate, bind or
@@ -1279,127 +1219,6 @@ void invalidate_confirmed(mlx5_rig &g, IndirectKey &k, std::uint64_t id) {
   REQUIRE(test_access::mk(k).phase == mlx5::key_phase::idle);
 }
 } // namespace
-
-TEST_CASE("mlx5 contract: only the configure's own completion confirms it", "[unit][mlx5][ikey]") {
-  mlx5_rig g;
-  auto batch = g.qp.start_send();
-  post_write(batch, 0x90, true);
-  post_write(batch, 0x91, true); // the same wr_id as the configure, another opcode
-  // asked unsignaled: posted signaled all the same, or no completion would ever say it ran
-  REQUIRE(g.key.configure(batch, g.qp, one_entry, rw, {0x91}).has_value());
-  CHECK(g.rec.calls.back().name == "set_mkey_layout_list");
-  CHECK(g.rec.calls[3].name == "mkey_configure");
-  CHECK(g.rec.calls[3].wr_flags == (IBV_SEND_SIGNALED | IBV_SEND_INLINE));
-  REQUIRE(batch.submit().has_value());
-  SECTION("the earlier writes complete first") {
-    const auto wcs = g.rec.poll();
-    REQUIRE(wcs.size() == 3);
-    CHECK(wcs[2].opcode == IBV_WC_DRIVER1); // MLX5DV_WC_UMR (cq.c:193-196)
-    CHECK_FALSE(g.key.complete(wcs[0]));
-    CHECK_FALSE(g.key.complete(wcs[1])); // wr_id 0x91, IBV_WC_RDMA_WRITE
-    CHECK(g.key.pending());
-    CHECK(g.key.descriptor().error() == errc::operation_unconfirmed); // no rkey before the UMR ran
-    CHECK(g.key.complete(wcs[2]));
-    CHECK(g.phase() == mlx5::key_phase::configured);
-    CHECK(g.key.descriptor().value().segments()[0].rkey == 0x7700);
-  }
-  SECTION("an earlier write fails: the QP goes to ERR, the configure is flushed and undone") {
-    const auto wcs = g.rec.poll(0x90, IBV_WC_REM_ACCESS_ERR);
-    REQUIRE(wcs.size() == 3);
-    CHECK(wcs[1].status == IBV_WC_WR_FLUSH_ERR);
-    CHECK(wcs[2].status == IBV_WC_WR_FLUSH_ERR);
-    CHECK_FALSE(g.key.complete(wcs[0])); // another wr_id: the configure's own completion follows
-    CHECK(g.key.pending());
-    // An error completion carries no opcode (ibv_poll_cq(3)), so the write's flush with the
-    // configure's wr_id undoes it: right all the same, the QP is in ERR and the configure
-    // behind it cannot run. Success needs the opcode too (above).
-    CHECK(g.key.complete(wcs[1]));
-    CHECK(g.phase() == mlx5::key_phase::idle);
-    CHECK_FALSE(g.key.complete(wcs[2])); // nothing pending any more
-    CHECK_FALSE(g.key.configured());
-    CHECK(g.key.descriptor().error() == errc::wrong_state);
-  }
-}
-
-TEST_CASE("mlx5 contract: an invalidate is done only at its own completion", "[unit][mlx5][ikey]") {
-  mlx5_rig g;
-  configure_confirmed(g, g.key, one_entry, 0x1);
-  auto batch = g.qp.start_send();
-  post_write(batch, 0x20, true);
-  REQUIRE(g.key.invalidate(batch, {0x21}).has_value()); // asked unsignaled
-  CHECK(g.rec.calls.back().name == "local_inv");
-  CHECK(g.rec.calls.back().wr_flags == unsigned(IBV_SEND_SIGNALED));
-  REQUIRE(batch.submit().has_value());
-  const auto wcs = g.rec.poll();
-  REQUIRE(wcs.size() == 2);
-  CHECK(wcs[1].opcode == IBV_WC_LOCAL_INV);
-  CHECK_FALSE(g.key.complete(wcs[0])); // the write before it says nothing about the invalidate
-  CHECK(g.phase() == mlx5::key_phase::invalidating);
-  CHECK(g.key.configured()); // a peer's write may still land: the buffer is not free yet
-  CHECK(g.key.complete(wcs[1]));
-  CHECK(g.phase() == mlx5::key_phase::idle);
-  CHECK_FALSE(g.key.configured());
-}
-
-TEST_CASE("mlx5 contract: each configure gives the mkey a new tag; a revoked rkey never returns", "[unit][mlx5][ikey]") {
-  SECTION("tag update: 256 generations, every rkey different, then retired") {
-    mlx5_rig g;
-    std::vector<std::uint32_t> seen;
-    for (int gen = 0; gen < 256; ++gen) {
-      g.rec.calls.clear();
-      configure_confirmed(g, g.key, one_entry, 0x100 + std::uint64_t(gen));
-      CHECK(g.rec.calls[1].tag == std::uint8_t(gen)); // what the provider writes (qp.c:2874)
-      const std::uint32_t rkey = g.key.descriptor().value().segments()[0].rkey;
-      CHECK(rkey == g.key.rkey());
-      CHECK(std::find(seen.begin(), seen.end(), rkey) == seen.end());
-      seen.push_back(rkey);
-      CHECK((rkey >> 8) == 0x77u); // same mkey index
-      invalidate_confirmed(g, g.key, 0x900);
-      CHECK(g.rec.calls[g.rec.calls.size() - 2].key == g.key.lkey()); // invalidates the current key
-    }
-    CHECK(g.rec.sq.err == 0); // the model's tag check held: the context has tag update
-    g.rec.calls.clear();
-    CHECK(g.key.configure(g.qp, one_entry, rw).error() == errc::key_retired);
-    CHECK(g.names() == (names{"wr_start", "wr_abort"})); // no builder reached
-    CHECK_FALSE(g.key.configured());
-  }
-  SECTION("no tag update: one generation, then retired") {
-    mlx5_rig g;
-    g.rec.sq.ctx_update_tag = false;
-    test_access::disown(g.key);
-    g.key = test_access::mlx5_key(&g.mkey, pd1, 32, to_dv_recorder, false);
-    configure_confirmed(g, g.key, one_entry, 1);
-    invalidate_confirmed(g, g.key, 2);
-    g.rec.calls.clear();
-    CHECK(g.key.configure(g.qp, one_entry, rw).error() == errc::key_retired);
-    CHECK(g.names() == (names{"wr_start", "wr_abort"}));
-    CHECK(g.key.rkey() == 0x7700); // unchanged, and never configured again
-  }
-  SECTION("a configure that never reached the device gives its tag back") {
-    mlx5_rig g;
-    configure_confirmed(g, g.key, one_entry, 1);
-    invalidate_confirmed(g, g.key, 2);
-    wr_complete_rc = ENOMEM;
-    CHECK(g.key.configure(g.qp, one_entry, rw).error() == std::errc::not_enough_memory);
-    CHECK(g.key.rkey() == 0x7700);
-    wr_complete_rc = 0;
-    g.rec.calls.clear();
-    configure_confirmed(g, g.key, one_entry, 3);
-    CHECK(g.rec.calls[1].tag == 1);
-    CHECK(g.key.rkey() == 0x7701); // index 0x77, tag 1
-    CHECK(g.key.lkey() == 0x7701);
-  }
-  SECTION("a configure that failed on the device burns its tag") {
-    mlx5_rig g;
-    REQUIRE(g.key.configure(g.qp, one_entry, rw, {1}).has_value());
-    CHECK(feed(g.key, g.rec.poll(1, IBV_WC_LOC_PROT_ERR)) == 1);
-    CHECK_FALSE(g.key.configured());
-    g.rec.sq.in_error = false; // the QP was recovered
-    g.rec.calls.clear();
-    configure_confirmed(g, g.key, one_entry, 2);
-    CHECK(g.rec.calls[1].tag == 1);
-  }
-}
 
 namespace {
 // mlx5dv_create_mkey as rdma-core 44 answers (verbs.c:6738-6831): the create flags checked
@@ -1792,6 +1611,538 @@ TEST_CASE("mlx5 contract: umr_modify_atomic_disabled is read from the HCA capabi
   CHECK(mlx5::query_umr_atomic(nullptr, standin_devx_cmd) == mlx5::umr_atomic::unknown);
   CHECK(devx_calls == 3);
   atomic_disabled = false;
+  // the command's errno for the caller that fails closed on it (IndirectKey::create, the probe)
+  int err = -1;
+  CHECK(mlx5::query_umr_atomic(&ctx, failing_devx_cmd, &err) == mlx5::umr_atomic::unknown);
+  CHECK(err == EPERM);
+  CHECK(mlx5::query_umr_atomic(&ctx, standin_devx_cmd, &err) == mlx5::umr_atomic::allowed);
+  CHECK(err == 0);
+  CHECK(mlx5::query_umr_atomic(nullptr, standin_devx_cmd, &err) == mlx5::umr_atomic::unknown);
+  CHECK(err == EINVAL);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The grant contract (test/grant_contract.hpp) for the mlx5 key, device-free: the six properties
+// the rxe suite checks for StrictGrant, a GrantPool lease and a software IndirectKey segment
+// (test/rxe/test_grant_contract.cpp), through an adapter of the same shape, against the
+// recorder's model of rdma-core 44's mlx5 provider. What the device itself does with the mkey
+// (that it bounds the bytes, refuses a re-tagged key's old rkey, really reports these
+// completions) only hardware shows: not run on hardware.
+
+namespace {
+// The owner's memory: a stand-in region of 64 KiB; the grant covers [off, off + len).
+struct owner_region {
+  static constexpr std::uint64_t iova = 0x100000, n = 65536, off = 8192, len = 4096;
+  static constexpr std::uint32_t lkey = 0x31;
+};
+constexpr access_flags grant_rights = access::remote_write;
+constexpr access_flags grant_access = access::local_write | grant_rights;
+
+// The mlx5 IndirectKey of a rig as a grant form: grant = configure (signaled whatever asked),
+// confirmed = its own completion handed to complete() (descriptor() refuses before), revoke =
+// a local invalidate, done at its own completion.
+struct mlx5_key_form {
+  static constexpr const char *name = "mlx5 IndirectKey";
+  static constexpr bool confirms_grant = true;
+  static constexpr bool revoke_is_posted = true;
+  mlx5_rig &g;
+  layout granted = layout::list(
+      {{mr(owner_region::iova, owner_region::n, owner_region::lkey), owner_region::off, owner_region::len}});
+  // The key the configure names (zero-based, as descriptor() will say once it is confirmed).
+  remote_descriptor grant(SendBatch &b, std::uint64_t id) {
+    REQUIRE(g.key.configure(b, g.qp, granted, grant_access, {id}).has_value());
+    return {0, g.key.length(), g.key.rkey(), grant_rights, true};
+  }
+  [[nodiscard]] bool confirmed() const { return g.key.configured() && g.key.descriptor().has_value(); }
+  [[nodiscard]] bool idle() const { return test_access::mk(g.key).phase == mlx5::key_phase::idle; }
+  void complete(const ibv_wc &wc) { (void)g.key.complete(wc); }
+  void post_revoke(std::uint64_t id) { REQUIRE(g.key.invalidate(g.qp, {id}).has_value()); }
+};
+static_assert(grant_contract::grant_form<mlx5_key_form>);
+
+// Grant through a submitted batch and confirm with what the device completes.
+remote_descriptor grant_confirmed(mlx5_key_form &f, std::uint64_t id) {
+  auto b = f.g.qp.start_send();
+  const remote_descriptor d = f.grant(b, id);
+  REQUIRE(b.submit().has_value());
+  for (const ibv_wc &wc : f.g.rec.poll()) f.complete(wc);
+  REQUIRE(f.confirmed());
+  return d;
+}
+void revoke_confirmed(mlx5_key_form &f, std::uint64_t id) {
+  f.post_revoke(id);
+  for (const ibv_wc &wc : f.g.rec.poll()) f.complete(wc);
+  REQUIRE(f.idle());
+}
+} // namespace
+
+TEST_CASE(GRANT_CONTRACT_EXACT_BYTES " (mlx5 key, device-free)", "[unit][mlx5][ikey][grant-contract]") {
+  mlx5_rig g;
+  mlx5_key_form f{g};
+  g.rec.calls.clear();
+  const remote_descriptor d = grant_confirmed(f, 11);
+  // One configure whose layout is exactly the granted bytes of the region, with exactly the
+  // rights asked (no read, no atomic): what the device is told to reach.
+  REQUIRE(g.names() == with(with({"wr_start"}, configure_calls), {"wr_complete"}));
+  REQUIRE(g.rec.calls[3].sges.size() == 1);
+  const ibv_sge &sg = g.rec.calls[3].sges[0];
+  CHECK(sg.addr == owner_region::iova + owner_region::off);
+  CHECK(sg.length == owner_region::len);
+  CHECK(sg.lkey == owner_region::lkey);
+  CHECK(g.rec.calls[2].access == unsigned(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
+  // The peer's view: zero-based, exactly the granted length; the last 64 bytes are in, one byte
+  // past them is not.
+  const ikey_descriptor desc = g.key.descriptor().value();
+  REQUIRE(desc.segments().size() == 1);
+  CHECK(desc.segments()[0].rkey == d.rkey);
+  CHECK(desc.segments()[0].length == owner_region::len);
+  CHECK(desc.length() == owner_region::len);
+  CHECK((d.zero_based && d.addr == 0 && d.length == owner_region::len));
+  CHECK(d.slice(owner_region::len - 64, 64).has_value());
+  CHECK(d.slice(owner_region::len - 63, 64).error() == errc::out_of_range);
+  revoke_confirmed(f, 12);
+  // Bytes past the region, or a region without the right: refused before any builder, the key
+  // left as it was.
+  const layout past = layout::list(
+      {{mr(owner_region::iova, owner_region::n, owner_region::lkey), owner_region::n - owner_region::len + 1,
+        owner_region::len}});
+  const layout no_right = layout::list(
+      {{mr(owner_region::iova, owner_region::n, owner_region::lkey, access::local_write | access::remote_read),
+        owner_region::off, owner_region::len}});
+  g.rec.calls.clear();
+  auto b = g.qp.start_send();
+  CHECK(layout_errc(g.key.configure(b, g.qp, past, grant_access, {13}).error()) == errc::out_of_range);
+  CHECK(layout_errc(g.key.configure(b, g.qp, no_right, grant_access, {14}).error()) == errc::missing_access);
+  CHECK(g.names() == names{"wr_start"});
+  CHECK(f.idle());
+  CHECK(g.key.rkey() == 0x7700); // no tag used
+  REQUIRE(b.submit().has_value());
+}
+
+TEST_CASE(GRANT_CONTRACT_OWN_COMPLETION " (mlx5 key, device-free)", "[unit][mlx5][ikey][grant-contract]") {
+  mlx5_rig g;
+  mlx5_key_form f{g};
+  SECTION("the form's steps: another work request's completion, or its wr_id on another QP, confirms nothing") {
+    auto b = g.qp.start_send();
+    const remote_descriptor d = f.grant(b, 21);
+    REQUIRE(b.submit().has_value());
+    const auto wcs = g.rec.poll();
+    REQUIRE(wcs.size() == 1);
+    const ibv_wc own = wcs[0];
+    CHECK_FALSE(f.confirmed());
+    ibv_wc other = own;
+    other.wr_id ^= 0x40; // another work request of the same QP
+    f.complete(other);
+    CHECK_FALSE(f.confirmed());
+    other = own;
+    other.qp_num ^= 1; // the same wr_id on another QP
+    f.complete(other);
+    CHECK_FALSE(f.confirmed());
+    CHECK(g.key.descriptor().error() == errc::operation_unconfirmed);
+    f.complete(own);
+    REQUIRE(f.confirmed());
+    CHECK(g.key.descriptor().value().segments()[0].rkey == d.rkey);
+    f.post_revoke(22);
+    const auto inv = g.rec.poll();
+    REQUIRE(inv.size() == 1);
+    other = inv[0];
+    other.wr_id ^= 0x40;
+    f.complete(other);
+    CHECK_FALSE(f.idle()); // not revoked as far as the key knows: the buffer is not free yet
+    CHECK(g.key.configured());
+    f.complete(inv[0]);
+    CHECK(f.idle());
+  }
+  SECTION("a configure behind two writes, one with its wr_id") {
+    auto batch = g.qp.start_send();
+    post_write(batch, 0x90, true);
+    post_write(batch, 0x91, true); // the same wr_id as the configure, another opcode
+    // asked unsignaled: posted signaled all the same, or no completion would ever say it ran
+    REQUIRE(g.key.configure(batch, g.qp, one_entry, rw, {0x91}).has_value());
+    CHECK(g.rec.calls.back().name == "set_mkey_layout_list");
+    CHECK(g.rec.calls[3].name == "mkey_configure");
+    CHECK(g.rec.calls[3].wr_flags == (IBV_SEND_SIGNALED | IBV_SEND_INLINE));
+    REQUIRE(batch.submit().has_value());
+    SECTION("the earlier writes complete first") {
+      const auto wcs = g.rec.poll();
+      REQUIRE(wcs.size() == 3);
+      CHECK(wcs[2].opcode == IBV_WC_DRIVER1); // MLX5DV_WC_UMR (cq.c:193-196)
+      CHECK_FALSE(g.key.complete(wcs[0]));
+      CHECK_FALSE(g.key.complete(wcs[1])); // wr_id 0x91, IBV_WC_RDMA_WRITE
+      CHECK(g.key.pending());
+      CHECK(g.key.descriptor().error() == errc::operation_unconfirmed); // no rkey before the UMR ran
+      CHECK(g.key.complete(wcs[2]));
+      CHECK(g.phase() == mlx5::key_phase::configured);
+      CHECK(g.key.descriptor().value().segments()[0].rkey == 0x7700);
+    }
+    SECTION("an earlier write fails: the QP goes to ERR, the configure is flushed and undone") {
+      const auto wcs = g.rec.poll(0x90, IBV_WC_REM_ACCESS_ERR);
+      REQUIRE(wcs.size() == 3);
+      CHECK(wcs[1].status == IBV_WC_WR_FLUSH_ERR);
+      CHECK(wcs[2].status == IBV_WC_WR_FLUSH_ERR);
+      CHECK_FALSE(g.key.complete(wcs[0])); // another wr_id: the configure's own completion follows
+      CHECK(g.key.pending());
+      // An error completion carries no opcode (ibv_poll_cq(3)), so the write's flush with the
+      // configure's wr_id undoes it: right all the same, the QP is in ERR and the configure
+      // behind it cannot run. Success needs the opcode too (above).
+      CHECK(g.key.complete(wcs[1]));
+      CHECK(g.phase() == mlx5::key_phase::idle);
+      CHECK_FALSE(g.key.complete(wcs[2])); // nothing pending any more
+      CHECK_FALSE(g.key.configured());
+      CHECK(g.key.descriptor().error() == errc::wrong_state);
+    }
+  }
+  SECTION("an invalidate behind a write is done only at its own completion") {
+    configure_confirmed(g, g.key, one_entry, 0x1);
+    auto batch = g.qp.start_send();
+    post_write(batch, 0x20, true);
+    REQUIRE(g.key.invalidate(batch, {0x21}).has_value()); // asked unsignaled
+    CHECK(g.rec.calls.back().name == "local_inv");
+    CHECK(g.rec.calls.back().wr_flags == unsigned(IBV_SEND_SIGNALED));
+    REQUIRE(batch.submit().has_value());
+    const auto wcs = g.rec.poll();
+    REQUIRE(wcs.size() == 2);
+    CHECK(wcs[1].opcode == IBV_WC_LOCAL_INV);
+    CHECK_FALSE(g.key.complete(wcs[0])); // the write before it says nothing about the invalidate
+    CHECK(g.phase() == mlx5::key_phase::invalidating);
+    CHECK(g.key.configured()); // a peer's write may still land: the buffer is not free yet
+    CHECK(g.key.complete(wcs[1]));
+    CHECK(g.phase() == mlx5::key_phase::idle);
+    CHECK_FALSE(g.key.configured());
+  }
+}
+
+TEST_CASE(GRANT_CONTRACT_ROLLBACK " (mlx5 key, device-free)", "[unit][mlx5][ikey][grant-contract]") {
+  const layout l = one_entry;
+  SECTION("the form's steps: a dropped batch, a flushed configure, then the form grants again") {
+    mlx5_rig g;
+    mlx5_key_form f{g};
+    {
+      auto b = g.qp.start_send();
+      (void)f.grant(b, 31);
+      CHECK(g.key.pending());
+    } // dropped: nothing was posted, the batch undoes the configure by itself
+    CHECK(g.names() == with(with({"wr_start"}, configure_calls), {"wr_abort"}));
+    CHECK(g.rec.sq.posted.empty());
+    CHECK(f.idle());
+    CHECK_FALSE(f.confirmed());
+    CHECK(g.key.descriptor().error() == errc::wrong_state); // no key handed out
+    CHECK(g.key.rkey() == 0x7700); // the state before: the device never saw it, its tag is given back
+    // A configure that fails on the device: the QP is in ERR, the configure is flushed.
+    g.rec.sq.in_error = true;
+    auto b = g.qp.start_send();
+    const remote_descriptor flushed = f.grant(b, 32);
+    REQUIRE(b.submit().has_value());
+    const auto wcs = g.rec.poll();
+    REQUIRE(wcs.size() == 1);
+    CHECK(wcs[0].status == IBV_WC_WR_FLUSH_ERR);
+    f.complete(wcs[0]);
+    CHECK(f.idle());
+    CHECK_FALSE(f.confirmed());
+    CHECK(g.key.descriptor().error() == errc::wrong_state);
+    g.rec.sq.in_error = false; // the QP was recovered
+    // The form grants again, with a key the flushed configure never named (its tag is burnt).
+    const remote_descriptor d = grant_confirmed(f, 33);
+    CHECK(d.rkey != flushed.rkey);
+    CHECK(d.rkey == 0x7701);
+    revoke_confirmed(f, 34);
+  }
+  SECTION("completed in error, then flushed") {
+    mlx5_rig g;
+    REQUIRE(g.key.configure(g.qp, l, rw, {0x71, send_flag::signaled}).has_value());
+    CHECK(g.names() == with(with({"wr_start"}, configure_calls), {"wr_complete"}));
+    CHECK(g.key.complete(wc_of(0x71, umr_qpn, IBV_WC_MW_BIND_ERR)));
+    CHECK(g.phase() == mlx5::key_phase::idle);
+    CHECK_FALSE(g.key.configured());
+    CHECK(g.key.length() == 0);
+    REQUIRE(g.key.configure(g.qp, l, rw, {0x72, send_flag::signaled}).has_value());
+    CHECK(g.key.complete(wc_of(0x72, umr_qpn, IBV_WC_WR_FLUSH_ERR)));
+    CHECK_FALSE(g.key.configured());
+    CHECK_FALSE(g.key.complete(wc_of(0x72, umr_qpn, IBV_WC_WR_FLUSH_ERR))); // nothing pending
+  }
+  SECTION("the posting form's submit fails (ibv_wr_complete): cancelled, the error returned") {
+    mlx5_rig g;
+    wr_complete_rc = ENOMEM; // send queue full
+    auto r = g.key.configure(g.qp, l, rw, {0x73, send_flag::signaled});
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error() == std::errc::not_enough_memory);
+    CHECK(g.names() == with(with({"wr_start"}, configure_calls), {"wr_complete"}));
+    CHECK(g.phase() == mlx5::key_phase::idle);
+    CHECK_FALSE(g.key.pending());
+    CHECK_FALSE(g.key.configured());
+    CHECK(g.key.descriptor().error() == errc::wrong_state);
+  }
+  SECTION("the QP has not reached RTS: the batch is aborted, the key cancelled") {
+    mlx5_rig g;
+    g.rec.qpx.qp_base.state = IBV_QPS_RTR;
+    CHECK(g.key.configure(g.qp, l, rw).error() == errc::wrong_state);
+    CHECK(g.names() == with(with({"wr_start"}, configure_calls), {"wr_abort"}));
+    CHECK(g.phase() == mlx5::key_phase::idle);
+  }
+  SECTION("a dropped batch: undone with the batch; cancel_pending() after it changes nothing") {
+    mlx5_rig g;
+    {
+      auto batch = g.qp.start_send();
+      REQUIRE(g.key.configure(batch, g.qp, l, rw).has_value());
+      CHECK(g.key.pending());
+    } // aborted
+    CHECK(g.names() == with(with({"wr_start"}, configure_calls), {"wr_abort"}));
+    CHECK(g.phase() == mlx5::key_phase::idle);
+    CHECK_FALSE(g.key.configured());
+    g.key.cancel_pending(); // nothing pending: no effect
+    CHECK(g.phase() == mlx5::key_phase::idle);
+  }
+  SECTION("the posting invalidate's submit fails: still configured, the key still handed out") {
+    mlx5_rig g;
+    REQUIRE(g.key.configure(g.qp, l, rw, {0x74, send_flag::signaled}).has_value());
+    REQUIRE(g.key.complete(wc_of(0x74, umr_qpn)));
+    g.rec.calls.clear();
+    wr_complete_rc = EINVAL;
+    CHECK(g.key.invalidate(g.qp, {0x75, send_flag::signaled}).error() == std::errc::invalid_argument);
+    CHECK(g.names() == (names{"wr_start", "local_inv", "wr_complete"}));
+    CHECK(g.phase() == mlx5::key_phase::configured);
+    CHECK(g.key.configured());
+    CHECK(g.key.descriptor().has_value());
+    wr_complete_rc = 0;
+    REQUIRE(g.key.invalidate(g.qp, {0x76, send_flag::signaled}).has_value());
+    CHECK(g.key.complete(wc_of(0x76, umr_qpn, IBV_WC_SUCCESS, IBV_WC_LOCAL_INV)));
+    CHECK_FALSE(g.key.configured());
+  }
+  SECTION("a configure that never reached the device gives its tag back") {
+    mlx5_rig g;
+    configure_confirmed(g, g.key, one_entry, 1);
+    invalidate_confirmed(g, g.key, 2);
+    wr_complete_rc = ENOMEM;
+    CHECK(g.key.configure(g.qp, one_entry, rw).error() == std::errc::not_enough_memory);
+    CHECK(g.key.rkey() == 0x7700);
+    wr_complete_rc = 0;
+    g.rec.calls.clear();
+    configure_confirmed(g, g.key, one_entry, 3);
+    CHECK(g.rec.calls[1].tag == 1);
+    CHECK(g.key.rkey() == 0x7701); // index 0x77, tag 1
+    CHECK(g.key.lkey() == 0x7701);
+  }
+  SECTION("a configure that failed on the device burns its tag") {
+    mlx5_rig g;
+    REQUIRE(g.key.configure(g.qp, one_entry, rw, {1}).has_value());
+    CHECK(feed(g.key, g.rec.poll(1, IBV_WC_LOC_PROT_ERR)) == 1);
+    CHECK_FALSE(g.key.configured());
+    g.rec.sq.in_error = false; // the QP was recovered
+    g.rec.calls.clear();
+    configure_confirmed(g, g.key, one_entry, 2);
+    CHECK(g.rec.calls[1].tag == 1);
+  }
+}
+
+TEST_CASE(GRANT_CONTRACT_REUSE " (mlx5 key, device-free: 256 tags, then errc::key_retired)",
+          "[unit][mlx5][ikey][grant-contract]") {
+  // The mkey's rkey is its index << 8 | an 8-bit tag (verbs.c:6826-6827); each configure after
+  // the first writes a new tag into the mkey context (qp.c:2868-2874). So one mkey carries 256
+  // keys where the kernel has tag update (MLX5_CTX_FLAGS_MKEY_UPDATE_TAG_SUPPORTED), 1 where it
+  // has not: the real limit. Past it the key refuses (errc::key_retired) rather than give a
+  // revoked rkey back; a new IndirectKey (a new mkey index) continues.
+  SECTION("tag update: 256 keys, each one new, no configure while the one before may be live") {
+    mlx5_rig g;
+    mlx5_key_form f{g};
+    std::set<std::uint32_t> keys; // every rkey handed out
+    int handed = 0, retired = 0;
+    for (int i = 0; i < grant_contract::reuse_cycles; ++i) {
+      INFO("cycle #" << i);
+      g.rec.calls.clear();
+      if (i < 256) {
+        const remote_descriptor d = grant_confirmed(f, 0x1000u + unsigned(i));
+        CHECK(g.rec.calls[1].tag == std::uint8_t(i)); // what the provider writes (qp.c:2874)
+        const std::uint32_t rkey = g.key.descriptor().value().segments()[0].rkey;
+        CHECK(rkey == d.rkey);
+        REQUIRE(keys.insert(rkey).second); // never a key handed out before
+        CHECK((rkey >> 8) == 0x77u);       // the same mkey
+        // While this key may work, no other configure is accepted: configured, then invalidating.
+        CHECK(g.key.configure(g.qp, f.granted, grant_access).error() == errc::already_bound);
+        f.post_revoke(0x5000u + unsigned(i));
+        const call &inv = g.rec.calls[g.rec.calls.size() - 2];
+        CHECK(inv.name == "local_inv");
+        CHECK(inv.key == rkey); // it invalidates this very key
+        CHECK(g.key.configure(g.qp, f.granted, grant_access).error() == errc::operation_unconfirmed);
+        for (const ibv_wc &wc : g.rec.poll()) f.complete(wc);
+        REQUIRE(f.idle());
+        ++handed;
+      } else {
+        auto b = g.qp.start_send();
+        CHECK(g.key.configure(b, g.qp, f.granted, grant_access, {0x1000u + unsigned(i)}).error() ==
+              errc::key_retired);
+        CHECK(g.names() == names{"wr_start"}); // no builder reached
+        REQUIRE(b.submit().has_value());
+        CHECK(f.idle());
+        CHECK(g.key.descriptor().error() == errc::wrong_state); // no key handed out
+        ++retired;
+      }
+    }
+    CHECK(handed == 256);
+    CHECK(retired == grant_contract::reuse_cycles - 256);
+    CHECK(keys.size() == 256);
+    CHECK(g.rec.sq.err == 0); // the model's tag check held: the context has tag update
+  }
+  SECTION("no tag update: one key, then retired") {
+    mlx5_rig g;
+    g.rec.sq.ctx_update_tag = false;
+    test_access::disown(g.key);
+    g.key = test_access::mlx5_key(&g.mkey, pd1, 32, to_dv_recorder, false);
+    mlx5_key_form f{g};
+    const remote_descriptor d = grant_confirmed(f, 1);
+    revoke_confirmed(f, 2);
+    for (int i = 1; i < grant_contract::reuse_cycles; ++i) {
+      g.rec.calls.clear();
+      CHECK(g.key.configure(g.qp, f.granted, grant_access).error() == errc::key_retired);
+      CHECK(g.names() == (names{"wr_start", "wr_abort"}));
+    }
+    CHECK(g.key.rkey() == d.rkey); // unchanged, and never configured again
+    CHECK(f.idle());
+  }
+}
+
+namespace {
+// A device for IndirectKey::create without one: the PD's context names an ibv_device called
+// "mlx5_0" (ibv_get_device_name reads the name); the mlx5 verbs are stand-ins.
+struct standin_device {
+  ibv_device dev{};
+  ibv_context ctx{};
+  ibv_pd raw_pd{};
+  ProtectionDomain pd;
+  standin_device() {
+    std::strcpy(dev.name, "mlx5_0");
+    ctx.device = &dev;
+    raw_pd.context = &ctx;
+    pd = test_access::pd(raw_pd);
+  }
+  ~standin_device() { test_access::disown(pd); }
+  standin_device(const standin_device &) = delete;
+  standin_device &operator=(const standin_device &) = delete;
+};
+bool is_mlx5(ibv_device *) { return true; }
+mlx5dv_mkey *no_mkey(mlx5dv_mkey_init_attr *a) { // no UMR (or no DEVX): EOPNOTSUPP, with or without tag update
+  mkey_asked.push_back(*a);
+  errno = EOPNOTSUPP;
+  return nullptr;
+}
+int query_calls = 0;
+int failing_query(ibv_context *, const ibv_query_device_ex_input *, ibv_device_attr_ex *) {
+  ++query_calls;
+  errno = EIO;
+  return EIO;
+}
+// Capabilities of the stand-in device: both window types; `panics` as the device is known.
+Capabilities caps_of(tristate panics) {
+  Capabilities c;
+  std::strcpy(c.name, "mlx5_0");
+  c.mw_type1 = c.mw_type2b = true;
+  c.max_mw = 64;
+  c.remote_inv_unbound_mw_panics = panics;
+  return c;
+}
+} // namespace
+
+TEST_CASE(GRANT_CONTRACT_QUERY_FAILS_CLOSED " (FAULT INJECTION: QUERY_HCA_CAP, ibv_query_device_ex; "
+                                            "mlx5 key, device-free)",
+          "[unit][mlx5][ikey][grant-contract]") {
+  // The mlx5 choice rests on DEVX QUERY_HCA_CAP (umr_modify_atomic_disabled), the software
+  // fallback's mechanism on ibv_query_device_ex: each failure refuses, none is guessed past.
+  standin_device sd;
+  const auto previous = fault_injection::set_query_device(&failing_query);
+  struct row {
+    const char *what;
+    umr_backend backend;
+    mlx5::devx_cmd_verb devx;
+    mlx5::create_mkey_verb mkey;
+    bool atomic_off;
+    std::error_code expect; // {}: an mlx5 key
+    int devx_calls, mkey_calls, query_calls;
+  };
+  const row rows[] = {
+      {"automatic, QUERY_HCA_CAP fails: no mlx5 key; the software fallback's query fails: no key",
+       umr_backend::none, failing_devx_cmd, standin_create_mkey, false, std::make_error_code(std::errc::io_error), 1, 0, 1},
+      {"mlx5 forced, QUERY_HCA_CAP fails: its errno, no mkey", umr_backend::mlx5, failing_devx_cmd,
+       standin_create_mkey, false, std::make_error_code(std::errc::operation_not_permitted), 1, 0, 0},
+      {"automatic, umr_modify_atomic_disabled: software, whose query fails: no key", umr_backend::none,
+       standin_devx_cmd, standin_create_mkey, true, std::make_error_code(std::errc::io_error), 1, 0, 1},
+      {"automatic, no mkey (EOPNOTSUPP with and without tag update): software, whose query fails: no key",
+       umr_backend::none, standin_devx_cmd, no_mkey, false, std::make_error_code(std::errc::io_error), 1, 2, 1},
+      {"automatic, every query answers: the mlx5 key (it needs no ibv_query_device_ex)", umr_backend::none,
+       standin_devx_cmd, standin_create_mkey, false, {}, 1, 1, 0},
+  };
+  for (const row &r : rows) {
+    INFO(r.what);
+    devx_calls = 0;
+    query_calls = 0;
+    mkey_asked.clear();
+    atomic_disabled = r.atomic_off;
+    auto k = IndirectKey::create_with(sd.pd, 4, {.backend = r.backend}, {is_mlx5, r.devx, r.mkey});
+    CHECK(devx_calls == r.devx_calls);
+    CHECK(int(mkey_asked.size()) == r.mkey_calls);
+    CHECK(query_calls == r.query_calls);
+    if (k.has_value()) {
+      CHECK(k.value().backend() == umr_backend::mlx5);
+      CHECK(k.value().native_handle() == &made_mkey);
+      test_access::disown(k.value()); // never mlx5dv_destroy_mkey on the stand-in
+    }
+    CHECK(k.has_value() == !r.expect);
+    if (r.expect && !k.has_value()) CHECK(k.error() == r.expect);
+  }
+  atomic_disabled = false;
+  // With the caller's Capabilities no ibv_query_device_ex is made: the injected failure does not
+  // matter, the mechanism comes from them (here an mlx5 device's: type-2B windows).
+  const Capabilities caps = caps_of(tristate::no);
+  query_calls = 0;
+  auto with_caps = IndirectKey::create_with(sd.pd, 4, {.caps = &caps}, {is_mlx5, failing_devx_cmd, standin_create_mkey});
+  fault_injection::set_query_device(previous);
+  REQUIRE(with_caps.has_value());
+  CHECK(with_caps.value().backend() == umr_backend::software);
+  CHECK(test_access::grant(with_caps.value()) == grant_mechanism::type2_window);
+  CHECK(query_calls == 0);
+}
+
+TEST_CASE(GRANT_CONTRACT_TYPE2 " (mlx5 key, device-free: the mkey is no window; the fallback refuses type 2)",
+          "[unit][mlx5][ikey][grant-contract]") {
+  // The mlx5 key allocates no window, so the rxe defect (a peer's send-with-invalidate of an
+  // unbound type-2 window panics the kernel) has nothing to reach: the acknowledgement changes
+  // nothing there, and a peer may invalidate the mkey only where the owner asked
+  // (ikey_options::remote_invalidate). Where no mkey can be made, the software fallback on a
+  // device with the defect refuses type 2 without the acknowledgement, as on rxe.
+  standin_device sd;
+  const Capabilities defect = caps_of(tristate::yes);
+  const ikey_options asks[] = {
+      {.caps = &defect},
+      {.trusted_peers = true, .caps = &defect},
+      {.trusted_peers = true, .type2 = type2_risk::accept_kernel_panic_by_any_peer, .caps = &defect},
+  };
+  SECTION("an mkey: the same key whatever the type-2 options; remote invalidation only when asked") {
+    for (const ikey_options &o : asks) {
+      mkey_asked.clear();
+      auto k = IndirectKey::create_with(sd.pd, 4, o, {is_mlx5, standin_devx_cmd, standin_create_mkey});
+      REQUIRE(k.has_value());
+      CHECK(k.value().backend() == umr_backend::mlx5);
+      REQUIRE(mkey_asked.size() == 1);
+      CHECK((mkey_asked[0].create_flags & MLX5DV_MKEY_INIT_ATTR_FLAGS_REMOTE_INVALIDATE) == 0);
+      test_access::disown(k.value());
+    }
+    mkey_asked.clear();
+    auto k = IndirectKey::create_with(sd.pd, 4, {.remote_invalidate = true, .caps = &defect},
+                                      {is_mlx5, standin_devx_cmd, standin_create_mkey});
+    REQUIRE(k.has_value());
+    REQUIRE(mkey_asked.size() == 1);
+    CHECK((mkey_asked[0].create_flags & MLX5DV_MKEY_INIT_ATTR_FLAGS_REMOTE_INVALIDATE) != 0);
+    test_access::disown(k.value());
+  }
+  SECTION("no mkey, a device with the defect: software, type 2 only with the acknowledgement") {
+    const grant_mechanism expect[] = {grant_mechanism::type1_exact_region, grant_mechanism::type1_exact_region,
+                                      grant_mechanism::type2_window};
+    for (std::size_t i = 0; i < 3; ++i) {
+      INFO("options #" << i);
+      auto k = IndirectKey::create_with(sd.pd, 4, asks[i], {is_mlx5, standin_devx_cmd, no_mkey});
+      REQUIRE(k.has_value());
+      CHECK(k.value().backend() == umr_backend::software);
+      CHECK(test_access::grant(k.value()) == expect[i]);
+    }
+  }
 }
 
 #endif // RDMAXX_HAVE_MLX5

@@ -70,16 +70,22 @@ enum class umr_atomic : std::uint8_t {
 
 /// Read umr_modify_atomic_disabled with QUERY_HCA_CAP (mlx5dv_devx_general_cmd; the contract
 /// tests hand a stand-in `cmd`). On a context of another provider the command answers
-/// EOPNOTSUPP (verbs.c:5883-5892, mlx5.c:2732-2740): unknown. Allocation-free (the 4 KiB reply is
-/// on the stack).
+/// EOPNOTSUPP (verbs.c:5883-5892, mlx5.c:2732-2740): unknown. `err`, when given, receives the
+/// command's errno when it failed (EINVAL for a null `ctx`), else 0. Allocation-free (the 4 KiB
+/// reply is on the stack).
 [[nodiscard]] inline umr_atomic query_umr_atomic(ibv_context *ctx,
-                                                 devx_cmd_verb cmd = &::mlx5dv_devx_general_cmd) noexcept {
+                                                 devx_cmd_verb cmd = &::mlx5dv_devx_general_cmd,
+                                                 int *err = nullptr) noexcept {
+  if (err) *err = ctx ? 0 : EINVAL;
   if (!ctx) return umr_atomic::unknown;
   std::uint32_t in[4] = {};
   in[0] = htobe32(std::uint32_t(query_hca_cap_opcode) << 16);
   in[1] = htobe32(hca_cap_general_cur);
   std::uint32_t out[hca_cap_out_bytes / 4] = {};
-  if (cmd(ctx, in, sizeof in, out, sizeof out) != 0) return umr_atomic::unknown;
+  if (const int rc = cmd(ctx, in, sizeof in, out, sizeof out); rc != 0) {
+    if (err) *err = rc > 0 ? rc : EIO; // the provider answers an errno; never report success
+    return umr_atomic::unknown;
+  }
   const std::size_t bit = umr_modify_atomic_disabled_bit;
   const std::uint32_t dw = be32toh(out[bit / 32]);
   return ((dw >> (31 - bit % 32)) & 1) ? umr_atomic::disabled : umr_atomic::allowed;
@@ -93,19 +99,24 @@ struct umr_probe {
     not_mlx5,        ///< `pd` is null or not on an mlx5 device
     atomic_disabled, ///< the device reports umr_modify_atomic_disabled (query_umr_atomic)
     mkey_failed,     ///< mlx5dv_create_mkey failed (`err`: its errno, EOPNOTSUPP without DEVX)
+    query_failed,    ///< QUERY_HCA_CAP failed (`err`: its errno): nothing known, no mlx5 (fails closed)
   };
   kind outcome = not_mlx5; ///< what was found
-  int err = 0; ///< with mkey_failed: the errno of mlx5dv_create_mkey
+  int err = 0; ///< with mkey_failed: the errno of mlx5dv_create_mkey; query_failed: the command's
 };
 
 /// Whether an indirect mkey (4 entries) can be created on `pd` (mlx5dv_create_mkey, then
 /// mlx5dv_destroy_mkey), and if not, why: the context has DEVX and the device UMR, and the
 /// device does not report umr_modify_atomic_disabled (query_umr_atomic, asked first: every
-/// configure would fail there). The live probe behind Capabilities::mlx5_devx / umr / umr_why;
-/// IndirectKey::create decides the same way, in the same order.
+/// configure would fail there; a failed query fails closed). The live probe behind
+/// Capabilities::mlx5_devx / umr / umr_why; IndirectKey::create decides the same way, in the
+/// same order.
 [[nodiscard]] inline umr_probe probe_umr_outcome(ibv_pd *pd) noexcept {
   if (!pd || !::mlx5dv_is_supported(pd->context->device)) return {umr_probe::not_mlx5, 0};
-  if (query_umr_atomic(pd->context) == umr_atomic::disabled) return {umr_probe::atomic_disabled, 0};
+  int qerr = 0;
+  const umr_atomic at = query_umr_atomic(pd->context, &::mlx5dv_devx_general_cmd, &qerr);
+  if (at == umr_atomic::disabled) return {umr_probe::atomic_disabled, 0};
+  if (at == umr_atomic::unknown) return {umr_probe::query_failed, qerr};
   mlx5dv_mkey_init_attr a{};
   a.pd = pd;
   a.create_flags = MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT;
