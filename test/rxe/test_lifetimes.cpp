@@ -292,7 +292,7 @@ TEST_CASE("a parent and its last child destroyed on two threads at once, for eac
         }
         std::unique_ptr<IndirectKey> key() { return key(layout::list({{*m1, 10, 40}, {*m2, 0, 25}})); }
       };
-      stress("QueuePair / configured IndirectKey", 1, [&] {
+      stress("QueuePair (and its CQ) / configured IndirectKey", 2, [&] {
         key_round r(ctx, b1, b2);
         auto k = r.key();
         REQUIRE(k->backend() == umr_backend::software);
@@ -330,7 +330,7 @@ TEST_CASE("a parent and its last child destroyed on two threads at once, for eac
       qps.reset(); // a type-1 window does not hang on the QP
       together([&] { pd.reset(); mr.reset(); }, [&] { g.reset(); });
     });
-    stress("QueuePair / granted type-2 StrictGrant", 1, [&] {
+    stress("QueuePair (and its CQ) / granted type-2 StrictGrant", 2, [&] {
       auto pd = own(ProtectionDomain::alloc(ctx), "pd");
       auto mr = own(MemoryRegion::reg(*pd, mem.data(), mem.size(), bindable), "mr");
       auto qps = std::make_unique<qp_pair>(ctx, *pd);
