@@ -5,7 +5,7 @@
 //   rxe-tests '[bad-input]'        every type (one test case each)
 //   rxe-tests '[bad-input][mr]'    the MemoryRegion rows alone
 // At the end of the run a listener prints how many rows ran, per type and in total
-// ("bad inputs tried: 405 rows in 21 cases").
+// ("bad inputs tried: N rows in M cases"; README, "Tests", has the figures of the last run).
 //
 // The one MR left unusable is made so by a failed re-registration substituted through
 // fault_injection::set_rereg_mr (rxe has no native rereg that could fail that way).
