@@ -470,6 +470,49 @@ TEST_CASE_METHOD(bad_input_world, "bad inputs: CompletionQueue", "[bad-input][cq
       [&] { return err(cq_ch.wait(std::span<ibv_wc>{}, 30)); });
   t.add("CompletionQueue::destroy", "QPs use it", is(errc::busy), [&] { return err(lb.cq_a.destroy()); });
   t.add("CompletionChannel::destroy", "a CQ uses it", is(errc::busy), [&] { return err(ch.destroy()); });
+  t.add("CompletionQueue::arm", "moved-from CQ", is(errc::null_handle), [&] { return err(cq_moved.arm()); });
+  t.add("CompletionQueue::arm", "CQ without a channel", is(errc::wrong_state), [&] { return err(lb.cq_a.arm()); });
+  t.add("CompletionQueue::poll_and_arm", "moved-from CQ", is(errc::null_handle),
+        [&] { return err(cq_moved.poll_and_arm(wcs)); });
+  t.add("CompletionQueue::poll_and_arm", "empty output span", is(errc::zero_length),
+        [&] { return err(cq_ch.poll_and_arm(std::span<ibv_wc>{})); });
+  t.add("CompletionQueue::poll_and_arm", "CQ without a channel", is(errc::wrong_state),
+        [&] { return err(lb.cq_a.poll_and_arm(wcs)); });
+  t.add("CompletionQueue::ack_events", "moved-from CQ", is(errc::null_handle),
+        [&] { return err(cq_moved.ack_events(1)); });
+  t.add("CompletionChannel::get_event", "moved-from channel", is(errc::null_handle),
+        [&] { return err(ch_moved.get_event(0)); });
+  t.add("CompletionChannel::get_event", "negative timeout", is(errc::invalid_argument),
+        [&] { return err(ch.get_event(-1)); });
+  t.add("CompletionChannel::get_event", "zero timeout, no event", is(errc::timeout),
+        [&] { return err(ch.get_event(0)); });
+  t.add("CompletionQueue::wait_for", "moved-from CQ", is(errc::null_handle),
+        [&] { return err(cq_moved.wait_for(1, 0)); });
+  t.add("CompletionQueue::wait_for", "nothing completes within 10 ms", is(errc::timeout),
+        [&] { return err(lb.cq_a.wait_for(1, 10)); });
+  t.add("CompletionQueue::wait_for", "another work request completes first", is(errc::unexpected_completion), [&] {
+    {
+      auto b = lb.a.start_send();
+      b.write({41, send_flag::signaled}, {md.iova() + 3000, md.rkey()}, ms.sge(0, 8));
+      need(b.submit(), "submit a write");
+    }
+    ibv_wc other{};
+    const auto ec = err(lb.cq_a.wait_for(42, 10000, &other));
+    CHECK(other.wr_id == 41); // handed back, not lost
+    CHECK(other.status == IBV_WC_SUCCESS);
+    std::memcpy(dst.data() + 3000, snap_dst.data() + 3000, 8); // undo the write
+    return ec;
+  });
+  t.add("CompletionQueue::wait_for", "the work request completes in error", completion(IBV_WC_REM_ACCESS_ERR), [&] {
+    {
+      auto b = vp.a.start_send();
+      b.write({43, send_flag::signaled}, {mt.iova(), 0}, ms.sge(0, 8));
+      need(b.submit(), "submit a write with rkey 0");
+    }
+    const auto ec = err(vp.cq_a.wait_for(43, 10000));
+    vp.recover();
+    return ec;
+  });
   // poll() on a null CQ is a precondition violation (unchecked fast path, documented), not a row.
   t.run();
   finish();

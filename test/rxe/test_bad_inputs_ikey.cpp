@@ -148,6 +148,10 @@ TEST_CASE_METHOD(bad_input_world, "bad inputs: layout / IndirectKey", "[bad-inpu
         [&] {
           return configure_with(k2, p2.b, layout::list({{mt, 0, 8}}), remote_rw);
         });
+  t.add("IndirectKey::release_regions", "moved-from key", is(errc::null_handle),
+        [&] { return err(k_moved.release_regions()); });
+  t.add("IndirectKey::release_regions", "a configured key (its layout uses them)", is(errc::already_bound),
+        [&] { return err(kc.release_regions()); });
   t.add("IndirectKey::invalidate", "unconfigured key", is(errc::not_bound),
         [&] { return err(k.invalidate()); });
   t.add("IndirectKey::invalidate (batch)", "unconfigured key", is(errc::not_bound), [&] {

@@ -108,6 +108,8 @@ TEST_CASE_METHOD(bad_input_world, "bad inputs: MemoryRegion", "[bad-input][mr]")
     return err(mr_moved.rereg_native_unchecked(IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, 1));
   });
   t.add("MemoryRegion::dereg", "windows bound to the MR", is(errc::busy), [&] { return err(mt.dereg()); });
+  t.add("MemoryRegion::usable", "moved-from MR", is(errc::null_handle), [&] { return mr_moved.usable(); });
+  t.add("MemoryRegion::usable", "unusable MR", is(errc::unusable), [&] { return mu.usable(); });
   t.run();
   finish();
 }
