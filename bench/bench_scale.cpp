@@ -20,7 +20,8 @@
 // back at the baseline (exit 1 otherwise).
 //
 // Then one connection with pools of 16 .. 4096 slots (create time, MRs and pinned pages per slot,
-// throughput), and the limits: what fails first as connections are added under a lowered fd
+// throughput), each size twice: slots made at create() (mode "shared") and made at their first
+// lease (grant_pool_options::lazy_slots, mode "lazy"); and the limits: what fails first as connections are added under a lowered fd
 // limit (RLIMIT_NOFILE) and as pools are created under a lowered pinned-memory limit
 // (RLIMIT_MEMLOCK, with CAP_IPC_LOCK dropped from the effective set), the error the library
 // returns, and the counts after the failure against those before (no leak).
@@ -66,6 +67,9 @@ namespace {
 
 constexpr std::uint32_t slot_size = 4096;
 constexpr std::size_t default_slots = 16;
+// The slot sweep's second pass: pools with grant_pool_options::lazy_slots (each slot made at its
+// first lease), row mode "lazy".
+bool g_lazy_slots = false;
 constexpr std::size_t recvs = 4;          // receives posted per end (one request in flight)
 constexpr std::size_t msg = 64;           // receive buffer bytes
 constexpr std::uint64_t k_recv = 1, k_send = 2, k_read = 3; // wr_id = index << 8 | kind
@@ -425,7 +429,7 @@ struct client_end {
     k.mr = std::move(m);
     RDMAXX_TRY(r, MemoryRegion::reg(k.c.pd(), k.rx.data(), k.rx.size(), access::local_write));
     k.rx_mr = std::move(r);
-    RDMAXX_TRY(p, GrantPool::create(k.c.pd(), k.mr, {.slot_size = slot_size, .slots = slots}));
+    RDMAXX_TRY(p, GrantPool::create(k.c.pd(), k.mr, {.slot_size = slot_size, .slots = slots, .lazy_slots = g_lazy_slots}));
     k.pool = std::move(p);
     for (std::size_t j = 0; j < recvs; ++j)
       RDMAXX_TRYV(k.c.qp().post_recv(std::uint64_t(i) << 8 | k_recv, k.rx_mr.sge(std::uint32_t(j * msg), msg)));
@@ -787,15 +791,19 @@ int sweep_conns(const address &at, std::vector<std::size_t> ns) {
 int sweep_slots(const address &at, std::vector<std::size_t> ss) {
   int rc = 0;
   const double secs = std::max(0.01, 1.0 * scale_);
-  for (std::size_t s : ss) {
-    auto r = local_round(at, 1, true, s, secs, smoke() ? 1 : 3);
-    emit_round("slots", "shared", "both", r, s);
-    if (!r.leak.empty()) {
-      std::printf("LEAK after the round:%s\n", r.leak.c_str());
-      rc = 1;
+  for (bool lazy : {false, true}) {
+    g_lazy_slots = lazy;
+    for (std::size_t s : ss) {
+      auto r = local_round(at, 1, true, s, secs, smoke() ? 1 : 3);
+      emit_round("slots", lazy ? "lazy" : "shared", "both", r, s);
+      if (!r.leak.empty()) {
+        std::printf("LEAK after the round:%s\n", r.leak.c_str());
+        rc = 1;
+      }
+      if (!r.error.empty() && smoke()) rc = 1;
     }
-    if (!r.error.empty() && smoke()) rc = 1;
   }
+  g_lazy_slots = false;
   return rc;
 }
 

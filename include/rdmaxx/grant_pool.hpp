@@ -22,7 +22,8 @@
 ///     connection's grants (revoke_all); and type-1 keys (the safe mechanism on rxe) work from
 ///     every QP of their PD, so isolation between peers needs a PD per peer anyway. Several pools
 ///     may share a QP and a CQ: each tags its work requests with its own id.
-///   - Everything is allocated at create(): per slot a region of exactly the slot's bytes (so the
+///   - Everything is allocated at create() (or, with grant_pool_options::lazy_slots, each slot at
+///     its first acquire()): per slot a region of exactly the slot's bytes (so the
 ///     grant's bounds hold on devices that check only region bounds, rxe) and a window of the
 ///     mechanism the library chooses for the device (detail::grant_for: type-1 on rxe, type-2B
 ///     where remote invalidation is safe). A grant is one window bind added to the caller's send
@@ -53,8 +54,9 @@
 /// Threads: one thread at a time per pool and its leases (like the QP it posts on).
 ///
 /// Allocation: create() allocates the slots, the free list and the key index (new(nothrow)) besides
-/// what verbs allocates; revoke_all() reallocates windows (verbs); acquire, grant, revoke,
-/// complete and release allocate nothing.
+/// what verbs allocates (with lazy_slots, each slot at its first acquire() instead); revoke_all()
+/// reallocates windows (verbs); acquire (of a made slot), grant, revoke, complete and release
+/// allocate nothing.
 #pragma once
 
 #include "access.hpp"
@@ -96,6 +98,12 @@ struct grant_pool_options {
   std::size_t slots = 0;
   /// See grant_options (trusted_peers and type2 for type-2 windows).
   grant_options grant{};
+  /// Make each slot (register its exact region, allocate its window) at its first acquire()
+  /// instead of at create(): a large pool of which a connection uses few slots costs only what
+  /// it uses (kernel objects and pinned pages; README, "How cost grows"). acquire() can then fail
+  /// with the errno of ibv_reg_mr / ibv_alloc_mw (the slot stays free, nothing is left
+  /// allocated).
+  bool lazy_slots = false;
 };
 
 /// What the owner of a pool lets its peer do, sent at connection setup (rdma_cm private data):
@@ -152,6 +160,7 @@ struct grant_pool_stats {
   std::uint64_t failed_completions = 0;  ///< pool work requests that completed in error (flush too)
   std::uint64_t revoked_by_dealloc = 0;  ///< windows revoke_all() deallocated
   std::uint64_t windows_renewed = 0;     ///< windows replaced before a key would repeat
+  std::uint64_t slots_made = 0;          ///< slots whose exact region and window exist
 };
 
 /// The top 16 bits of every work request id a GrantPool posts ("RG"): keep them out of yours.
@@ -215,6 +224,7 @@ struct grant_pool_state {
   std::uint64_t tag = 0;
   std::uint64_t slot_size = 0;
   mw_type type = mw_type::type1;
+  access_flags region_access; // of each exact region
   grant_pool_stats stats;
   std::size_t refs = 1; // the pool and every live lease
   bool open = true;
@@ -225,6 +235,15 @@ struct grant_pool_state {
     if (!w) return lease_state::ready; // deallocated: no key is alive
     if (w.state() == mw_state::bound) return lease_state::granted;
     return w.pending() != 0 ? lease_state::revoking : lease_state::ready;
+  }
+  // Register slot `s`'s exact region and allocate its window (at create(), or at the slot's first
+  // lease with grant_pool_options::lazy_slots). Nothing is left allocated on failure.
+  [[nodiscard]] result<void> make(std::uint32_t s) noexcept {
+    RDMAXX_TRY(made, grant_slot::make_on(pd_link.parent(), pd, slots[s].data, std::size_t(slot_size),
+                                         region_access, type));
+    slots[s] = std::move(made);
+    ++stats.slots_made;
+    return success();
   }
   void put_back(std::uint32_t s) noexcept {
     slots[s].in_use = grant_slot::use::free;
@@ -244,6 +263,9 @@ struct grant_pool_state {
   void reindex(std::uint32_t old_key, std::uint32_t s) noexcept {
     const auto old = std::lower_bound(index.begin(), index.end(), std::pair{old_key >> 8, s});
     if (old != index.end() && old->second == s) index.erase(old);
+    add_to_index(s);
+  }
+  void add_to_index(std::uint32_t s) noexcept {
     if (!slots[s].window) return;
     const std::pair e{slots[s].window.native_handle()->rkey >> 8, s};
     index.insert(std::lower_bound(index.begin(), index.end(), e), e); // capacity: slots.size()
@@ -363,8 +385,8 @@ public:
   /// - errc::unsafe_grant: only type-2 windows on a device where a peer could panic the kernel
   ///   with them (see type2_risk; grant_options::type2 accepts the risk).
   /// - the errno of ibv_query_device_ex (not called when o.grant.caps is given), ibv_reg_mr (ENOMEM: too many pinned pages, see
-  ///   `ulimit -l`) and ibv_alloc_mw; ENOMEM when the arrays cannot be allocated. Nothing is
-  ///   left allocated.
+  ///   `ulimit -l`) and ibv_alloc_mw (with o.lazy_slots: at acquire() instead); ENOMEM when
+  ///   the arrays cannot be allocated. Nothing is left allocated.
   /// \mallocs The state, three arrays of o.slots entries, each exact region's node, and what
   /// verbs allocates.
   [[nodiscard]] static result<GrantPool> create(const ProtectionDomain &pd, const MemoryRegion &buffers,
@@ -393,12 +415,11 @@ public:
     st.tag = grant_pool_wr_tag | (std::uint64_t(next_id()) << 32);
     if (!st.slots.allocate(n, true) || !st.free.allocate(n, false) || !st.index.allocate(n, false))
       return std::make_error_code(std::errc::not_enough_memory);
-    const access_flags acc = (buffers.access() & access::local_write) | access::mw_bind;
+    st.region_access = (buffers.access() & access::local_write) | access::mw_bind;
     for (std::size_t i = 0; i < n; ++i) {
+      st.slots[i].data = buffers.data() + i * o.slot_size;
       // grant_for chose type 2 only where it is safe or accepted in `o.grant`.
-      RDMAXX_TRY(slot, detail::grant_slot::make(pd, buffers.data() + i * o.slot_size,
-                                                std::size_t(o.slot_size), acc, st.type));
-      st.slots[i] = std::move(slot);
+      if (!o.lazy_slots) RDMAXX_TRYV(st.make(std::uint32_t(i)));
     }
     for (std::size_t i = n; i-- > 0;) st.free.push_back(std::uint32_t(i)); // slot 0 first out
     st.rebuild_index();
@@ -437,15 +458,21 @@ public:
 
   // ---- the request path (inline, allocation-free) ----
 
-  /// Lease a free slot (ready: its buffer is the caller's).
+  /// Lease a free slot (ready: its buffer is the caller's). With grant_pool_options::lazy_slots,
+  /// a slot's first lease first registers its exact region and allocates its window.
   /// \errors
   /// - errc::null_handle: a null pool.
   /// - errc::pool_exhausted: every slot is leased or waits for its revocation.
-  /// \mallocs None.
+  /// - lazy_slots, a slot's first lease: the errno of ibv_reg_mr (ENOMEM: too many pinned pages,
+  ///   see `ulimit -l`; EFAULT: the slot's pages are not accessible) or ibv_alloc_mw. The slot
+  ///   stays free and unmade (the next acquire() tries it again), nothing is left allocated.
+  /// \mallocs None (lazy_slots, a slot's first lease: its exact region's node and what verbs
+  /// allocates).
   [[nodiscard]] result<GrantLease> acquire() noexcept {
     if (!st_) return make_error_code(errc::null_handle);
     if (st_->free.empty()) return make_error_code(errc::pool_exhausted);
     const std::uint32_t s = st_->free.back();
+    if (!st_->slots[s].made()) [[unlikely]] RDMAXX_TRYV(make_lazily(s));
     st_->free.pop_back();
     st_->slots[s].in_use = detail::grant_slot::use::leased;
     return GrantLease(st_, s);
@@ -641,6 +668,12 @@ public:
   }
 
 private:
+  // A lazy slot's first lease: make it, and index its window's key (for send-with-invalidate).
+  [[gnu::cold, gnu::noinline]] result<void> make_lazily(std::uint32_t s) noexcept {
+    RDMAXX_TRYV(st_->make(s));
+    st_->add_to_index(s);
+    return success();
+  }
   // A fresh window for a ready slot whose keys are used up (detail::grant_slot::renew); on
   // failure the slot keeps its window and nothing is posted.
   [[gnu::cold]] result<void> rotate(std::uint32_t i) noexcept {

@@ -407,3 +407,77 @@ TEST_CASE("GrantPool::destroy, the checked destruction: every key dead when it r
   lb.recover();
   need(buf.dereg(), "the buffers' region: nothing counts on it any more");
 }
+
+// Issue 24, "How cost grows": a large pool of which a connection uses few slots costs only what it
+// uses. A slot's first lease registers its exact region and allocates its window; a first lease
+// that fails (here: rxe cannot pin the slot's pages, made inaccessible) leaves nothing allocated
+// and the slot free, and the next acquire() makes it.
+TEST_CASE("a GrantPool with lazy slots makes each slot at its first lease; a failed one leaves "
+          "nothing allocated", "[grant-core][grants]") {
+  loopback lb;
+  constexpr std::size_t slot = 4096, n = 64;
+  auto buf = need(MemoryRegion::allocate(lb.pd, slot * n, access::local_write), "buffers");
+  auto *bytes = static_cast<unsigned char *>(buf.address());
+  std::memset(bytes, 0, slot * n);
+  const std::size_t mrs0 = mr_count();
+  const std::string before = kernel_resources();
+  {
+    auto pool = need(GrantPool::create(lb.pd, buf, {.slot_size = slot, .lazy_slots = true}), "pool");
+    CHECK(pool.size() == n);
+    CHECK(pool.available() == n);
+    CHECK(pool.stats().slots_made == 0);
+    CHECK(mr_count() == mrs0); // no exact region yet
+
+    // Slot 0 is the first out: its pages inaccessible, the registration fails.
+    REQUIRE(::mprotect(bytes, slot, PROT_NONE) == 0);
+    auto bad = pool.acquire();
+    REQUIRE(::mprotect(bytes, slot, PROT_READ | PROT_WRITE) == 0);
+    REQUIRE_FALSE(bad);
+    INFO(bad.error().message());
+    CHECK(bad.error().value() == EFAULT);
+    CHECK(pool.available() == n);
+    CHECK(pool.stats().slots_made == 0);
+    CHECK(kernel_resources() == before); // nothing left allocated
+
+    auto l = need(pool.acquire(), "acquire once the pages are back");
+    CHECK(l.slot() == 0);
+    CHECK(pool.stats().slots_made == 1);
+    CHECK(mr_count() == mrs0 + 1);
+    auto b = lb.b.start_send();
+    const remote_descriptor d = need(pool.grant(b, lb.b, l, access::remote_write), "grant");
+    need(b.submit(), "submit");
+    CHECK(d.addr == reinterpret_cast<std::uintptr_t>(bytes));
+    CHECK(d.length == slot);
+    std::vector<unsigned char> src(slot + 1, 0x5A);
+    auto src_mr = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "src");
+    // One byte past the slot is refused (its exact region), the slot itself lands.
+    CHECK(is_denial(peer_post(lb.a, lb.cq_a, IBV_WR_RDMA_WRITE, src_mr.sge(0, std::uint32_t(slot + 1)),
+                              d.addr, d.rkey)));
+    CHECK(all_equal(bytes, slot * n, 0));
+    lb.recover();
+    CHECK(peer_post(lb.a, lb.cq_a, IBV_WR_RDMA_WRITE, src_mr.sge(0, std::uint32_t(slot)), d.addr, d.rkey) ==
+          IBV_WC_SUCCESS);
+    CHECK(all_equal(bytes, slot, 0x5A));
+    CHECK(all_equal(bytes + slot, slot * (n - 1), 0));
+    need(pool.revoke(lb.b, l), "revoke");
+    auto wc = wait_wc(lb.cq_b, 1);
+    REQUIRE(wc.front().status == IBV_WC_SUCCESS);
+    (void)pool.complete(std::span<ibv_wc>(wc));
+    REQUIRE(l.state() == lease_state::ready);
+    CHECK(is_denial(peer_post(lb.a, lb.cq_a, IBV_WR_RDMA_WRITE, src_mr.sge(0, 64), d.addr, d.rkey)));
+    lb.recover();
+    need(pool.release(l), "release");
+    // The next lease reuses the made slot: nothing new registered.
+    auto l2 = need(pool.acquire(), "acquire again");
+    CHECK(l2.slot() == 0);
+    CHECK(pool.stats().slots_made == 1);
+    auto l3 = need(pool.acquire(), "a second slot");
+    CHECK(l3.slot() == 1);
+    CHECK(pool.stats().slots_made == 2);
+    CHECK(mr_count() == mrs0 + 2);
+    need(pool.release(l2), "release");
+    need(pool.release(l3), "release");
+    need(pool.destroy(), "destroy");
+  }
+  CHECK(kernel_resources() == before);
+}

@@ -38,14 +38,29 @@ struct grant_slot {
   [[nodiscard]] static result<grant_slot> make(const ProtectionDomain &pd, std::byte *data,
                                                std::size_t length, access_flags region_access,
                                                mw_type type) noexcept {
+    if (!pd) return make_error_code(errc::null_handle);
+    return make_on(handle_access::node(pd), pd.native_handle(), data, length, region_access, type);
+  }
+  /// As make(), on a PD known by its C object and children counter (a GrantPool with lazy slots
+  /// makes each at its first lease, holding no ProtectionDomain). Nothing is left allocated on
+  /// failure.
+  /// \errors the errno of ibv_reg_mr / ibv_alloc_mw.
+  [[nodiscard]] static result<grant_slot> make_on(parent_node *pd_node, ibv_pd *pd, std::byte *data,
+                                                  std::size_t length, access_flags region_access,
+                                                  mw_type type) noexcept {
+    if (auto ec = MemoryRegion::check_reg_args(data, length, region_access)) return ec; // as reg()
     grant_slot s;
-    RDMAXX_TRY(region, MemoryRegion::reg(pd, data, length, region_access));
-    RDMAXX_TRY(window, MemoryWindow::alloc_on(handle_access::node(pd), pd.native_handle(), type));
+    RDMAXX_TRY(region, MemoryRegion::reg_on(pd_node, pd, data, length, reinterpret_cast<std::uintptr_t>(data),
+                                            region_access, mr_kind::user));
+    RDMAXX_TRY(window, MemoryWindow::alloc_on(pd_node, pd, type));
     s.region = std::move(region);
     s.window = std::move(window);
     s.data = data;
     return s;
   }
+  /// The slot has its exact region and window (a lazy GrantPool slot before its first lease has
+  /// only its bytes).
+  [[nodiscard]] bool made() const noexcept { return bool(region); }
 
   // ---- IndirectKey's software backend: one slot per flattened segment ----
 
