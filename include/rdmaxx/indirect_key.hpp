@@ -449,7 +449,7 @@ public:
 #endif
     if (s.configured) return make_error_code(errc::already_bound);
     if (auto ec = detail::check_batch_of(batch, qp)) return ec;
-    if (batch.undo_.full()) return make_error_code(errc::too_many_pending);
+    if (detail::batch_access::undo(batch).full()) return make_error_code(errc::too_many_pending);
     if (qp.pd() != s.pd) return make_error_code(errc::pd_mismatch);
 #if RDMAXX_HAVE_MLX5
     if (s.backend == umr_backend::mlx5) {
@@ -458,7 +458,7 @@ public:
       s.length = l.total_length();
       s.access = acc;
       s.configured = s.mk.live();
-      batch.undo_.add(&undo_op, this, 0);
+      detail::batch_access::undo(batch).add(&undo_op, this, 0);
       return success();
     }
 #endif
@@ -494,7 +494,7 @@ public:
     s.access = acc;
     s.all_mw_bind = all_bind;
     s.configured = true;
-    batch.undo_.add(&undo_op, this, 0);
+    detail::batch_access::undo(batch).add(&undo_op, this, 0);
     return success();
   }
 
@@ -521,9 +521,9 @@ public:
 #if RDMAXX_HAVE_MLX5
     if (st().backend == umr_backend::mlx5) {
       if (!batch.native_handle()) return make_error_code(errc::wrong_state);
-      if (batch.undo_.full()) return make_error_code(errc::too_many_pending);
+      if (detail::batch_access::undo(batch).full()) return make_error_code(errc::too_many_pending);
       RDMAXX_TRYV(mlx5::invalidate_key(st().mk, batch.native_handle(), w));
-      batch.undo_.add(&undo_op, this, 0);
+      detail::batch_access::undo(batch).add(&undo_op, this, 0);
       return success();
     }
 #endif

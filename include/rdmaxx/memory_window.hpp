@@ -480,14 +480,14 @@ private:
   // check_batch_of, and room for the undo push() registers.
   [[nodiscard]] static std::error_code check_batch(const SendBatch &batch, const QueuePair &qp) noexcept {
     if (auto ec = detail::check_batch_of(batch, qp)) return ec;
-    if (batch.undo_.full()) return make_error_code(errc::too_many_pending);
+    if (detail::batch_access::undo(batch).full()) return make_error_code(errc::too_many_pending);
     return {};
   }
   // Record an operation added to `batch`: the current binding (with its counted MR/QP) moves into
   // the log, and the batch gets an undo for it in case nothing of it is posted.
   void push(std::uint64_t wr_id, const QueuePair &qp, SendBatch &batch,
             ibv_wc_opcode op = IBV_WC_BIND_MW) noexcept {
-    batch.undo_.add(&undo_op, this, push(wr_id, qp, op));
+    detail::batch_access::undo(batch).add(&undo_op, this, push(wr_id, qp, op));
   }
   // The batch's undo: roll back the operation named `seq` and any later one (all in that batch:
   // one open batch per QP, and a window's unconfirmed operations share one QP). Gone already
