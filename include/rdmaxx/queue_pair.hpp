@@ -187,7 +187,7 @@ public:
   /// on it. False elsewhere (no other provider scatters to the CQE) and when null.
   [[nodiscard]] bool scatter_to_cqe_disabled() const noexcept { return h_ && no_scatter_to_cqe_; }
 
-  // ---- fast path ----
+  // ---- fast path (bodies in the class, as measured: README "Benchmarks") ----
 
   /// Open a send batch (ibv_wr_start). On a null QP (moved from, destroyed) the batch is not
   /// open: its operations are ignored and its submit() answers errc::null_handle.
@@ -225,12 +225,23 @@ public:
   /// - the errno of ibv_post_recv (ENOMEM: receive queue full, EINVAL: too many SGEs or bad
   ///   state).
   /// \mallocs None.
-  result<void> post_recv(std::uint64_t wr_id, std::span<const ibv_sge> sges) noexcept;
+  result<void> post_recv(std::uint64_t wr_id, std::span<const ibv_sge> sges) noexcept {
+    if (!h_) [[unlikely]] return make_error_code(errc::null_handle);
+    ibv_recv_wr w{};
+    w.wr_id = wr_id;
+    w.sg_list = const_cast<ibv_sge *>(sges.data());
+    w.num_sge = int(sges.size());
+    ibv_recv_wr *bad = nullptr;
+    if (const int rc = ::ibv_post_recv(h_.get(), &w, &bad)) [[unlikely]] return errno_code(rc);
+    return success();
+  }
   /// ibv_post_recv of one receive with a single SGE.
   /// \errors
   /// - those of post_recv() with SGEs.
   /// \mallocs None.
-  result<void> post_recv(std::uint64_t wr_id, const ibv_sge &sge) noexcept;
+  result<void> post_recv(std::uint64_t wr_id, const ibv_sge &sge) noexcept {
+    return post_recv(wr_id, std::span<const ibv_sge>(&sge, 1));
+  }
 
   // ---- connection ----
 
@@ -397,21 +408,6 @@ inline result<QueuePair> QueuePair::create(const ProtectionDomain &pd, const Com
                      [](ibv_context *c, ibv_qp_init_attr_ex &a) noexcept {
                        return ::ibv_create_qp_ex(c, &a);
                      });
-}
-
-inline result<void> QueuePair::post_recv(std::uint64_t wr_id, std::span<const ibv_sge> sges) noexcept {
-  if (!h_) [[unlikely]] return make_error_code(errc::null_handle);
-  ibv_recv_wr w{};
-  w.wr_id = wr_id;
-  w.sg_list = const_cast<ibv_sge *>(sges.data());
-  w.num_sge = int(sges.size());
-  ibv_recv_wr *bad = nullptr;
-  if (const int rc = ::ibv_post_recv(h_.get(), &w, &bad)) [[unlikely]] return errno_code(rc);
-  return success();
-}
-
-inline result<void> QueuePair::post_recv(std::uint64_t wr_id, const ibv_sge &sge) noexcept {
-  return post_recv(wr_id, std::span<const ibv_sge>(&sge, 1));
 }
 
 inline result<endpoint> QueuePair::local_endpoint(const connect_options &o) const noexcept {
