@@ -619,7 +619,7 @@ public:
       }
       ++st_->stats.revoked_by_dealloc;
       s.key_changes = 0;
-      if (auto w = MemoryWindow::alloc_on(st_->pd_link.parent(), st_->pd, st_->type)) {
+      if (auto w = detail::mw_access::alloc_on(st_->pd_link.parent(), st_->pd, st_->type)) {
         s.window = std::move(w).value();
       } else if (!first) {
         first = w.error();

@@ -243,96 +243,7 @@ public:
   /// \mallocs As create().
   [[nodiscard]] static result<IndirectKey> create_with(const ProtectionDomain &pd, std::uint32_t max_entries,
                                                        ikey_options o,
-                                                       [[maybe_unused]] const detail::ikey_mlx5_verbs &v) noexcept {
-    if (!pd) return make_error_code(errc::null_handle);
-    if (max_entries == 0) return make_error_code(errc::zero_length);
-    if (max_entries > 0xffff || o.max_segments > ikey_descriptor::max_segments)
-      return make_error_code(errc::out_of_range);
-    auto *st = new (std::nothrow) detail::ikey_state;
-    if (!st) return std::make_error_code(std::errc::not_enough_memory);
-    st->pd = pd.native_handle();
-    st->max_entries = max_entries;
-    bool want_mlx5 = o.backend == umr_backend::mlx5;
-    if (o.backend == umr_backend::none && !detail::umr_forced_software()) {
-#if RDMAXX_HAVE_MLX5
-      want_mlx5 = v.is_mlx5(pd.context()->device);
-#endif
-    }
-    if (want_mlx5) {
-#if RDMAXX_HAVE_MLX5
-      if (max_entries > mlx5::max_mkey_entries) {
-        delete st;
-        return make_error_code(errc::out_of_range);
-      }
-      // A device that cannot modify an mkey's atomic right through a UMR fails every configure
-      // of rdma-core 44 (the setter always sets that bit): the software backend, or refused. A
-      // failed query is no answer: no mlx5 backend either (automatic: software, whose own
-      // device query decides; forced: the command's errno).
-      int qerr = 0;
-      const mlx5::umr_atomic at = mlx5::query_umr_atomic(pd.context(), v.devx_cmd, &qerr);
-      if (at != mlx5::umr_atomic::allowed) {
-        if (o.backend == umr_backend::mlx5) {
-          delete st;
-          if (at == mlx5::umr_atomic::disabled) return make_error_code(errc::unsupported);
-          return errno_code(qerr);
-        }
-        want_mlx5 = false;
-      }
-#endif
-    }
-    if (want_mlx5) {
-#if RDMAXX_HAVE_MLX5
-      // One entry more than asked: `max_entries` repeat entries are promised (mkey_entries_for).
-      auto k = mlx5::create_mkey(st->pd, mlx5::mkey_entries_for(max_entries), o.remote_invalidate,
-                                 v.create_mkey);
-      if (k) {
-        // The key's child counter: an outer key nesting this one, while configured, counts here.
-        detail::parent_node *node = detail::new_parent_node();
-        if (!node) {
-          (void)::mlx5dv_destroy_mkey(k.value().mkey);
-          delete st;
-          return std::make_error_code(std::errc::not_enough_memory);
-        }
-        st->backend = umr_backend::mlx5;
-        st->mkey = k.value().mkey;
-        mlx5::init_key(st->mk, k.value().mkey, k.value().update_tag);
-        st->max_entries = k.value().max_entries;
-        return IndirectKey(st, pd, node);
-      }
-      if (o.backend == umr_backend::mlx5) {
-        delete st;
-        return k.error();
-      }
-      // automatic: no DEVX context or no UMR here: fall back to software
-#else
-      delete st;
-      return make_error_code(errc::unsupported);
-#endif
-    }
-    st->backend = umr_backend::software;
-    std::uint32_t segs = o.max_segments;
-    if (segs == 0) {
-      segs = max_entries * 8 < 64 ? 64 : max_entries * 8;
-      if (segs > ikey_descriptor::max_segments) segs = ikey_descriptor::max_segments;
-    }
-    st->max_segments = segs;
-    st->segs = new (std::nothrow) key_segment[segs];
-    st->slots = new (std::nothrow) detail::grant_slot[segs];
-    st->links = new (std::nothrow) detail::child_link[segs];
-    // A failed device query fails closed: no key rather than a guess at the mechanism.
-    auto g = detail::grant_for(pd.context(), {o.trusted_peers, o.type2, o.caps});
-    if (!g) {
-      delete st;
-      return g.error();
-    }
-    st->grant = g.value().mechanism;
-    st->grant_unsafe = g.value().unsafe;
-    if (!st->segs || !st->slots || !st->links) {
-      delete st;
-      return std::make_error_code(std::errc::not_enough_memory);
-    }
-    return IndirectKey(st, pd);
-  }
+                                                       const detail::ikey_mlx5_verbs &v) noexcept;
 
   // ---- accessors ----
   /// True unless null (default-constructed, moved from or destroyed).
@@ -351,15 +262,7 @@ public:
   [[nodiscard]] bool configured() const noexcept { return h_ && st().configured; }
   /// A configure (or, mlx5, an invalidate) added to a batch is not confirmed yet (hand its
   /// completion to complete(); a dropped batch or a failed submit() undoes it).
-  [[nodiscard]] bool pending() const noexcept {
-    if (!h_) return false;
-    if (st().binds_unconfirmed) return true;
-#if RDMAXX_HAVE_MLX5
-    return st().mkey && st().mk.pending();
-#else
-    return false;
-#endif
-  }
+  [[nodiscard]] bool pending() const noexcept;
   /// Bytes of the configured layout (0 when not configured).
   [[nodiscard]] std::uint64_t length() const noexcept { return configured() ? st().length : 0; }
   /// The rights the key was configured with (empty when not configured).
@@ -377,23 +280,7 @@ public:
   [[nodiscard]] ibv_pd *pd() const noexcept { return h_ ? st().pd : nullptr; }
 
   /// The limits a layout must respect to configure this key through `qp`.
-  [[nodiscard]] layout_limits limits(const QueuePair &qp) const noexcept {
-    layout_limits l;
-    if (!h_) return l;
-#if RDMAXX_HAVE_MLX5
-    if (st().backend == umr_backend::mlx5)
-      return mlx5::limits_for({qp.caps().max_inline_data, st().max_entries});
-#endif
-    (void)qp;
-    l.max_entries = st().max_entries < layout::capacity ? st().max_entries : std::uint32_t(layout::capacity);
-    l.max_repeat_entries = l.max_entries;
-    l.max_segments = st().max_segments;
-    l.nested_software_only = true;
-    // Exact regions: the key's own registrations carry the remote rights and MW_BIND.
-    l.remote_rights_own = st().grant == grant_mechanism::type1_exact_region;
-    l.remote_needs_mw_bind = !l.remote_rights_own;
-    return l;
-  }
+  [[nodiscard]] layout_limits limits(const QueuePair &qp) const noexcept;
 
   /// A view of this key for a layout entry of another key (nesting). A key that is not
   /// configured gives a ref that validation refuses with errc::wrong_state.
@@ -472,62 +359,7 @@ public:
   /// and, with the exact-region mechanism, one region per segment whose bytes changed since the
   /// last configure (ibv_reg_mr_iova2, inside verbs, and its node).
   [[nodiscard]] result<void> configure(SendBatch &batch, QueuePair &qp, const layout &l,
-                                       access_flags acc, wr w = {}) noexcept {
-    if (!h_ || !qp) return make_error_code(errc::null_handle);
-    detail::ikey_state &s = st();
-#if RDMAXX_HAVE_MLX5
-    if (s.backend == umr_backend::mlx5 && s.mk.pending()) return make_error_code(errc::operation_unconfirmed);
-#endif
-    if (s.configured) return make_error_code(errc::already_bound);
-    if (auto ec = detail::check_batch_of(batch, qp)) return ec;
-    if (batch.undo_.full()) return make_error_code(errc::too_many_pending);
-    if (qp.pd() != s.pd) return make_error_code(errc::pd_mismatch);
-#if RDMAXX_HAVE_MLX5
-    if (s.backend == umr_backend::mlx5) {
-      RDMAXX_TRYV(mlx5::configure_key(s.mk, qp.mlx5_send_ops(), batch.native_handle(), s.pd, w, l,
-                                      acc, {qp.caps().max_inline_data, s.max_entries}, s.to_dv));
-      s.length = l.total_length();
-      s.access = acc;
-      s.configured = s.mk.live();
-      batch.undo_.add(&undo_op, this, 0);
-      return success();
-    }
-#endif
-    if (auto ec = l.validate(limits(qp), acc, s.pd)) return ec;
-    RDMAXX_TRY(n, l.expand(std::span<key_segment>(s.segs, s.max_segments)));
-    const access_flags remote = acc & ikey_descriptor::remote_rights;
-    bool all_bind = true;
-    for (const auto &e : l.entries()) all_bind = all_bind && e.source.access.any(access::mw_bind);
-    if (!remote.empty() && s.grant == grant_mechanism::none)
-      return make_error_code(s.grant_unsafe ? errc::unsafe_grant : errc::unsupported);
-    if (!remote.empty() && s.grant == grant_mechanism::type1_exact_region) {
-      for (std::size_t i = 0; i < n; ++i)
-        if (!s.segs[i].mr || !s.segs[i].data) return layout_error(errc::null_handle, no_entry);
-      RDMAXX_TRYV(configure_exact(batch, qp, remote, n, w));
-      // Type-1 windows do not hang on the QP, but their binds are posted through it: the key
-      // counts as its child as with type-2 windows (one rule for both mechanisms).
-      h_.set_parent<detail::parent_slot::second>(detail::handle_access::node(qp));
-    } else if (!remote.empty()) {
-      for (std::size_t i = 0; i < n; ++i)
-        if (!s.segs[i].mr) return layout_error(errc::null_handle, no_entry); // raw region
-      // Type-2 windows over the segments' own regions: no exact regions.
-      if (const int rc = s.release_regions()) return errno_code(rc);
-      RDMAXX_TRYV(bind_windows(batch, qp, remote, n, w, mw_type::type2));
-      h_.set_parent<detail::parent_slot::second>(detail::handle_access::node(qp));
-    }
-    if (!remote.empty()) {
-      s.binds_unconfirmed = true;
-      s.bind_wr_id = w.id;
-      s.bind_qp_num = qp.qp_num();
-    }
-    s.nsegs = std::uint32_t(n);
-    s.length = l.total_length();
-    s.access = acc;
-    s.all_mw_bind = all_bind;
-    s.configured = true;
-    batch.undo_.add(&undo_op, this, 0);
-    return success();
-  }
+                                       access_flags acc, wr w = {}) noexcept;
 
   /// Invalidate: the key stops working. mlx5: a local invalidate of the mkey added to `batch`
   /// (ibv_wr_local_inv), posted signaled whatever w.flags says; the key stays configured() (it
@@ -546,22 +378,7 @@ public:
   /// - errc::send_queue_full: mlx5: the QP's counted send queue has no room.
   /// - the errno of ibv_dealloc_mw (the key is invalid regardless).
   /// \mallocs None.
-  [[nodiscard]] result<void> invalidate(SendBatch &batch, wr w = {}) noexcept {
-    if (!h_) return make_error_code(errc::null_handle);
-    if (!st().configured) return make_error_code(errc::not_bound);
-#if RDMAXX_HAVE_MLX5
-    if (st().backend == umr_backend::mlx5) {
-      if (!batch.native_handle()) return make_error_code(errc::wrong_state);
-      if (batch.undo_.full()) return make_error_code(errc::too_many_pending);
-      RDMAXX_TRYV(mlx5::invalidate_key(st().mk, batch.native_handle(), w));
-      batch.undo_.add(&undo_op, this, 0);
-      return success();
-    }
-#endif
-    (void)batch;
-    (void)w;
-    return invalidate();
-  }
+  [[nodiscard]] result<void> invalidate(SendBatch &batch, wr w = {}) noexcept;
   /// Software only: invalidate now, without a work request (as above).
   /// \errors
   /// - errc::null_handle: the key is null.
@@ -569,20 +386,7 @@ public:
   /// - errc::wrong_type: mlx5 (use the batch form).
   /// - the errno of ibv_dealloc_mw.
   /// \mallocs None.
-  [[nodiscard]] result<void> invalidate() noexcept {
-    if (!h_) return make_error_code(errc::null_handle);
-    detail::ikey_state &s = st();
-    if (s.backend != umr_backend::software) return make_error_code(errc::wrong_type);
-    if (!s.configured) return make_error_code(errc::not_bound);
-    const int rc = s.release_windows(); // the exact regions stay for the next configure
-    s.configured = false;
-    s.binds_unconfirmed = false;
-    s.nsegs = 0;
-    s.length = 0;
-    h_.set_parent<detail::parent_slot::second>(nullptr);
-    if (rc != 0) return errno_code(rc);
-    return success();
-  }
+  [[nodiscard]] result<void> invalidate() noexcept;
 
   /// Software, exact-region mechanism: deregister the regions the key kept for its next
   /// configure (ibv_dereg_mr each) and drop its counts on the underlying MemoryRegions, so those
@@ -592,13 +396,7 @@ public:
   /// - errc::already_bound: configured (its layout uses them: invalidate first).
   /// - the errno of ibv_dereg_mr (the regions not deregistered stay kept).
   /// \mallocs None.
-  result<void> release_regions() noexcept {
-    if (!h_) return make_error_code(errc::null_handle);
-    if (st().configured) return make_error_code(errc::already_bound);
-    if (st().backend != umr_backend::software) return success();
-    if (const int rc = st().release_regions()) return errno_code(rc);
-    return success();
-  }
+  result<void> release_regions() noexcept;
   /// Software: exact regions the key holds (its layout's while configured; kept for the next
   /// configure after invalidate()).
   [[nodiscard]] std::uint32_t kept_regions() const noexcept {
@@ -623,30 +421,7 @@ public:
   /// - errc::buffer_too_small: more SGEs than `out` holds.
   /// \mallocs None.
   [[nodiscard]] result<std::size_t> sges(std::uint64_t offset, std::uint64_t length,
-                                         std::span<ibv_sge> out) const noexcept {
-    if (!h_) return make_error_code(errc::null_handle);
-    const detail::ikey_state &s = st();
-    if (!s.configured) return make_error_code(errc::wrong_state);
-    if (!usable_locally()) return make_error_code(errc::operation_unconfirmed);
-    if (length == 0) return make_error_code(errc::zero_length);
-    if (offset > s.length || length > s.length - offset) return make_error_code(errc::out_of_range);
-    if (s.mkey) {
-      if (length > UINT32_MAX) return make_error_code(errc::out_of_range);
-      if (out.empty()) return make_error_code(errc::buffer_too_small);
-      out[0] = {offset, std::uint32_t(length), mkey_lkey()};
-      return std::size_t(1);
-    }
-    auto len_of = [&](std::size_t i) { return std::uint64_t(s.segs[i].length); };
-    std::size_t n = 0;
-    (void)for_each_piece(s.nsegs, len_of, offset, length, [&](const window_piece &) { ++n; });
-    if (n > out.size()) return make_error_code(errc::buffer_too_small);
-    std::size_t k = 0;
-    (void)for_each_piece(s.nsegs, len_of, offset, length, [&](const window_piece &p) {
-      const key_segment &g = s.segs[p.segment];
-      out[k++] = {g.addr + p.segment_offset, p.length, g.lkey};
-    });
-    return n;
-  }
+                                         std::span<ibv_sge> out) const noexcept;
 
   /// sges() for work on `qp`. mlx5: refused unless `qp` has scatter-to-CQE disabled
   /// (QueuePair::scatter_to_cqe_disabled(): every QP rdmaxx creates on mlx5): with the provider's
@@ -658,14 +433,7 @@ public:
   /// - those of sges().
   /// \mallocs None.
   [[nodiscard]] result<std::size_t> sges(const QueuePair &qp, std::uint64_t offset, std::uint64_t length,
-                                         std::span<ibv_sge> out) const noexcept {
-#if RDMAXX_HAVE_MLX5
-    if (h_ && st().mkey && !qp.scatter_to_cqe_disabled()) return make_error_code(errc::scatter_to_cqe);
-#else
-    (void)qp;
-#endif
-    return sges(offset, length, out);
-  }
+                                         std::span<ibv_sge> out) const noexcept;
 
   /// What a peer needs (send it encoded), only once the configure is confirmed by its own
   /// completion (complete()): a configure that fails at submit or completion must not hand a
@@ -680,25 +448,7 @@ public:
   /// - errc::too_many_entries / out_of_range: an mlx5 key longer than one segment can say (more
   ///   than 4 GiB).
   /// \mallocs None.
-  [[nodiscard]] result<ikey_descriptor> descriptor() const noexcept {
-    if (!h_) return make_error_code(errc::null_handle);
-    const detail::ikey_state &s = st();
-    if (!s.configured) return make_error_code(errc::wrong_state);
-#if RDMAXX_HAVE_MLX5
-    if (s.mkey && s.mk.pending()) return make_error_code(errc::operation_unconfirmed);
-#endif
-    if (s.binds_unconfirmed) return make_error_code(errc::operation_unconfirmed);
-    const access_flags rights = s.access & ikey_descriptor::remote_rights;
-    if (rights.empty()) return make_error_code(errc::missing_access);
-    std::array<remote_segment, ikey_descriptor::max_segments> rs;
-    if (s.mkey) {
-      if (s.length > UINT32_MAX) return make_error_code(errc::out_of_range);
-      rs[0] = {0, std::uint32_t(s.length), mkey_rkey()};
-      return ikey_descriptor::make(std::span<const remote_segment>(rs.data(), 1), rights);
-    }
-    for (std::uint32_t i = 0; i < s.nsegs; ++i) rs[i] = {s.segs[i].addr, s.segs[i].length, s.segs[i].rkey};
-    return ikey_descriptor::make(std::span<const remote_segment>(rs.data(), s.nsegs), rights);
-  }
+  [[nodiscard]] result<ikey_descriptor> descriptor() const noexcept;
 
   /// Destroy now: software windows deallocated, mlx5 mkey destroyed (mlx5dv_destroy_mkey).
   /// \errors On failure the key stays valid:
@@ -727,33 +477,10 @@ public:
   /// (descriptor() refuses before), an error one (a failed or flushed bind) undoes the configure
   /// (the windows go, the key is not configured); true when it concerned the key.
   /// Inline, allocation-free.
-  bool complete(const ibv_wc &wc) noexcept {
-    if (!h_) return false;
-#if RDMAXX_HAVE_MLX5
-    if (st().mkey) {
-      const bool changed = mlx5::complete_key(st().mk, wc);
-      sync_mlx5();
-      return changed;
-    }
-#endif
-    detail::ikey_state &s = st();
-    if (!s.binds_unconfirmed || wc.wr_id != s.bind_wr_id || wc.qp_num != s.bind_qp_num) return false;
-    s.binds_unconfirmed = false;
-    // The last bind's own completion: the earlier, unsignaled binds of the configure executed
-    // before it (one send queue, in order), so it confirms (or, failed, rolls back) every window.
-    for (std::uint32_t i = 0; i < s.nwindows; ++i) (void)s.slots[i].window.complete(wc);
-    if (wc.status != IBV_WC_SUCCESS) (void)invalidate(); // a bind failed or was flushed: no key
-    return true;
-  }
+  bool complete(const ibv_wc &wc) noexcept;
   /// mlx5: undo the unconfirmed operation. Not needed after a dropped batch or a failed submit():
   /// the batch undoes the operations it carried itself. No effect otherwise.
-  void cancel_pending() noexcept {
-#if RDMAXX_HAVE_MLX5
-    if (!h_ || !st().mkey) return;
-    mlx5::cancel_key(st().mk);
-    sync_mlx5();
-#endif
-  }
+  void cancel_pending() noexcept;
 
   /// The batch form with the arguments in the order of 0.1 (QP first). Every other batch form
   /// takes (batch, qp, ...): MemoryWindow::bind, StrictGrant::grant, GrantPool::grant.
@@ -821,26 +548,10 @@ private:
   // The undo a batch-form configure or (mlx5) invalidate registers with its batch: nothing of the
   // batch was posted. mlx5: the unconfirmed operation is dropped; software (a configure): the
   // windows go, the key is not configured.
-  static void undo_op(void *key, std::uint64_t) noexcept {
-    auto *self = static_cast<IndirectKey *>(key);
-    if (!self->h_) return;
-#if RDMAXX_HAVE_MLX5
-    if (self->st().mkey) {
-      self->cancel_pending();
-      return;
-    }
-#endif
-    if (self->st().configured) (void)self->invalidate();
-  }
+  static void undo_op(void *key, std::uint64_t) noexcept;
   // mlx5: local use (sges(), nesting) only once the configure is confirmed: work on another QP
   // is not ordered after the UMR, and a configure may still fail.
-  [[nodiscard]] bool usable_locally() const noexcept {
-#if RDMAXX_HAVE_MLX5
-    return !st().mkey || st().mk.phase == mlx5::key_phase::configured;
-#else
-    return true;
-#endif
-  }
+  [[nodiscard]] bool usable_locally() const noexcept;
 #if RDMAXX_HAVE_MLX5
   void sync_mlx5() noexcept { st().configured = st().mk.live(); }
 #endif
@@ -853,57 +564,13 @@ private:
   // segments are released. On failure nothing is added to the batch and no window is left; the
   // regions registered so far stay kept (valid registrations of the segments' bytes).
   [[nodiscard]] result<void> configure_exact(SendBatch &batch, QueuePair &qp, access_flags remote,
-                                             std::size_t n, wr w) noexcept {
-    detail::ikey_state &s = st();
-    const bool writes = remote.any(access::remote_write | access::remote_atomic);
-    const access_flags racc = access::mw_bind | (writes ? access::local_write : access_flags{});
-    for (std::uint32_t i = 0; i < n; ++i) {
-      const key_segment &g = s.segs[i];
-      if (i < s.nkept && s.slots[i].holds(g.data, g.length, g.addr, racc) &&
-          s.links[i].parent() == g.node)
-        continue;
-      if (i < s.nkept)
-        if (const int rc = s.release_region(i)) return errno_code(rc);
-      if (i >= s.nkept) s.nkept = i + 1;
-      RDMAXX_TRYV(s.slots[i].reg_exact(h_.parent(), s.pd, g.data, g.length, g.addr, racc));
-      s.links[i] = detail::child_link(g.node, child_kind::indirect_key);
-    }
-    if (const int rc = s.release_regions(std::uint32_t(n))) return errno_code(rc);
-    return bind_windows(batch, qp, remote, n, w, mw_type::type1);
-  }
+                                             std::size_t n, wr w) noexcept;
   // One fresh window of `type` per segment (ibv_alloc_mw), each bound over its segment in
   // `batch` (through the slot's exact region where it has one), w.flags' signaled bit on the
   // last bind only. Every bind is checked before any is added, so a refusal adds nothing; the
   // windows are then deallocated.
   [[nodiscard]] result<void> bind_windows(SendBatch &batch, QueuePair &qp, access_flags remote,
-                                          std::size_t n, wr w, mw_type type) noexcept {
-    detail::ikey_state &s = st();
-    for (std::uint32_t i = 0; i < n; ++i) {
-      s.nwindows = i + 1;
-      if (auto r = s.slots[i].alloc_window(h_.parent(), s.pd, type); !r) {
-        s.release_windows();
-        return r.error();
-      }
-    }
-    // The segments' own regions were checked by layout::validate (MW_BIND where type-2
-    // windows bind over them, LOCAL_WRITE for remote writes): their access as validated.
-    const access_flags own = access::mw_bind | access::local_write;
-    for (std::uint32_t i = 0; i < n; ++i) {
-      const key_segment &g = s.segs[i];
-      if (auto ec = s.slots[i].check_segment(qp, g.mr, own, g.length, remote)) {
-        s.release_windows();
-        return ec;
-      }
-    }
-    const send_flags quiet = w.flags & ~send_flags(send_flag::signaled);
-    for (std::uint32_t i = 0; i < n; ++i) {
-      key_segment &g = s.segs[i];
-      s.slots[i].bind_segment(batch, qp, g.mr, g.node, g.addr, g.length, remote,
-                              {w.id, i + 1 == n ? w.flags | send_flag::signaled : quiet});
-      g.rkey = s.slots[i].window.rkey();
-    }
-    return success();
-  }
+                                          std::size_t n, wr w, mw_type type) noexcept;
 #if RDMAXX_HAVE_MLX5
   [[nodiscard]] std::uint32_t mkey_lkey() const noexcept { return st().mkey->lkey; }
   [[nodiscard]] std::uint32_t mkey_rkey() const noexcept { return st().mkey->rkey; }
@@ -914,6 +581,380 @@ private:
 
   detail::handle<traits> h_;
 };
+
+// ---- IndirectKey: the longer bodies ----
+
+inline result<IndirectKey> IndirectKey::create_with(const ProtectionDomain &pd, std::uint32_t max_entries,
+                                                    ikey_options o,
+                                                    [[maybe_unused]] const detail::ikey_mlx5_verbs &v) noexcept {
+  if (!pd) return make_error_code(errc::null_handle);
+  if (max_entries == 0) return make_error_code(errc::zero_length);
+  if (max_entries > 0xffff || o.max_segments > ikey_descriptor::max_segments)
+    return make_error_code(errc::out_of_range);
+  auto *st = new (std::nothrow) detail::ikey_state;
+  if (!st) return std::make_error_code(std::errc::not_enough_memory);
+  st->pd = pd.native_handle();
+  st->max_entries = max_entries;
+  bool want_mlx5 = o.backend == umr_backend::mlx5;
+  if (o.backend == umr_backend::none && !detail::umr_forced_software()) {
+#if RDMAXX_HAVE_MLX5
+    want_mlx5 = v.is_mlx5(pd.context()->device);
+#endif
+  }
+  if (want_mlx5) {
+#if RDMAXX_HAVE_MLX5
+    if (max_entries > mlx5::max_mkey_entries) {
+      delete st;
+      return make_error_code(errc::out_of_range);
+    }
+    // A device that cannot modify an mkey's atomic right through a UMR fails every configure
+    // of rdma-core 44 (the setter always sets that bit): the software backend, or refused. A
+    // failed query is no answer: no mlx5 backend either (automatic: software, whose own
+    // device query decides; forced: the command's errno).
+    int qerr = 0;
+    const mlx5::umr_atomic at = mlx5::query_umr_atomic(pd.context(), v.devx_cmd, &qerr);
+    if (at != mlx5::umr_atomic::allowed) {
+      if (o.backend == umr_backend::mlx5) {
+        delete st;
+        if (at == mlx5::umr_atomic::disabled) return make_error_code(errc::unsupported);
+        return errno_code(qerr);
+      }
+      want_mlx5 = false;
+    }
+#endif
+  }
+  if (want_mlx5) {
+#if RDMAXX_HAVE_MLX5
+    // One entry more than asked: `max_entries` repeat entries are promised (mkey_entries_for).
+    auto k = mlx5::create_mkey(st->pd, mlx5::mkey_entries_for(max_entries), o.remote_invalidate,
+                               v.create_mkey);
+    if (k) {
+      // The key's child counter: an outer key nesting this one, while configured, counts here.
+      detail::parent_node *node = detail::new_parent_node();
+      if (!node) {
+        (void)::mlx5dv_destroy_mkey(k.value().mkey);
+        delete st;
+        return std::make_error_code(std::errc::not_enough_memory);
+      }
+      st->backend = umr_backend::mlx5;
+      st->mkey = k.value().mkey;
+      mlx5::init_key(st->mk, k.value().mkey, k.value().update_tag);
+      st->max_entries = k.value().max_entries;
+      return IndirectKey(st, pd, node);
+    }
+    if (o.backend == umr_backend::mlx5) {
+      delete st;
+      return k.error();
+    }
+    // automatic: no DEVX context or no UMR here: fall back to software
+#else
+    delete st;
+    return make_error_code(errc::unsupported);
+#endif
+  }
+  st->backend = umr_backend::software;
+  std::uint32_t segs = o.max_segments;
+  if (segs == 0) {
+    segs = max_entries * 8 < 64 ? 64 : max_entries * 8;
+    if (segs > ikey_descriptor::max_segments) segs = ikey_descriptor::max_segments;
+  }
+  st->max_segments = segs;
+  st->segs = new (std::nothrow) key_segment[segs];
+  st->slots = new (std::nothrow) detail::grant_slot[segs];
+  st->links = new (std::nothrow) detail::child_link[segs];
+  // A failed device query fails closed: no key rather than a guess at the mechanism.
+  auto g = detail::grant_for(pd.context(), {o.trusted_peers, o.type2, o.caps});
+  if (!g) {
+    delete st;
+    return g.error();
+  }
+  st->grant = g.value().mechanism;
+  st->grant_unsafe = g.value().unsafe;
+  if (!st->segs || !st->slots || !st->links) {
+    delete st;
+    return std::make_error_code(std::errc::not_enough_memory);
+  }
+  return IndirectKey(st, pd);
+}
+
+inline bool IndirectKey::pending() const noexcept {
+  if (!h_) return false;
+  if (st().binds_unconfirmed) return true;
+#if RDMAXX_HAVE_MLX5
+  return st().mkey && st().mk.pending();
+#else
+  return false;
+#endif
+}
+
+inline layout_limits IndirectKey::limits(const QueuePair &qp) const noexcept {
+  layout_limits l;
+  if (!h_) return l;
+#if RDMAXX_HAVE_MLX5
+  if (st().backend == umr_backend::mlx5)
+    return mlx5::limits_for({qp.caps().max_inline_data, st().max_entries});
+#endif
+  (void)qp;
+  l.max_entries = st().max_entries < layout::capacity ? st().max_entries : std::uint32_t(layout::capacity);
+  l.max_repeat_entries = l.max_entries;
+  l.max_segments = st().max_segments;
+  l.nested_software_only = true;
+  // Exact regions: the key's own registrations carry the remote rights and MW_BIND.
+  l.remote_rights_own = st().grant == grant_mechanism::type1_exact_region;
+  l.remote_needs_mw_bind = !l.remote_rights_own;
+  return l;
+}
+
+inline result<void> IndirectKey::configure(SendBatch &batch, QueuePair &qp, const layout &l, access_flags acc,
+                                           wr w) noexcept {
+  if (!h_ || !qp) return make_error_code(errc::null_handle);
+  detail::ikey_state &s = st();
+#if RDMAXX_HAVE_MLX5
+  if (s.backend == umr_backend::mlx5 && s.mk.pending()) return make_error_code(errc::operation_unconfirmed);
+#endif
+  if (s.configured) return make_error_code(errc::already_bound);
+  if (auto ec = detail::check_batch_of(batch, qp)) return ec;
+  if (detail::batch_access::undo(batch).full()) return make_error_code(errc::too_many_pending);
+  if (qp.pd() != s.pd) return make_error_code(errc::pd_mismatch);
+#if RDMAXX_HAVE_MLX5
+  if (s.backend == umr_backend::mlx5) {
+    RDMAXX_TRYV(mlx5::configure_key(s.mk, qp.mlx5_send_ops(), batch.native_handle(), s.pd, w, l,
+                                    acc, {qp.caps().max_inline_data, s.max_entries}, s.to_dv));
+    s.length = l.total_length();
+    s.access = acc;
+    s.configured = s.mk.live();
+    detail::batch_access::undo(batch).add(&undo_op, this, 0);
+    return success();
+  }
+#endif
+  if (auto ec = l.validate(limits(qp), acc, s.pd)) return ec;
+  RDMAXX_TRY(n, l.expand(std::span<key_segment>(s.segs, s.max_segments)));
+  const access_flags remote = acc & ikey_descriptor::remote_rights;
+  bool all_bind = true;
+  for (const auto &e : l.entries()) all_bind = all_bind && e.source.access.any(access::mw_bind);
+  if (!remote.empty() && s.grant == grant_mechanism::none)
+    return make_error_code(s.grant_unsafe ? errc::unsafe_grant : errc::unsupported);
+  if (!remote.empty() && s.grant == grant_mechanism::type1_exact_region) {
+    for (std::size_t i = 0; i < n; ++i)
+      if (!s.segs[i].mr || !s.segs[i].data) return layout_error(errc::null_handle, no_entry);
+    RDMAXX_TRYV(configure_exact(batch, qp, remote, n, w));
+    // Type-1 windows do not hang on the QP, but their binds are posted through it: the key
+    // counts as its child as with type-2 windows (one rule for both mechanisms).
+    h_.set_parent<detail::parent_slot::second>(detail::handle_access::node(qp));
+  } else if (!remote.empty()) {
+    for (std::size_t i = 0; i < n; ++i)
+      if (!s.segs[i].mr) return layout_error(errc::null_handle, no_entry); // raw region
+    // Type-2 windows over the segments' own regions: no exact regions.
+    if (const int rc = s.release_regions()) return errno_code(rc);
+    RDMAXX_TRYV(bind_windows(batch, qp, remote, n, w, mw_type::type2));
+    h_.set_parent<detail::parent_slot::second>(detail::handle_access::node(qp));
+  }
+  if (!remote.empty()) {
+    s.binds_unconfirmed = true;
+    s.bind_wr_id = w.id;
+    s.bind_qp_num = qp.qp_num();
+  }
+  s.nsegs = std::uint32_t(n);
+  s.length = l.total_length();
+  s.access = acc;
+  s.all_mw_bind = all_bind;
+  s.configured = true;
+  detail::batch_access::undo(batch).add(&undo_op, this, 0);
+  return success();
+}
+
+inline result<void> IndirectKey::invalidate(SendBatch &batch, wr w) noexcept {
+  if (!h_) return make_error_code(errc::null_handle);
+  if (!st().configured) return make_error_code(errc::not_bound);
+#if RDMAXX_HAVE_MLX5
+  if (st().backend == umr_backend::mlx5) {
+    if (!batch.native_handle()) return make_error_code(errc::wrong_state);
+    if (detail::batch_access::undo(batch).full()) return make_error_code(errc::too_many_pending);
+    RDMAXX_TRYV(mlx5::invalidate_key(st().mk, batch.native_handle(), w));
+    detail::batch_access::undo(batch).add(&undo_op, this, 0);
+    return success();
+  }
+#endif
+  (void)batch;
+  (void)w;
+  return invalidate();
+}
+
+inline result<void> IndirectKey::invalidate() noexcept {
+  if (!h_) return make_error_code(errc::null_handle);
+  detail::ikey_state &s = st();
+  if (s.backend != umr_backend::software) return make_error_code(errc::wrong_type);
+  if (!s.configured) return make_error_code(errc::not_bound);
+  const int rc = s.release_windows(); // the exact regions stay for the next configure
+  s.configured = false;
+  s.binds_unconfirmed = false;
+  s.nsegs = 0;
+  s.length = 0;
+  h_.set_parent<detail::parent_slot::second>(nullptr);
+  if (rc != 0) return errno_code(rc);
+  return success();
+}
+
+inline result<void> IndirectKey::release_regions() noexcept {
+  if (!h_) return make_error_code(errc::null_handle);
+  if (st().configured) return make_error_code(errc::already_bound);
+  if (st().backend != umr_backend::software) return success();
+  if (const int rc = st().release_regions()) return errno_code(rc);
+  return success();
+}
+
+inline result<std::size_t> IndirectKey::sges(std::uint64_t offset, std::uint64_t length,
+                                             std::span<ibv_sge> out) const noexcept {
+  if (!h_) return make_error_code(errc::null_handle);
+  const detail::ikey_state &s = st();
+  if (!s.configured) return make_error_code(errc::wrong_state);
+  if (!usable_locally()) return make_error_code(errc::operation_unconfirmed);
+  if (length == 0) return make_error_code(errc::zero_length);
+  if (offset > s.length || length > s.length - offset) return make_error_code(errc::out_of_range);
+  if (s.mkey) {
+    if (length > UINT32_MAX) return make_error_code(errc::out_of_range);
+    if (out.empty()) return make_error_code(errc::buffer_too_small);
+    out[0] = {offset, std::uint32_t(length), mkey_lkey()};
+    return std::size_t(1);
+  }
+  auto len_of = [&](std::size_t i) { return std::uint64_t(s.segs[i].length); };
+  std::size_t n = 0;
+  (void)for_each_piece(s.nsegs, len_of, offset, length, [&](const window_piece &) { ++n; });
+  if (n > out.size()) return make_error_code(errc::buffer_too_small);
+  std::size_t k = 0;
+  (void)for_each_piece(s.nsegs, len_of, offset, length, [&](const window_piece &p) {
+    const key_segment &g = s.segs[p.segment];
+    out[k++] = {g.addr + p.segment_offset, p.length, g.lkey};
+  });
+  return n;
+}
+
+inline result<std::size_t> IndirectKey::sges(const QueuePair &qp, std::uint64_t offset, std::uint64_t length,
+                                             std::span<ibv_sge> out) const noexcept {
+#if RDMAXX_HAVE_MLX5
+  if (h_ && st().mkey && !qp.scatter_to_cqe_disabled()) return make_error_code(errc::scatter_to_cqe);
+#else
+  (void)qp;
+#endif
+  return sges(offset, length, out);
+}
+
+inline result<ikey_descriptor> IndirectKey::descriptor() const noexcept {
+  if (!h_) return make_error_code(errc::null_handle);
+  const detail::ikey_state &s = st();
+  if (!s.configured) return make_error_code(errc::wrong_state);
+#if RDMAXX_HAVE_MLX5
+  if (s.mkey && s.mk.pending()) return make_error_code(errc::operation_unconfirmed);
+#endif
+  if (s.binds_unconfirmed) return make_error_code(errc::operation_unconfirmed);
+  const access_flags rights = s.access & ikey_descriptor::remote_rights;
+  if (rights.empty()) return make_error_code(errc::missing_access);
+  std::array<remote_segment, ikey_descriptor::max_segments> rs;
+  if (s.mkey) {
+    if (s.length > UINT32_MAX) return make_error_code(errc::out_of_range);
+    rs[0] = {0, std::uint32_t(s.length), mkey_rkey()};
+    return ikey_descriptor::make(std::span<const remote_segment>(rs.data(), 1), rights);
+  }
+  for (std::uint32_t i = 0; i < s.nsegs; ++i) rs[i] = {s.segs[i].addr, s.segs[i].length, s.segs[i].rkey};
+  return ikey_descriptor::make(std::span<const remote_segment>(rs.data(), s.nsegs), rights);
+}
+
+inline bool IndirectKey::complete(const ibv_wc &wc) noexcept {
+  if (!h_) return false;
+#if RDMAXX_HAVE_MLX5
+  if (st().mkey) {
+    const bool changed = mlx5::complete_key(st().mk, wc);
+    sync_mlx5();
+    return changed;
+  }
+#endif
+  detail::ikey_state &s = st();
+  if (!s.binds_unconfirmed || wc.wr_id != s.bind_wr_id || wc.qp_num != s.bind_qp_num) return false;
+  s.binds_unconfirmed = false;
+  // The last bind's own completion: the earlier, unsignaled binds of the configure executed
+  // before it (one send queue, in order), so it confirms (or, failed, rolls back) every window.
+  for (std::uint32_t i = 0; i < s.nwindows; ++i) (void)s.slots[i].window.complete(wc);
+  if (wc.status != IBV_WC_SUCCESS) (void)invalidate(); // a bind failed or was flushed: no key
+  return true;
+}
+
+inline void IndirectKey::cancel_pending() noexcept {
+#if RDMAXX_HAVE_MLX5
+  if (!h_ || !st().mkey) return;
+  mlx5::cancel_key(st().mk);
+  sync_mlx5();
+#endif
+}
+
+inline void IndirectKey::undo_op(void *key, std::uint64_t) noexcept {
+  auto *self = static_cast<IndirectKey *>(key);
+  if (!self->h_) return;
+#if RDMAXX_HAVE_MLX5
+  if (self->st().mkey) {
+    self->cancel_pending();
+    return;
+  }
+#endif
+  if (self->st().configured) (void)self->invalidate();
+}
+
+inline bool IndirectKey::usable_locally() const noexcept {
+#if RDMAXX_HAVE_MLX5
+  return !st().mkey || st().mk.phase == mlx5::key_phase::configured;
+#else
+  return true;
+#endif
+}
+
+inline result<void> IndirectKey::configure_exact(SendBatch &batch, QueuePair &qp, access_flags remote,
+                                                 std::size_t n, wr w) noexcept {
+  detail::ikey_state &s = st();
+  const bool writes = remote.any(access::remote_write | access::remote_atomic);
+  const access_flags racc = access::mw_bind | (writes ? access::local_write : access_flags{});
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const key_segment &g = s.segs[i];
+    if (i < s.nkept && s.slots[i].holds(g.data, g.length, g.addr, racc) &&
+        s.links[i].parent() == g.node)
+      continue;
+    if (i < s.nkept)
+      if (const int rc = s.release_region(i)) return errno_code(rc);
+    if (i >= s.nkept) s.nkept = i + 1;
+    RDMAXX_TRYV(s.slots[i].reg_exact(h_.parent(), s.pd, g.data, g.length, g.addr, racc));
+    s.links[i] = detail::child_link(g.node, child_kind::indirect_key);
+  }
+  if (const int rc = s.release_regions(std::uint32_t(n))) return errno_code(rc);
+  return bind_windows(batch, qp, remote, n, w, mw_type::type1);
+}
+
+inline result<void> IndirectKey::bind_windows(SendBatch &batch, QueuePair &qp, access_flags remote,
+                                              std::size_t n, wr w, mw_type type) noexcept {
+  detail::ikey_state &s = st();
+  for (std::uint32_t i = 0; i < n; ++i) {
+    s.nwindows = i + 1;
+    if (auto r = s.slots[i].alloc_window(h_.parent(), s.pd, type); !r) {
+      s.release_windows();
+      return r.error();
+    }
+  }
+  // The segments' own regions were checked by layout::validate (MW_BIND where type-2
+  // windows bind over them, LOCAL_WRITE for remote writes): their access as validated.
+  const access_flags own = access::mw_bind | access::local_write;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const key_segment &g = s.segs[i];
+    if (auto ec = s.slots[i].check_segment(qp, g.mr, own, g.length, remote)) {
+      s.release_windows();
+      return ec;
+    }
+  }
+  const send_flags quiet = w.flags & ~send_flags(send_flag::signaled);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    key_segment &g = s.segs[i];
+    s.slots[i].bind_segment(batch, qp, g.mr, g.node, g.addr, g.length, remote,
+                            {w.id, i + 1 == n ? w.flags | send_flag::signaled : quiet});
+    g.rkey = s.slots[i].window.rkey();
+  }
+  return success();
+}
 
 /// The QP to configure indirect keys through, on any device: mlx5::create_umr_qp on an mlx5
 /// device in a build with the mlx5 option (an ordinary QP lacks the mlx5 UMR send operations

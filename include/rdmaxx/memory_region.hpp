@@ -26,7 +26,7 @@
 namespace rdmaxx {
 
 namespace detail {
-struct grant_slot;
+struct mr_access; // after MemoryRegion
 }
 
 /// How the memory behind a MemoryRegion came to be.
@@ -485,7 +485,7 @@ private:
   // Declaration order matters: pages_ is destroyed after h_ (dereg before munmap).
   detail::owned_pages pages_;
   friend struct detail::handle_access; // children register with this object's node
-  friend struct detail::grant_slot;    // an IndirectKey segment's exact region (reg_on)
+  friend struct detail::mr_access;     // reg_on, for the types built on regions
   detail::handle<traits> h_;
   std::uint64_t iova_ = 0;
   access_flags access_;
@@ -493,5 +493,25 @@ private:
   mr_state state_ = mr_state::valid;
   bool native_unsupported_ = false; // learned from -4/EOPNOTSUPP: skip the native attempt
 };
+
+namespace detail {
+/// What the types built on MemoryRegion reach of it, instead of being its friends: registration on
+/// a PD known only by its C object and children counter (detail::grant_slot, for an IndirectKey
+/// segment's exact region: the key holds no ProtectionDomain).
+struct mr_access {
+  /// ibv_reg_mr_iova2 of [addr, addr + length) at `iova` on `pd`, a child of `pd_node`.
+  [[nodiscard]] static result<MemoryRegion> reg_on(parent_node *pd_node, ibv_pd *pd, void *addr,
+                                                   std::size_t length, std::uint64_t iova, access_flags acc,
+                                                   mr_kind kind) noexcept {
+    return MemoryRegion::reg_on(pd_node, pd, addr, length, iova, acc, kind);
+  }
+  /// The argument checks of MemoryRegion::reg (null address, zero length, a wrapping range, the
+  /// access rules), for a caller that registers through reg_on.
+  [[nodiscard]] static std::error_code check_reg_args(const void *addr, std::size_t length,
+                                                      access_flags acc) noexcept {
+    return MemoryRegion::check_reg_args(addr, length, acc);
+  }
+};
+} // namespace detail
 
 } // namespace rdmaxx

@@ -69,7 +69,7 @@
 
 namespace rdmaxx {
 namespace detail {
-struct grant_slot;
+struct mw_access; // after MemoryWindow
 }
 
 /// Window type (enum ibv_mw_type). Type 2 is 2B on devices that report IBV_DEVICE_MEM_WINDOW_TYPE_2B.
@@ -175,18 +175,7 @@ public:
   /// Takes over `o`'s window, binding and unconfirmed operations; `o` is left null.
   MemoryWindow(MemoryWindow &&o) noexcept { *this = std::move(o); }
   /// Deallocates the window this one held (then releases what it kept counted), takes over `o`'s.
-  MemoryWindow &operator=(MemoryWindow &&o) noexcept {
-    if (this != &o) {
-      h_.reset();
-      forget();
-      cur_ = std::move(o.cur_);
-      log_ = std::move(o.log_);
-      type_ = o.type_;
-      h_ = std::move(o.h_);
-      o.forget();
-    }
-    return *this;
-  }
+  MemoryWindow &operator=(MemoryWindow &&o) noexcept;
   /// ibv_dealloc_mw (a failure goes to the destroy-failure hook), then releases the MR and QP the
   /// window kept counted.
   ~MemoryWindow() = default;
@@ -203,12 +192,7 @@ public:
   /// - the errno of ibv_alloc_mw (ENOMEM, max_mw reached).
   /// \mallocs Only what ibv_alloc_mw allocates.
   [[nodiscard]] static result<MemoryWindow> alloc(const ProtectionDomain &pd, mw_type type,
-                                                  type2_risk risk = type2_risk::refuse) noexcept {
-    if (!pd) return make_error_code(errc::null_handle);
-    if (type == mw_type::type2)
-      if (auto ec = detail::check_type2(pd.context(), risk)) return ec;
-    return alloc_on(detail::handle_access::node(pd), pd.native_handle(), type);
-  }
+                                                  type2_risk risk = type2_risk::refuse) noexcept;
 
   // ---- accessors (inline, unchecked) ----
   /// The ibv_mw (owned: do not deallocate it), or nullptr.
@@ -250,18 +234,7 @@ public:
   ///   SendBatch::max_undo window and key operations.
   /// \mallocs None.
   [[nodiscard]] result<remote_descriptor> bind(SendBatch &batch, QueuePair &qp, const MemoryRegion &mr,
-                                               window_range r, access_flags rights, wr w = {}) noexcept {
-    if (auto ec = check_bind(qp, mr, r, rights)) return ec;
-    if (auto ec = check_batch(batch, qp)) return ec;
-    const std::uint32_t key = ::ibv_inc_rkey(cur_.rkey);
-    const ibv_mw_bind_info info{mr.native_handle(), mr.iova() + r.offset, r.length,
-                                static_cast<unsigned>(rights.native())};
-    batch.bind_mw(w, h_.get(), key, info);
-    push(w.id, qp, batch);
-    h_.get()->rkey = key; // what the kernel will hold once the bind executes
-    set_bound(qp, mr, r, rights, key);
-    return descriptor();
-  }
+                                               window_range r, access_flags rights, wr w = {}) noexcept;
 
   /// Bind and post now: type 1 through ibv_bind_mw (the provider picks the key), type 2 through
   /// a batch of its own. The work request is signaled unless `w.flags` says otherwise: hand its
@@ -274,26 +247,7 @@ public:
   /// \mallocs None.
   [[nodiscard]] result<remote_descriptor> bind(QueuePair &qp, const MemoryRegion &mr, window_range r,
                                                access_flags rights,
-                                               wr w = {window_wr_id, send_flag::signaled}) noexcept {
-    if (type_ == mw_type::type2) {
-      if (!qp) return make_error_code(errc::null_handle);
-      auto batch = qp.start_send();
-      RDMAXX_TRY(d, bind(batch, qp, mr, r, rights, w));
-      RDMAXX_TRYV(batch.submit()); // a failed submit rolled the bind back
-      return d;
-    }
-    if (auto ec = check_bind(qp, mr, r, rights)) return ec;
-    if (auto ec = check_can_post(qp)) return ec;
-    ibv_mw_bind b{};
-    b.wr_id = w.id;
-    b.send_flags = w.flags.native();
-    b.bind_info = {mr.native_handle(), mr.iova() + r.offset, r.length,
-                   static_cast<unsigned>(rights.native())};
-    if (const int rc = ::ibv_bind_mw(qp.native_handle(), h_.get(), &b)) return errno_code(rc);
-    push(w.id, qp);
-    set_bound(qp, mr, r, rights, h_.get()->rkey); // the provider advanced mw->rkey
-    return descriptor();
-  }
+                                               wr w = {window_wr_id, send_flag::signaled}) noexcept;
 
   // ---- revoke ----
 
@@ -307,18 +261,7 @@ public:
   /// - errc::too_many_pending: see bind.
   /// - the errno of ibv_bind_mw.
   /// \mallocs None.
-  result<void> unbind(QueuePair &qp, wr w = {window_wr_id, send_flag::signaled}) noexcept {
-    if (auto ec = check_unbind(qp)) return ec;
-    if (auto ec = check_can_post(qp)) return ec;
-    ibv_mw_bind b{};
-    b.wr_id = w.id;
-    b.send_flags = w.flags.native();
-    b.bind_info = {cur_.mr, 0, 0, 0};
-    if (const int rc = ::ibv_bind_mw(qp.native_handle(), h_.get(), &b)) return errno_code(rc);
-    push(w.id, qp);
-    set_unbound(mw_state::unbound, h_.get()->rkey);
-    return success();
-  }
+  result<void> unbind(QueuePair &qp, wr w = {window_wr_id, send_flag::signaled}) noexcept;
   /// Type 1: add an unbind to an open batch of `qp` (ibv_wr_bind_mw, bound MR, length 0). A
   /// dropped batch or a failed submit() rolls it back (as for bind).
   /// \errors
@@ -328,17 +271,7 @@ public:
   /// - errc::too_many_pending: also when the batch carries SendBatch::max_undo window and key
   ///   operations.
   /// \mallocs None.
-  result<void> unbind(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept {
-    if (auto ec = check_unbind(qp)) return ec;
-    if (auto ec = check_batch(batch, qp)) return ec;
-    const std::uint32_t key = ::ibv_inc_rkey(cur_.rkey);
-    const ibv_mw_bind_info info{cur_.mr, 0, 0, 0};
-    batch.bind_mw(w, h_.get(), key, info);
-    push(w.id, qp, batch);
-    h_.get()->rkey = key;
-    set_unbound(mw_state::unbound, key);
-    return success();
-  }
+  result<void> unbind(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept;
 
   /// Type 2: add a local invalidate of the current key to an open batch (ibv_wr_local_inv) of the
   /// QP the window was bound through. Posted only when the window is bound: invalidating an
@@ -353,27 +286,14 @@ public:
   /// - errc::wrong_state: the batch is not open.
   /// - errc::too_many_pending: see bind.
   /// \mallocs None.
-  result<void> invalidate(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept {
-    if (auto ec = check_invalidate(qp)) return ec;
-    if (auto ec = check_batch(batch, qp)) return ec;
-    const std::uint32_t key = cur_.rkey;
-    batch.local_inv(w, key);
-    push(w.id, qp, batch, IBV_WC_LOCAL_INV);
-    set_unbound(mw_state::invalidated, key); // the key stays; the next bind advances it
-    return success();
-  }
+  result<void> invalidate(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept;
   /// Type 2: local invalidate posted now in a batch of its own (signaled unless `w` says
   /// otherwise).
   /// \errors
   /// - those of the batch form above.
   /// - the errno of ibv_wr_complete (the window is unchanged).
   /// \mallocs None.
-  result<void> invalidate(QueuePair &qp, wr w = {window_wr_id, send_flag::signaled}) noexcept {
-    if (auto ec = check_invalidate(qp)) return ec;
-    auto batch = qp.start_send();
-    RDMAXX_TRYV(invalidate(batch, qp, w));
-    return batch.submit(); // a failed submit rolled the invalidate back
-  }
+  result<void> invalidate(QueuePair &qp, wr w = {window_wr_id, send_flag::signaled}) noexcept;
 
   /// ibv_dealloc_mw now: unbinds (if bound) and frees the window, synchronously; the old key is
   /// dead when this returns. The way to revoke for good.
@@ -398,17 +318,7 @@ public:
   /// Give window work requests wr_ids that no other work request on that QP uses (a failed
   /// completion carries no reliable opcode, so only wr_id and QP identify it); the convenience
   /// forms use window_wr_id by default. Inline, allocation-free.
-  bool complete(const ibv_wc &wc) noexcept {
-    const bool peer_invalidated = type_ == mw_type::type2 && cur_.state == mw_state::bound &&
-                                  invalidated_rkey(wc, cur_.rkey) == cur_.rkey;
-    switch (log_.complete(wc, peer_invalidated, cur_, h_)) {
-    case detail::mw_outcome::ignored: return false;
-    case detail::mw_outcome::confirmed: return true;
-    case detail::mw_outcome::rolled_back: restore_key(); return true;
-    case detail::mw_outcome::invalidated: set_unbound(mw_state::invalidated, cur_.rkey); return true;
-    }
-    return false;
-  }
+  bool complete(const ibv_wc &wc) noexcept;
 
   /// Undo every unconfirmed operation (restore the state before the oldest one), whatever batch
   /// posted it. Not needed after a dropped batch or a failed submit(): the batch rolls back the
@@ -427,67 +337,31 @@ private:
     static int destroy(native *m) noexcept { return ::ibv_dealloc_mw(m); }
   };
 
-  [[gnu::cold]] static std::error_code alloc_failure(ibv_context *ctx, mw_type type) noexcept {
-    const std::error_code ec = last_errno();
-    ibv_device_attr_ex ax{};
-    if (::ibv_query_device_ex(ctx, nullptr, &ax) == 0) {
-      const auto f = ax.orig_attr.device_cap_flags;
-      const bool has = type == mw_type::type1 ? (f & IBV_DEVICE_MEM_WINDOW) != 0
-                                              : (f & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0;
-      if (!has || ax.orig_attr.max_mw == 0) return make_error_code(errc::unsupported);
-    }
-    if (is_unsupported(ec)) return make_error_code(errc::unsupported);
-    return ec;
-  }
+  [[gnu::cold]] static std::error_code alloc_failure(ibv_context *ctx, mw_type type) noexcept;
 
-  [[nodiscard]] std::error_code check_pending(const QueuePair &qp) const noexcept {
-    if (log_.full()) return make_error_code(errc::too_many_pending);
-    // Operations of one window in flight on two QPs could execute out of order.
-    if (!log_.empty() && log_[0].qp_num != qp.qp_num()) return make_error_code(errc::wrong_state);
-    return {};
-  }
+  [[nodiscard]] std::error_code check_pending(const QueuePair &qp) const noexcept;
 
   [[nodiscard]] std::error_code check_bind(const QueuePair &qp, const MemoryRegion &mr, window_range r,
-                                           access_flags rights) const noexcept {
-    if (!h_ || !qp || !mr) return make_error_code(errc::null_handle);
-    if (auto ec = mr.usable()) return ec;
-    if (auto ec = check_window_bind(type_, h_.get()->pd, mr.pd(), qp.pd(), mr.access(), mr.length(),
-                                    r, rights))
-      return ec;
-    if (type_ == mw_type::type2 && cur_.state == mw_state::bound)
-      return make_error_code(errc::already_bound);
-    return check_pending(qp);
-  }
+                                           access_flags rights) const noexcept;
   // ibv_bind_mw before RTS would stay queued and run later, as a batch would (detail::before_rts).
   [[nodiscard]] static std::error_code check_can_post(const QueuePair &qp) noexcept {
     if (detail::before_rts(*qp.native_handle())) return make_error_code(errc::wrong_state);
     return {};
   }
-  [[nodiscard]] std::error_code check_unbind(const QueuePair &qp) const noexcept {
-    if (!h_ || !qp) return make_error_code(errc::null_handle);
-    if (type_ != mw_type::type1) return make_error_code(errc::wrong_type);
-    if (cur_.state != mw_state::bound) return make_error_code(errc::not_bound);
-    return check_pending(qp);
-  }
-  [[nodiscard]] std::error_code check_invalidate(const QueuePair &qp) const noexcept {
-    if (!h_ || !qp) return make_error_code(errc::null_handle);
-    if (type_ != mw_type::type2) return make_error_code(errc::wrong_type);
-    if (cur_.state != mw_state::bound) return make_error_code(errc::not_bound);
-    if (qp.qp_num() != cur_.qp_num) return make_error_code(errc::qp_mismatch);
-    return check_pending(qp);
-  }
+  [[nodiscard]] std::error_code check_unbind(const QueuePair &qp) const noexcept;
+  [[nodiscard]] std::error_code check_invalidate(const QueuePair &qp) const noexcept;
 
   // check_batch_of, and room for the undo push() registers.
   [[nodiscard]] static std::error_code check_batch(const SendBatch &batch, const QueuePair &qp) noexcept {
     if (auto ec = detail::check_batch_of(batch, qp)) return ec;
-    if (batch.undo_.full()) return make_error_code(errc::too_many_pending);
+    if (detail::batch_access::undo(batch).full()) return make_error_code(errc::too_many_pending);
     return {};
   }
   // Record an operation added to `batch`: the current binding (with its counted MR/QP) moves into
   // the log, and the batch gets an undo for it in case nothing of it is posted.
   void push(std::uint64_t wr_id, const QueuePair &qp, SendBatch &batch,
             ibv_wc_opcode op = IBV_WC_BIND_MW) noexcept {
-    batch.undo_.add(&undo_op, this, push(wr_id, qp, op));
+    detail::batch_access::undo(batch).add(&undo_op, this, push(wr_id, qp, op));
   }
   // The batch's undo: roll back the operation named `seq` and any later one (all in that batch:
   // one open batch per QP, and a window's unconfirmed operations share one QP). Gone already
@@ -506,25 +380,8 @@ private:
               rights, key);
   }
   void set_bound(const QueuePair &qp, ibv_mr *mr, detail::parent_node *mr_node, std::uint64_t addr,
-                 std::uint64_t length, access_flags rights, std::uint32_t key) noexcept {
-    cur_.state = mw_state::bound;
-    cur_.rkey = key;
-    cur_.mr = mr;
-    cur_.addr = addr;
-    cur_.length = length;
-    cur_.rights = rights;
-    h_.set_parent<detail::parent_slot::second>(mr_node);
-    if (type_ == mw_type::type2) {
-      cur_.qp_num = qp.qp_num();
-      h_.set_parent<detail::parent_slot::third>(detail::handle_access::node(qp));
-    }
-  }
-  void set_unbound(mw_state s, std::uint32_t key) noexcept {
-    cur_ = detail::mw_binding{};
-    unlink();
-    cur_.state = s;
-    cur_.rkey = key;
-  }
+                 std::uint64_t length, access_flags rights, std::uint32_t key) noexcept;
+  void set_unbound(mw_state s, std::uint32_t key) noexcept;
   // After a rollback: the kernel still holds the restored binding's key.
   void restore_key() noexcept {
     if (h_) h_.get()->rkey = cur_.rkey;
@@ -547,45 +404,265 @@ private:
   // under one undo entry of its own and deallocates the windows when it runs.
   [[nodiscard]] std::error_code check_segment(const QueuePair &qp, const ibv_mr *mr,
                                               access_flags mr_access, std::uint32_t length,
-                                              access_flags rights) const noexcept {
-    if (!h_ || !qp || !mr) return make_error_code(errc::null_handle);
-    if (auto ec = check_window_bind(type_, h_.get()->pd, mr->pd, qp.pd(), mr_access, length,
-                                    {0, length}, rights))
-      return ec;
-    if (type_ == mw_type::type2 && cur_.state == mw_state::bound)
-      return make_error_code(errc::already_bound);
-    return check_pending(qp);
-  }
+                                              access_flags rights) const noexcept;
   void bind_segment(SendBatch &batch, QueuePair &qp, ibv_mr *mr, detail::parent_node *mr_node,
-                    std::uint64_t addr, std::uint32_t length, access_flags rights, wr w) noexcept {
-    const std::uint32_t key = ::ibv_inc_rkey(cur_.rkey);
-    const ibv_mw_bind_info info{mr, addr, length, static_cast<unsigned>(rights.native())};
-    batch.bind_mw(w, h_.get(), key, info);
-    push(w.id, qp);
-    h_.get()->rkey = key;
-    set_bound(qp, mr, mr_node, addr, length, rights, key);
-  }
+                    std::uint64_t addr, std::uint32_t length, access_flags rights, wr w) noexcept;
 
   // ibv_alloc_mw on a PD known by its C object and children counter (GrantPool replaces the
   // windows it deallocated without holding the ProtectionDomain).
   [[nodiscard]] static result<MemoryWindow> alloc_on(detail::parent_node *pd_node, ibv_pd *pd,
-                                                     mw_type type) noexcept {
-    ibv_mw *mw = ::ibv_alloc_mw(pd, ibv_mw_type(type));
-    if (!mw) return alloc_failure(pd->context, type);
-    MemoryWindow w;
-    w.h_ = detail::handle<traits>(mw, pd_node, nullptr);
-    w.type_ = type;
-    w.cur_.rkey = mw->rkey;
-    return w;
-  }
+                                                     mw_type type) noexcept;
 
-  friend struct detail::grant_slot; // StrictGrant's and GrantPool's windows
-  friend class GrantPool;
+  friend struct detail::mw_access; // for the types built on windows (grant slots, GrantPool)
   // Declaration order: h_ last, so the window is deallocated before the MR/QP counts drop.
   detail::mw_binding cur_;
   detail::mw_log<detail::mw_binding, max_pending> log_; // the unconfirmed operations
   mw_type type_ = mw_type::type1;
   detail::handle<traits> h_;
 };
+
+// ---- MemoryWindow: the longer bodies ----
+
+inline MemoryWindow &MemoryWindow::operator=(MemoryWindow &&o) noexcept {
+  if (this != &o) {
+    h_.reset();
+    forget();
+    cur_ = std::move(o.cur_);
+    log_ = std::move(o.log_);
+    type_ = o.type_;
+    h_ = std::move(o.h_);
+    o.forget();
+  }
+  return *this;
+}
+
+inline result<MemoryWindow> MemoryWindow::alloc(const ProtectionDomain &pd, mw_type type,
+                                                type2_risk risk) noexcept {
+  if (!pd) return make_error_code(errc::null_handle);
+  if (type == mw_type::type2)
+    if (auto ec = detail::check_type2(pd.context(), risk)) return ec;
+  return alloc_on(detail::handle_access::node(pd), pd.native_handle(), type);
+}
+
+inline result<remote_descriptor> MemoryWindow::bind(SendBatch &batch, QueuePair &qp, const MemoryRegion &mr,
+                                                    window_range r, access_flags rights, wr w) noexcept {
+  if (auto ec = check_bind(qp, mr, r, rights)) return ec;
+  if (auto ec = check_batch(batch, qp)) return ec;
+  const std::uint32_t key = ::ibv_inc_rkey(cur_.rkey);
+  const ibv_mw_bind_info info{mr.native_handle(), mr.iova() + r.offset, r.length,
+                              static_cast<unsigned>(rights.native())};
+  batch.bind_mw(w, h_.get(), key, info);
+  push(w.id, qp, batch);
+  h_.get()->rkey = key; // what the kernel will hold once the bind executes
+  set_bound(qp, mr, r, rights, key);
+  return descriptor();
+}
+
+inline result<remote_descriptor> MemoryWindow::bind(QueuePair &qp, const MemoryRegion &mr, window_range r,
+                                                    access_flags rights, wr w) noexcept {
+  if (type_ == mw_type::type2) {
+    if (!qp) return make_error_code(errc::null_handle);
+    auto batch = qp.start_send();
+    RDMAXX_TRY(d, bind(batch, qp, mr, r, rights, w));
+    RDMAXX_TRYV(batch.submit()); // a failed submit rolled the bind back
+    return d;
+  }
+  if (auto ec = check_bind(qp, mr, r, rights)) return ec;
+  if (auto ec = check_can_post(qp)) return ec;
+  ibv_mw_bind b{};
+  b.wr_id = w.id;
+  b.send_flags = w.flags.native();
+  b.bind_info = {mr.native_handle(), mr.iova() + r.offset, r.length,
+                 static_cast<unsigned>(rights.native())};
+  if (const int rc = ::ibv_bind_mw(qp.native_handle(), h_.get(), &b)) return errno_code(rc);
+  push(w.id, qp);
+  set_bound(qp, mr, r, rights, h_.get()->rkey); // the provider advanced mw->rkey
+  return descriptor();
+}
+
+inline result<void> MemoryWindow::unbind(QueuePair &qp, wr w) noexcept {
+  if (auto ec = check_unbind(qp)) return ec;
+  if (auto ec = check_can_post(qp)) return ec;
+  ibv_mw_bind b{};
+  b.wr_id = w.id;
+  b.send_flags = w.flags.native();
+  b.bind_info = {cur_.mr, 0, 0, 0};
+  if (const int rc = ::ibv_bind_mw(qp.native_handle(), h_.get(), &b)) return errno_code(rc);
+  push(w.id, qp);
+  set_unbound(mw_state::unbound, h_.get()->rkey);
+  return success();
+}
+
+inline result<void> MemoryWindow::unbind(SendBatch &batch, QueuePair &qp, wr w) noexcept {
+  if (auto ec = check_unbind(qp)) return ec;
+  if (auto ec = check_batch(batch, qp)) return ec;
+  const std::uint32_t key = ::ibv_inc_rkey(cur_.rkey);
+  const ibv_mw_bind_info info{cur_.mr, 0, 0, 0};
+  batch.bind_mw(w, h_.get(), key, info);
+  push(w.id, qp, batch);
+  h_.get()->rkey = key;
+  set_unbound(mw_state::unbound, key);
+  return success();
+}
+
+inline result<void> MemoryWindow::invalidate(SendBatch &batch, QueuePair &qp, wr w) noexcept {
+  if (auto ec = check_invalidate(qp)) return ec;
+  if (auto ec = check_batch(batch, qp)) return ec;
+  const std::uint32_t key = cur_.rkey;
+  batch.local_inv(w, key);
+  push(w.id, qp, batch, IBV_WC_LOCAL_INV);
+  set_unbound(mw_state::invalidated, key); // the key stays; the next bind advances it
+  return success();
+}
+
+inline result<void> MemoryWindow::invalidate(QueuePair &qp, wr w) noexcept {
+  if (auto ec = check_invalidate(qp)) return ec;
+  auto batch = qp.start_send();
+  RDMAXX_TRYV(invalidate(batch, qp, w));
+  return batch.submit(); // a failed submit rolled the invalidate back
+}
+
+inline bool MemoryWindow::complete(const ibv_wc &wc) noexcept {
+  const bool peer_invalidated = type_ == mw_type::type2 && cur_.state == mw_state::bound &&
+                                invalidated_rkey(wc, cur_.rkey) == cur_.rkey;
+  switch (log_.complete(wc, peer_invalidated, cur_, h_)) {
+  case detail::mw_outcome::ignored: return false;
+  case detail::mw_outcome::confirmed: return true;
+  case detail::mw_outcome::rolled_back: restore_key(); return true;
+  case detail::mw_outcome::invalidated: set_unbound(mw_state::invalidated, cur_.rkey); return true;
+  }
+  return false;
+}
+
+inline std::error_code MemoryWindow::alloc_failure(ibv_context *ctx, mw_type type) noexcept {
+  const std::error_code ec = last_errno();
+  ibv_device_attr_ex ax{};
+  if (::ibv_query_device_ex(ctx, nullptr, &ax) == 0) {
+    const auto f = ax.orig_attr.device_cap_flags;
+    const bool has = type == mw_type::type1 ? (f & IBV_DEVICE_MEM_WINDOW) != 0
+                                            : (f & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0;
+    if (!has || ax.orig_attr.max_mw == 0) return make_error_code(errc::unsupported);
+  }
+  if (is_unsupported(ec)) return make_error_code(errc::unsupported);
+  return ec;
+}
+
+inline std::error_code MemoryWindow::check_pending(const QueuePair &qp) const noexcept {
+  if (log_.full()) return make_error_code(errc::too_many_pending);
+  // Operations of one window in flight on two QPs could execute out of order.
+  if (!log_.empty() && log_[0].qp_num != qp.qp_num()) return make_error_code(errc::wrong_state);
+  return {};
+}
+
+inline std::error_code MemoryWindow::check_bind(const QueuePair &qp, const MemoryRegion &mr, window_range r,
+                                                access_flags rights) const noexcept {
+  if (!h_ || !qp || !mr) return make_error_code(errc::null_handle);
+  if (auto ec = mr.usable()) return ec;
+  if (auto ec = check_window_bind(type_, h_.get()->pd, mr.pd(), qp.pd(), mr.access(), mr.length(),
+                                  r, rights))
+    return ec;
+  if (type_ == mw_type::type2 && cur_.state == mw_state::bound)
+    return make_error_code(errc::already_bound);
+  return check_pending(qp);
+}
+
+inline std::error_code MemoryWindow::check_unbind(const QueuePair &qp) const noexcept {
+  if (!h_ || !qp) return make_error_code(errc::null_handle);
+  if (type_ != mw_type::type1) return make_error_code(errc::wrong_type);
+  if (cur_.state != mw_state::bound) return make_error_code(errc::not_bound);
+  return check_pending(qp);
+}
+
+inline std::error_code MemoryWindow::check_invalidate(const QueuePair &qp) const noexcept {
+  if (!h_ || !qp) return make_error_code(errc::null_handle);
+  if (type_ != mw_type::type2) return make_error_code(errc::wrong_type);
+  if (cur_.state != mw_state::bound) return make_error_code(errc::not_bound);
+  if (qp.qp_num() != cur_.qp_num) return make_error_code(errc::qp_mismatch);
+  return check_pending(qp);
+}
+
+inline void MemoryWindow::set_bound(const QueuePair &qp, ibv_mr *mr, detail::parent_node *mr_node,
+                                    std::uint64_t addr, std::uint64_t length, access_flags rights,
+                                    std::uint32_t key) noexcept {
+  cur_.state = mw_state::bound;
+  cur_.rkey = key;
+  cur_.mr = mr;
+  cur_.addr = addr;
+  cur_.length = length;
+  cur_.rights = rights;
+  h_.set_parent<detail::parent_slot::second>(mr_node);
+  if (type_ == mw_type::type2) {
+    cur_.qp_num = qp.qp_num();
+    h_.set_parent<detail::parent_slot::third>(detail::handle_access::node(qp));
+  }
+}
+
+inline void MemoryWindow::set_unbound(mw_state s, std::uint32_t key) noexcept {
+  cur_ = detail::mw_binding{};
+  unlink();
+  cur_.state = s;
+  cur_.rkey = key;
+}
+
+inline std::error_code MemoryWindow::check_segment(const QueuePair &qp, const ibv_mr *mr,
+                                                   access_flags mr_access, std::uint32_t length,
+                                                   access_flags rights) const noexcept {
+  if (!h_ || !qp || !mr) return make_error_code(errc::null_handle);
+  if (auto ec = check_window_bind(type_, h_.get()->pd, mr->pd, qp.pd(), mr_access, length,
+                                  {0, length}, rights))
+    return ec;
+  if (type_ == mw_type::type2 && cur_.state == mw_state::bound)
+    return make_error_code(errc::already_bound);
+  return check_pending(qp);
+}
+
+inline void MemoryWindow::bind_segment(SendBatch &batch, QueuePair &qp, ibv_mr *mr,
+                                       detail::parent_node *mr_node, std::uint64_t addr, std::uint32_t length,
+                                       access_flags rights, wr w) noexcept {
+  const std::uint32_t key = ::ibv_inc_rkey(cur_.rkey);
+  const ibv_mw_bind_info info{mr, addr, length, static_cast<unsigned>(rights.native())};
+  batch.bind_mw(w, h_.get(), key, info);
+  push(w.id, qp);
+  h_.get()->rkey = key;
+  set_bound(qp, mr, mr_node, addr, length, rights, key);
+}
+
+inline result<MemoryWindow> MemoryWindow::alloc_on(detail::parent_node *pd_node, ibv_pd *pd,
+                                                   mw_type type) noexcept {
+  ibv_mw *mw = ::ibv_alloc_mw(pd, ibv_mw_type(type));
+  if (!mw) return alloc_failure(pd->context, type);
+  MemoryWindow w;
+  w.h_ = detail::handle<traits>(mw, pd_node, nullptr);
+  w.type_ = type;
+  w.cur_.rkey = mw->rkey;
+  return w;
+}
+
+namespace detail {
+/// What the types built on MemoryWindow (detail::grant_slot, GrantPool) reach of it, instead of
+/// being its friends: allocation on a PD known by its C object and children counter, the PD's
+/// counter, and the segment bind of a software IndirectKey (see MemoryWindow's private
+/// check_segment and bind_segment).
+struct mw_access {
+  /// ibv_alloc_mw of `type` on `pd`, a child of `pd_node`; the caller checked that type 2 may be
+  /// allocated.
+  [[nodiscard]] static result<MemoryWindow> alloc_on(parent_node *pd_node, ibv_pd *pd, mw_type type) noexcept {
+    return MemoryWindow::alloc_on(pd_node, pd, type);
+  }
+  /// The children counter of the window's PD (nullptr when null).
+  [[nodiscard]] static parent_node *pd_node(const MemoryWindow &w) noexcept { return w.h_.parent(); }
+  /// A bind over all [addr, addr + length) of `mr`, checked as MemoryWindow::bind checks.
+  [[nodiscard]] static std::error_code check_segment(const MemoryWindow &w, const QueuePair &qp, const ibv_mr *mr,
+                                                     access_flags mr_access, std::uint32_t length,
+                                                     access_flags rights) noexcept {
+    return w.check_segment(qp, mr, mr_access, length, rights);
+  }
+  /// Adds the checked segment bind to `batch` and logs it, without an undo entry in the batch.
+  static void bind_segment(MemoryWindow &w, SendBatch &batch, QueuePair &qp, ibv_mr *mr, parent_node *mr_node,
+                           std::uint64_t addr, std::uint32_t length, access_flags rights, wr wr_) noexcept {
+    w.bind_segment(batch, qp, mr, mr_node, addr, length, rights, wr_);
+  }
+};
+} // namespace detail
 
 } // namespace rdmaxx

@@ -9,6 +9,8 @@
 #include "protection_domain.hpp"
 #include "memory_region.hpp"
 #include "completion_queue.hpp"
+#include "endpoint.hpp"
+#include "send_batch.hpp"
 #include "queue_pair.hpp"
 #include "work_request.hpp"
 #include "remote_descriptor.hpp"

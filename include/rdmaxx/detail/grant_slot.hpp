@@ -48,11 +48,11 @@ struct grant_slot {
   [[nodiscard]] static result<grant_slot> make_on(parent_node *pd_node, ibv_pd *pd, std::byte *data,
                                                   std::size_t length, access_flags region_access,
                                                   mw_type type) noexcept {
-    if (auto ec = MemoryRegion::check_reg_args(data, length, region_access)) return ec; // as reg()
+    if (auto ec = mr_access::check_reg_args(data, length, region_access)) return ec; // as reg()
     grant_slot s;
-    RDMAXX_TRY(region, MemoryRegion::reg_on(pd_node, pd, data, length, reinterpret_cast<std::uintptr_t>(data),
-                                            region_access, mr_kind::user));
-    RDMAXX_TRY(window, MemoryWindow::alloc_on(pd_node, pd, type));
+    RDMAXX_TRY(region, mr_access::reg_on(pd_node, pd, data, length, reinterpret_cast<std::uintptr_t>(data),
+                                         region_access, mr_kind::user));
+    RDMAXX_TRY(window, mw_access::alloc_on(pd_node, pd, type));
     s.region = std::move(region);
     s.window = std::move(window);
     s.data = data;
@@ -71,7 +71,7 @@ struct grant_slot {
   [[nodiscard]] result<void> reg_exact(parent_node *pd_node, ibv_pd *pd, std::byte *bytes,
                                        std::size_t length, std::uint64_t iova,
                                        access_flags acc) noexcept {
-    RDMAXX_TRY(r, MemoryRegion::reg_on(pd_node, pd, bytes, length, iova, acc, mr_kind::iova));
+    RDMAXX_TRY(r, mr_access::reg_on(pd_node, pd, bytes, length, iova, acc, mr_kind::iova));
     region = std::move(r);
     data = bytes;
     return success();
@@ -87,7 +87,7 @@ struct grant_slot {
   /// caller).
   /// \errors those of ibv_alloc_mw.
   [[nodiscard]] result<void> alloc_window(parent_node *pd_node, ibv_pd *pd, mw_type type) noexcept {
-    RDMAXX_TRY(w, MemoryWindow::alloc_on(pd_node, pd, type));
+    RDMAXX_TRY(w, mw_access::alloc_on(pd_node, pd, type));
     window = std::move(w);
     key_changes = 0;
     return success();
@@ -98,8 +98,9 @@ struct grant_slot {
   [[nodiscard]] std::error_code check_segment(const QueuePair &qp, const ibv_mr *mr,
                                               access_flags mr_access, std::uint32_t length,
                                               access_flags rights) const noexcept {
-    if (region) return window.check_segment(qp, region.native_handle(), region.access(), length, rights);
-    return window.check_segment(qp, mr, mr_access, length, rights);
+    if (region)
+      return mw_access::check_segment(window, qp, region.native_handle(), region.access(), length, rights);
+    return mw_access::check_segment(window, qp, mr, mr_access, length, rights);
   }
   /// Add the checked bind to `batch` (then `addr` is the exact region's iova, which is the
   /// segment's address). No undo entry in the batch: the key has one for all its segments.
@@ -109,7 +110,7 @@ struct grant_slot {
       mr = region.native_handle();
       mr_node = handle_access::node(region);
     }
-    window.bind_segment(batch, qp, mr, mr_node, addr, length, rights, w);
+    mw_access::bind_segment(window, batch, qp, mr, mr_node, addr, length, rights, w);
     ++key_changes;
   }
 
@@ -127,7 +128,7 @@ struct grant_slot {
   /// \errors the errno of ibv_alloc_mw / ibv_dealloc_mw.
   [[gnu::cold]] result<void> renew() noexcept {
     ibv_mw *old = window.native_handle();
-    RDMAXX_TRY(fresh, MemoryWindow::alloc_on(window.h_.parent(), old->pd, window.type()));
+    RDMAXX_TRY(fresh, mw_access::alloc_on(mw_access::pd_node(window), old->pd, window.type()));
     RDMAXX_TRYV(window.dealloc()); // `fresh` is deallocated on this path
     window = std::move(fresh);
     key_changes = 0;

@@ -75,7 +75,7 @@ inline constexpr qp_caps umr_default_caps = {.max_inline_data = 512};
 /// The signature of mlx5dv_create_qp(3).
 using create_qp_verb = ibv_qp *(*)(ibv_context *, ibv_qp_init_attr_ex *, mlx5dv_qp_init_attr *);
 
-/// Builds UMR QPs through QueuePair's private construction path.
+/// Builds UMR QPs through QueuePair's construction path (detail::qp_access).
 struct qp_factory {
   /// See create_umr_qp().
   [[nodiscard]] static result<QueuePair> create(const ProtectionDomain &pd, const CompletionQueue &send_cq,
@@ -92,12 +92,12 @@ struct qp_factory {
                                                      const CompletionQueue &recv_cq, qp_caps caps,
                                                      send_ops ops, create_qp_verb verb) noexcept {
     mlx5dv_qp_init_attr dv = umr_dv_attr();
-    auto r = QueuePair::create_with(pd, send_cq, recv_cq, caps, umr_verbs_ops(ops), dv.send_ops_flags,
-                                    [&dv, verb](ibv_context *c, ibv_qp_init_attr_ex &a) noexcept {
-                                      return verb(c, &a, &dv);
-                                    });
+    auto r = detail::qp_access::create_with(pd, send_cq, recv_cq, caps, umr_verbs_ops(ops), dv.send_ops_flags,
+                                            [&dv, verb](ibv_context *c, ibv_qp_init_attr_ex &a) noexcept {
+                                              return verb(c, &a, &dv);
+                                            });
     if (!r) return r;
-    r.value().no_scatter_to_cqe_ = true; // umr_dv_attr() disables it
+    detail::qp_access::set_no_scatter_to_cqe(r.value()); // umr_dv_attr() disables it
     // A full queue must never reach rdma-core 44's builders (detail/sq_credit.hpp): count it.
     if (ibv_qp_ex *qx = r.value().native_handle_ex();
         qx && !detail::sq_credit::install(qx, r.value().caps().max_send_wr, detail::handle_access::node(r.value())))

@@ -1,0 +1,163 @@
+/// \file
+/// rdmaxx/listener.hpp: Listener, a listening rdma_cm id bound to an address (rdma_create_id(3),
+/// rdma_bind_addr(3), rdma_listen(3)) with its own event channel; get_request() hands out each
+/// ConnectRequest. Part of the rdma_cm support (connection.hpp; needs librdmacm).
+///
+/// Allocation: listen() allocates inside librdmacm; get_request() mallocs one event per
+/// rdma_get_cm_event.
+#pragma once
+
+#include "cm_address.hpp"
+#include "cm_error.hpp"
+#include "connect_request.hpp"
+#include "detail/clock.hpp"
+#include "detail/handle.hpp"
+#include "error.hpp"
+#include "event_channel.hpp"
+
+#include <rdma/rdma_cma.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <new>
+
+namespace rdmaxx {
+
+/// A listening rdma_cm id bound to an address (rdma_bind_addr(3), rdma_listen(3)), with its own
+/// event channel. Move-only, null after move.
+class Listener {
+public:
+  Listener() noexcept = default;
+  /// Moves the listener; `o` is left null.
+  Listener(Listener &&) noexcept = default;
+  /// Destroys the old id before its channel (see Connection's move assignment).
+  Listener &operator=(Listener &&o) noexcept {
+    if (this != &o) {
+      this->~Listener();
+      ::new (static_cast<void *>(this)) Listener(std::move(o));
+    }
+    return *this;
+  }
+
+  /// rdma_create_id (RDMA_PS_TCP), rdma_bind_addr to `at` (port 0: the kernel chooses, read it
+  /// with port()), rdma_listen with `backlog`.
+  /// \errors
+  /// - errc::invalid_argument: `backlog` <= 0.
+  /// - cm_call_error() codes naming `at` for rdma_create_event_channel (ENODEV: rdma_ucm not
+  ///   loaded; EMFILE: the fd limit), rdma_create_id, rdma_bind_addr (EADDRINUSE, "port in use";
+  ///   EADDRNOTAVAIL: no local interface has that address; ENODEV: the address's interface has
+  ///   no RDMA device) and rdma_listen. The kernel's rdma_cm answers a port in use with
+  ///   EADDRNOTAVAIL, as for an address of no interface: when the address is a wildcard or one
+  ///   a UDP socket can bind, the port is what is taken, and the code says EADDRINUSE.
+  /// \mallocs The event channel and the id, inside librdmacm.
+  [[nodiscard]] static result<Listener> listen(const address &at, int backlog = 64) noexcept;
+
+  /// The port bound (rdma_get_src_port), host order; 0 when null.
+  [[nodiscard]] std::uint16_t port() const noexcept {
+    return id_ ? ntohs(::rdma_get_src_port(id_.get())) : 0;
+  }
+  /// The bound address (rdma_get_local_addr), with the chosen port.
+  /// \errors
+  /// - errc::null_handle: the listener is null.
+  /// \mallocs None.
+  [[nodiscard]] result<address> local_address() const noexcept {
+    if (!id_) return make_error_code(errc::null_handle);
+    return address::from(::rdma_get_local_addr(id_.get()));
+  }
+  /// The device the listener is bound to (null when bound to a wildcard address).
+  [[nodiscard]] ibv_context *device_context() const noexcept { return id_ ? id_.get()->verbs : nullptr; }
+  /// The non-blocking fd of the listener's channel (readable: call get_request(0)).
+  [[nodiscard]] int fd() const noexcept { return channel_.fd(); }
+  /// The listening rdma_cm_id (owned), or nullptr.
+  [[nodiscard]] rdma_cm_id *native_handle() const noexcept { return id_.get(); }
+  /// True unless null.
+  [[nodiscard]] explicit operator bool() const noexcept { return bool(id_); }
+  /// Stop listening and destroy now, checked: rdma_destroy_id of the listening id (requests
+  /// already taken with get_request() stay valid), then its event channel. On failure the
+  /// listener keeps both (its destructor tries again). Null afterwards on success.
+  /// \errors
+  /// - the errno of rdma_destroy_id.
+  /// \mallocs None.
+  result<void> destroy() noexcept {
+    RDMAXX_TRYV(id_.destroy());
+    return channel_.destroy();
+  }
+
+  /// Wait up to `timeout_ms` (0: do not wait) for the next connection request. Other events on
+  /// the channel (of requests that went away before being accepted) are acknowledged and
+  /// skipped.
+  /// \errors
+  /// - errc::null_handle: the listener is null.
+  /// - errc::invalid_argument: negative timeout.
+  /// - a cm timeout (cm_step::request): none arrived.
+  /// - the errno of rdma_get_cm_event.
+  /// \mallocs One event per rdma_get_cm_event (malloc, inside librdmacm).
+  [[nodiscard]] result<ConnectRequest> get_request(int timeout_ms) noexcept;
+
+private:
+  // True when `at` is a wildcard or an address of this host (a UDP socket binds to it, port 0).
+  [[nodiscard]] static bool address_is_local(const address &at) noexcept;
+
+  EventChannel channel_;
+  detail::handle<detail::cm_id_traits> id_;
+};
+
+// ---- Listener: the longer bodies ----
+
+inline result<Listener> Listener::listen(const address &at, int backlog) noexcept {
+  if (backlog <= 0) return make_error_code(errc::invalid_argument);
+  Listener l;
+  const auto failed = [&](cm_call c, int err) {
+    return cm_at(cm_call_error(c, err), cm_role::listen_on, at.native());
+  };
+  auto ch = EventChannel::create();
+  if (!ch && ch.error().category() == std::generic_category())
+    return failed(cm_call::rdma_create_event_channel, ch.error().value());
+  if (!ch) return ch.error();
+  l.channel_ = std::move(ch).value();
+  rdma_cm_id *id = nullptr;
+  if (::rdma_create_id(l.channel_.native_handle(), &id, nullptr, RDMA_PS_TCP))
+    return failed(cm_call::rdma_create_id, errno);
+  l.id_ = detail::handle<detail::cm_id_traits>(id, nullptr, nullptr);
+  address a = at;
+  if (::rdma_bind_addr(id, a.native())) {
+    int err = errno;
+    if (err == EADDRNOTAVAIL && address_is_local(at)) err = EADDRINUSE;
+    return failed(cm_call::rdma_bind_addr, err);
+  }
+  if (::rdma_listen(id, backlog)) return failed(cm_call::rdma_listen, errno);
+  return l;
+}
+
+inline result<ConnectRequest> Listener::get_request(int timeout_ms) noexcept {
+  if (!id_) return make_error_code(errc::null_handle);
+  if (timeout_ms < 0) return make_error_code(errc::invalid_argument);
+  const std::int64_t deadline = detail::monotonic_ms() + timeout_ms;
+  for (;;) {
+    RDMAXX_TRY(ev, detail::next_cm_event(channel_.native_handle()));
+    if (ev && ev->type == RDMA_CM_EVENT_CONNECT_REQUEST) {
+      return detail::request_access::from_event(*ev);
+    }
+    if (ev) continue; // an event of a request that went away: skipped
+    RDMAXX_TRY(readable, detail::wait_readable(fd(), deadline));
+    if (!readable) return cm_at(cm_timeout(cm_step::request), cm_role::listen_on, ::rdma_get_local_addr(id_.get()));
+  }
+}
+
+inline bool Listener::address_is_local(const address &at) noexcept {
+  if (detail::cm_is_wildcard(at.native())) return true;
+  const int fd = ::socket(at.is_v6() ? AF_INET6 : AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  address probe = at.with_port(0);
+  const socklen_t len = at.is_v6() ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  const bool ok = ::bind(fd, probe.native(), len) == 0;
+  ::close(fd);
+  return ok;
+}
+
+} // namespace rdmaxx
