@@ -474,7 +474,7 @@ TEST_CASE("a GrantPool with lazy slots makes each slot at its first lease; a fai
     auto l3 = need(pool.acquire(), "a second slot");
     CHECK(l3.slot() == 1);
     CHECK(pool.stats().slots_made == 2);
-    CHECK(mr_count() == mrs0 + 2);
+    CHECK(mr_count() == mrs0 + 3); // two slots' exact regions and src
     need(pool.release(l2), "release");
     need(pool.release(l3), "release");
     need(pool.destroy(), "destroy");
