@@ -13,6 +13,8 @@
 #include <rdmaxx/queue_pair.hpp>
 #include <rdmaxx/remote_descriptor.hpp>
 
+#include <catch2/catch.hpp>
+
 #include <concepts>
 #include <cstdint>
 
@@ -46,5 +48,21 @@ concept grant_form = requires(F &f, const F &cf, rdmaxx::SendBatch &b, std::uint
   f.complete(wc);
   f.post_revoke(id);
 };
+
+/// The own-completion property's core, for a form whose grant waits for its completion: `own`,
+/// re-labelled as another work request of the same QP or as its wr_id on another QP, confirms
+/// nothing. The caller then hands the real `own`.
+template <grant_form F>
+void foreign_completions_confirm_nothing(F &f, const ibv_wc &own) {
+  CHECK_FALSE(f.confirmed());
+  ibv_wc other = own;
+  other.wr_id ^= 0x40; // another work request of the same QP
+  f.complete(other);
+  CHECK_FALSE(f.confirmed());
+  other = own;
+  other.qp_num ^= 1; // the same wr_id on another QP
+  f.complete(other);
+  CHECK_FALSE(f.confirmed());
+}
 
 } // namespace grant_contract
