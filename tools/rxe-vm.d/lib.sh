@@ -365,11 +365,12 @@ find_kernel() {
 				break
 			fi
 		done < <(
+			# (no match is no error: errexit holds in this subshell too)
 			if [[ -n ${RXE_VM_MODROOT:-} ]]; then
-				compgen -G "${modroot%/}/boot/vmlinuz-*" | sort -rV
+				compgen -G "${modroot%/}/boot/vmlinuz-*" | sort -rV || true
 			else
-				compgen -G '/boot/vmlinuz-*' | sort -rV
-				compgen -G "$(kernel_cache)/*/boot/vmlinuz-*" | sort -rV
+				compgen -G '/boot/vmlinuz-*' | sort -rV || true
+				compgen -G "$(kernel_cache)/*/boot/vmlinuz-*" | sort -rV || true
 			fi
 		)
 		[[ -n $kernel ]] || missing "a kernel with rdma_rxe: in /boot/vmlinuz-* with its /lib/modules dir, \
