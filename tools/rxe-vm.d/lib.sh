@@ -373,6 +373,10 @@ find_kernel() {
 				compgen -G "$(kernel_cache)/*/boot/vmlinuz-*" | sort -rV || true
 			fi
 		)
+		if [[ -z $kernel && -n ${RXE_VM_MODROOT:-} ]]; then
+			missing "a kernel with rdma_rxe in ${modroot%/}/boot, modules in ${modroot%/}/lib/modules \
+(RXE_VM_MODROOT)" linux-image-amd64
+		fi
 		[[ -n $kernel ]] || missing "a kernel with rdma_rxe: in /boot/vmlinuz-* with its /lib/modules dir, \
 or in $(kernel_cache) (tools/dev example puts one there)" linux-image-amd64
 	fi
