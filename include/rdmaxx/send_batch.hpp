@@ -146,7 +146,8 @@ struct batch_access; // after SendBatch
 /// and the rollback's test are always inlined, and what only failures run (abort, rollback, the
 /// error code) is out of line and cold and never gets a pointer to the batch or to submit()'s
 /// result, so that the compiler keeps both in registers. A batch of plain work requests then adds
-/// to the ibv_wr_* calls only the null-QP and before-RTS tests (README, "Benchmarks").
+/// to the ibv_wr_* calls only the load of the QP from the QueuePair and the before-RTS test,
+/// which also refuses a null QueuePair's batches (detail::null_qp; README, "Benchmarks").
 ///
 /// Known rxe defect (rdma-core 44 provider, measured): ibv_wr_set_sge_list sends num_sge x the
 /// FIRST SGE's length and still completes successfully. On a QP of an rxe device the
@@ -260,8 +261,8 @@ private:
   SendBatch &fail(errc e) noexcept;
   [[gnu::cold, gnu::noinline]] static void abort_open(ibv_qp_ex *qp) noexcept { ::ibv_wr_abort(qp); }
   // submit() of a batch that is not open (null `qp`: answers its fault, else wrong_state), of a
-  // null QueuePair (the stand-in: null_handle) or whose QP has not reached RTS (aborted;
-  // wrong_state).
+  // null QueuePair (detail::null_qp, whose state is RESET: null_handle) or whose QP has not
+  // reached RTS (aborted; wrong_state).
   [[gnu::cold, gnu::noinline]] static std::error_code refused(ibv_qp_ex *qp, errc fault) noexcept {
     if (!qp) return make_error_code(fault != errc{} ? fault : errc::wrong_state);
     ::ibv_wr_abort(qp);
