@@ -320,10 +320,11 @@ public:
   }
 
 private:
-  // A failed poll's result, built in place from the errno as std::errc (what errno_code() gives
-  // for it): nothing out of line takes the caller's result (clang would keep it in memory on the
-  // success path too), and nothing of it has side effects, so that a caller who only tests the
-  // result lets the compiler fold that test into its own test of the count.
+  // A failed poll's result, built in place from the errno as std::errc (the code and category
+  // errno_code() gives for it): nothing out of line takes the caller's result (clang would keep
+  // it in memory on the success path too), and nothing of it has side effects, so that a
+  // compiler may fold a caller's test of the result into its test of the count (g++ does in
+  // small TUs; README, "The fast path as users build it").
   [[gnu::always_inline, gnu::flatten]] static result<std::size_t> failed(int n) noexcept {
     return static_cast<std::errc>(-n);
   }
