@@ -137,6 +137,31 @@ namespace detail {
 }
 #endif
 
+// A QueuePair's ibv_qp_ex, never null: &null_qp while the QueuePair is null (default-constructed,
+// moved from, destroyed), so that start_send() tests nothing (send_batch.hpp, null_qp).
+class qpx_ptr {
+public:
+  constexpr qpx_ptr() noexcept = default;
+  qpx_ptr(qpx_ptr &&o) noexcept : p_(std::exchange(o.p_, &null_qp)) {}
+  qpx_ptr &operator=(qpx_ptr &&o) noexcept {
+    p_ = std::exchange(o.p_, &null_qp);
+    return *this;
+  }
+  /// The QP's ibv_qp_ex, or nullptr when null.
+  [[nodiscard]] ibv_qp_ex *get() const noexcept { return p_ == &null_qp ? nullptr : p_; }
+  /// What a batch starts on: the QP's ibv_qp_ex, or &null_qp.
+  [[nodiscard]] ibv_qp_ex *post() const noexcept { return p_; }
+  ibv_qp_ex *release() noexcept {
+    ibv_qp_ex *p = get();
+    p_ = &null_qp;
+    return p;
+  }
+  void reset(ibv_qp_ex *p) noexcept { p_ = p ? p : &null_qp; }
+
+private:
+  ibv_qp_ex *p_ = &null_qp;
+};
+
 // rxe reports vendor id 0xFFFFFF (RXE_VENDOR_ID in the kernel driver); asked once per QP creation.
 [[nodiscard]] inline bool has_sge_list_defect(ibv_context *ctx) noexcept {
   ibv_device_attr a{};
@@ -192,9 +217,7 @@ public:
   /// Open a send batch (ibv_wr_start). On a null QP (moved from, destroyed) the batch is not
   /// open: its operations are ignored and its submit() answers errc::null_handle.
   [[nodiscard]] SendBatch start_send() noexcept {
-    ibv_qp_ex *q = qpx_.get();
-    if (!q) [[unlikely]] q = detail::closed_qp();
-    return detail::batch_access::open(q, sge_list_defect_);
+    return detail::batch_access::open(qpx_.post(), sge_list_defect_);
   }
 
   /// Work requests the send queue takes now, on a QP whose send queue rdmaxx counts (an mlx5 UMR
@@ -369,7 +392,7 @@ private:
   friend struct detail::qp_access;     // special QPs built on this construction path (mlx5)
   friend struct detail::test_access;
   detail::handle<traits> h_; // parents: PD, send CQ, receive CQ
-  detail::moved_ptr<ibv_qp_ex> qpx_;
+  detail::qpx_ptr qpx_;
   qp_caps caps_{};
   endpoint remote_{};
   connect_options opts_{};

@@ -18,6 +18,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -30,33 +31,42 @@ namespace detail {
 // ibv_modify_qp (raw calls on native_handle() included).
 [[nodiscard]] inline bool before_rts(const ibv_qp &qp) noexcept { return qp.state < IBV_QPS_RTS; }
 
-// What a batch of a null QueuePair (moved from, destroyed) posts to: a stand-in ibv_qp_ex whose
-// ibv_wr_* entries do nothing and whose state is RESET, so that submit() aborts it with
-// errc::wrong_state. It keeps the real batch free of a null test per operation (the compiler
-// sees ibv_wr_start dereference the pointer). Per thread, because begin() writes wr_id/wr_flags.
-[[gnu::cold, gnu::noinline, gnu::returns_nonnull]] inline ibv_qp_ex *closed_qp() noexcept {
-  static thread_local ibv_qp_ex q = [] {
-    ibv_qp_ex x{};
-    x.qp_base.state = IBV_QPS_RESET;
-    x.wr_atomic_cmp_swp = [](ibv_qp_ex *, std::uint32_t, std::uint64_t, std::uint64_t, std::uint64_t) {};
-    x.wr_atomic_fetch_add = [](ibv_qp_ex *, std::uint32_t, std::uint64_t, std::uint64_t) {};
-    x.wr_bind_mw = [](ibv_qp_ex *, ibv_mw *, std::uint32_t, const ibv_mw_bind_info *) {};
-    x.wr_local_inv = [](ibv_qp_ex *, std::uint32_t) {};
-    x.wr_rdma_read = [](ibv_qp_ex *, std::uint32_t, std::uint64_t) {};
-    x.wr_rdma_write = [](ibv_qp_ex *, std::uint32_t, std::uint64_t) {};
-    x.wr_rdma_write_imm = [](ibv_qp_ex *, std::uint32_t, std::uint64_t, __be32) {};
-    x.wr_send = [](ibv_qp_ex *) {};
-    x.wr_send_imm = [](ibv_qp_ex *, __be32) {};
-    x.wr_send_inv = [](ibv_qp_ex *, std::uint32_t) {};
-    x.wr_set_inline_data = [](ibv_qp_ex *, void *, std::size_t) {};
-    x.wr_set_sge = [](ibv_qp_ex *, std::uint32_t, std::uint64_t, std::uint32_t) {};
-    x.wr_set_sge_list = [](ibv_qp_ex *, std::size_t, const ibv_sge *) {};
-    x.wr_start = [](ibv_qp_ex *) {};
-    x.wr_complete = [](ibv_qp_ex *) { return EINVAL; };
-    x.wr_abort = [](ibv_qp_ex *) {};
-    return x;
-  }();
-  return &q;
+// What a null QueuePair (default-constructed, moved from, destroyed) posts to: a stand-in
+// ibv_qp_ex whose ibv_wr_* entries do nothing and whose state is RESET. The QueuePair holds its
+// address instead of nullptr (detail::qpx_ptr), so start_send() tests nothing and the one
+// before-RTS test of submit() refuses the batch (errc::null_handle) and aborts it. One for the
+// process, constant-initialised (no guard, no TLS lookup): begin() writes its wr_id and wr_flags
+// with relaxed atomic stores (set_wr), so that threads posting to null QueuePairs at once do not
+// race.
+[[nodiscard]] constexpr ibv_qp_ex make_null_qp() noexcept {
+  ibv_qp_ex x{};
+  x.qp_base.state = IBV_QPS_RESET;
+  x.wr_atomic_cmp_swp = [](ibv_qp_ex *, std::uint32_t, std::uint64_t, std::uint64_t, std::uint64_t) {};
+  x.wr_atomic_fetch_add = [](ibv_qp_ex *, std::uint32_t, std::uint64_t, std::uint64_t) {};
+  x.wr_bind_mw = [](ibv_qp_ex *, ibv_mw *, std::uint32_t, const ibv_mw_bind_info *) {};
+  x.wr_local_inv = [](ibv_qp_ex *, std::uint32_t) {};
+  x.wr_rdma_read = [](ibv_qp_ex *, std::uint32_t, std::uint64_t) {};
+  x.wr_rdma_write = [](ibv_qp_ex *, std::uint32_t, std::uint64_t) {};
+  x.wr_rdma_write_imm = [](ibv_qp_ex *, std::uint32_t, std::uint64_t, __be32) {};
+  x.wr_send = [](ibv_qp_ex *) {};
+  x.wr_send_imm = [](ibv_qp_ex *, __be32) {};
+  x.wr_send_inv = [](ibv_qp_ex *, std::uint32_t) {};
+  x.wr_set_inline_data = [](ibv_qp_ex *, void *, std::size_t) {};
+  x.wr_set_sge = [](ibv_qp_ex *, std::uint32_t, std::uint64_t, std::uint32_t) {};
+  x.wr_set_sge_list = [](ibv_qp_ex *, std::size_t, const ibv_sge *) {};
+  x.wr_start = [](ibv_qp_ex *) {};
+  x.wr_complete = [](ibv_qp_ex *) { return EINVAL; };
+  x.wr_abort = [](ibv_qp_ex *) {};
+  return x;
+}
+inline constinit ibv_qp_ex null_qp = make_null_qp();
+
+// The wr_id and wr_flags of the work request being built (what ibv_wr_* reads from the
+// ibv_qp_ex). Relaxed atomic stores: plain moves on x86-64 and arm64, and race-free on the
+// null_qp that the null QueuePairs of all threads share.
+inline void set_wr(ibv_qp_ex *qp, std::uint64_t id, unsigned flags) noexcept {
+  std::atomic_ref(qp->wr_id).store(id, std::memory_order_relaxed);
+  std::atomic_ref(qp->wr_flags).store(flags, std::memory_order_relaxed);
 }
 
 // What the batch-form operations of a MemoryWindow or IndirectKey applied at post time, to take
@@ -136,7 +146,8 @@ struct batch_access; // after SendBatch
 /// and the rollback's test are always inlined, and what only failures run (abort, rollback, the
 /// error code) is out of line and cold and never gets a pointer to the batch or to submit()'s
 /// result, so that the compiler keeps both in registers. A batch of plain work requests then adds
-/// to the ibv_wr_* calls only the null-QP and before-RTS tests (README, "Benchmarks").
+/// to the ibv_wr_* calls only the load of the QP from the QueuePair and the before-RTS test,
+/// which also refuses a null QueuePair's batches (detail::null_qp; README, "Benchmarks").
 ///
 /// Known rxe defect (rdma-core 44 provider, measured): ibv_wr_set_sge_list sends num_sge x the
 /// FIRST SGE's length and still completes successfully. On a QP of an rxe device the
@@ -212,7 +223,7 @@ public:
 
 private:
   friend struct detail::batch_access; // QueuePair opens batches; windows and keys add undos
-  // Never null: a null QueuePair hands over detail::closed_qp(). Starts the batch.
+  // Never null: a null QueuePair hands over &detail::null_qp. Starts the batch.
   SendBatch(ibv_qp_ex *q, bool sge_list_defect) noexcept;
   ibv_qp_ex *q() const noexcept { return qp_.get(); }
   // False when the batch is not open (submitted or moved from): the operation is then ignored
@@ -237,8 +248,7 @@ private:
       wr part = w;
       if (i + 1 < s.size()) part.flags &= ~last_only;
       if (i > 0) part.flags &= ~send_flags(send_flag::fence);
-      qp->wr_id = part.id;
-      qp->wr_flags = part.flags.native();
+      detail::set_wr(qp, part.id, part.flags.native());
       if (read)
         ::ibv_wr_rdma_read(qp, r.rkey, at);
       else
@@ -251,12 +261,12 @@ private:
   SendBatch &fail(errc e) noexcept;
   [[gnu::cold, gnu::noinline]] static void abort_open(ibv_qp_ex *qp) noexcept { ::ibv_wr_abort(qp); }
   // submit() of a batch that is not open (null `qp`: answers its fault, else wrong_state), of a
-  // null QueuePair (the stand-in: null_handle) or whose QP has not reached RTS (aborted;
-  // wrong_state).
+  // null QueuePair (detail::null_qp, whose state is RESET: null_handle) or whose QP has not
+  // reached RTS (aborted; wrong_state).
   [[gnu::cold, gnu::noinline]] static std::error_code refused(ibv_qp_ex *qp, errc fault) noexcept {
     if (!qp) return make_error_code(fault != errc{} ? fault : errc::wrong_state);
     ::ibv_wr_abort(qp);
-    return make_error_code(qp == detail::closed_qp() ? errc::null_handle : errc::wrong_state);
+    return make_error_code(qp == &detail::null_qp ? errc::null_handle : errc::wrong_state);
   }
   // A counted send queue's refusal (detail::sq_credit) has its own code.
   [[gnu::cold, gnu::noinline]] static std::error_code complete_failed(const ibv_qp_ex *qp, int rc) noexcept {
@@ -280,7 +290,7 @@ namespace detail {
 /// batch (open()); the batch-form operations of windows and keys register their rollback with it
 /// (undo()).
 struct batch_access {
-  /// A batch started on `q` (never null: a null QueuePair passes detail::closed_qp()).
+  /// A batch started on `q` (never null: a null QueuePair passes &detail::null_qp).
   [[gnu::always_inline]] static SendBatch open(ibv_qp_ex *q, bool sge_list_defect) noexcept {
     return SendBatch(q, sge_list_defect);
   }
@@ -383,7 +393,7 @@ inline result<void> SendBatch::submit() noexcept {
 }
 
 inline SendBatch::SendBatch(ibv_qp_ex *q, bool sge_list_defect) noexcept : qp_(q), sge_list_defect_(sge_list_defect) {
-  // Never null: a null QueuePair hands over detail::closed_qp(). Said to the compiler too, so
+  // Never null: a null QueuePair hands over &detail::null_qp. Said to the compiler too, so
   // that begin() of an inlined batch tests nothing until submit() (clang does not infer it
   // from the dereference in ibv_wr_start).
   if (!q) __builtin_unreachable();
@@ -395,8 +405,7 @@ inline SendBatch::SendBatch(ibv_qp_ex *q, bool sge_list_defect) noexcept : qp_(q
 inline bool SendBatch::begin(wr w) noexcept {
   ibv_qp_ex *qp = q();
   if (!qp) [[unlikely]] return false;
-  qp->wr_id = w.id;
-  qp->wr_flags = w.flags.native();
+  detail::set_wr(qp, w.id, w.flags.native());
   return true;
 }
 inline bool SendBatch::split_needed(std::span<const ibv_sge> s) const noexcept {

@@ -4,7 +4,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -208,6 +210,46 @@ TEST_CASE("a failed destroy verb in a destructor goes to the hook", "[unit][hand
   CHECK(failures[0].error == std::errc::device_or_resource_busy);
   CHECK(failures[0].live_children == 0);
   CHECK(destroyed == 2);
+}
+
+// A null QueuePair's batches go to the shared stand-in detail::null_qp (no null test per post):
+// every operation is ignored, submit() answers null_handle, and nothing is ever posted through
+// it, from any number of threads at once (its wr_id/wr_flags stores are relaxed atomics).
+TEST_CASE("a null QueuePair's batches are refused with null_handle", "[unit][handles][batch]") {
+  QueuePair empty;
+  CHECK(empty.native_handle_ex() == nullptr);
+  QueuePair moved_to = std::move(empty);
+  QueuePair &moved_from = empty;
+  for (QueuePair *q : {&moved_from, &moved_to}) {
+    CHECK(q->native_handle_ex() == nullptr);
+    const ibv_sge sge{0x1000, 64, 0x42};
+    auto b = q->start_send();
+    CHECK(b.native_handle() == &detail::null_qp);
+    b.write({.id = 7, .flags = send_flag::signaled}, {0x2000, 0x99}, sge);
+    b.send({.id = 8}, sge);
+    b.local_inv({.id = 9}, 0x55);
+    CHECK(b.submit().error() == errc::null_handle);
+    CHECK(b.native_handle() == nullptr);
+    CHECK(b.submit().error() == errc::wrong_state); // submitted: no longer open
+    auto dropped = q->start_send();                 // dropped unsubmitted: aborted, no effect
+    dropped.write({.id = 10}, {0x2000, 0x99}, sge);
+  }
+  // The stand-in stays what it was: RESET, no QP behind it.
+  CHECK(detail::null_qp.qp_base.state == IBV_QPS_RESET);
+  CHECK(detail::null_qp.qp_base.context == nullptr);
+  std::atomic<int> refused{0};
+  auto post = [&] {
+    QueuePair none;
+    for (int i = 0; i < 2000; ++i) {
+      auto b = none.start_send();
+      b.write({.id = std::uint64_t(i), .flags = send_flag::signaled}, {0x2000, 0x99}, ibv_sge{0x1000, 64, 0x42});
+      if (b.submit().error() == errc::null_handle) ++refused;
+    }
+  };
+  std::thread t1(post), t2(post);
+  t1.join();
+  t2.join();
+  CHECK(refused == 4000);
 }
 
 TEST_CASE("empty handles are safe to query and destroy", "[unit][handles]") {
