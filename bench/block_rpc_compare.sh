@@ -1,15 +1,61 @@
 #!/bin/bash
 # Throughput of examples 06 and 07 (rdmaxx/asio.hpp) in one boot, server and client on this host,
 # no stalls, REPS interleaved runs (default 5): tools/rxe-vm bench/block_rpc_compare.sh BUILD_DIR
-# (README: "On a Boost.Asio event loop"); N, REPS, STRACE through env: tools/rxe-vm env N=5000
-# bench/block_rpc_compare.sh build. With STRACE=1, one run of each under strace -c -f
-# instead: the system calls of server and client (the calls per request are load-independent).
+# (README: "On a Boost.Asio event loop"); N, REPS, STRACE, BASE, CALLGRIND through env:
+# tools/rxe-vm env N=5000 bench/block_rpc_compare.sh build. The last lines: each program's median
+# and range, and its rate over 06's round by round (runs that failed their checks left out).
+# - STRACE=1: one run of each under strace -c -f instead: the system calls of server and client
+#   (the calls per request are load-independent).
+# - BASE=DIR: also DIR/examples/07_asio_block_rpc --connections 1 in every round (a build before
+#   a change, measured in the same boot; DIR inside the worktree: the VM sees the host's /tmp
+#   only through RXE_VM_WRITABLE). NO4=1: without the 4-connection runs.
+# - CALLGRIND=OUT: instead, user-space instructions per request of 06 and 07 --connections 1
+#   (both sides under callgrind, N1=200 and N2=400 requests, start-up cancelled by the
+#   difference), files in OUT (writable: RXE_VM_WRITABLE=OUT tools/rxe-vm env CALLGRIND=OUT ...);
+#   then on the host: callgrind_annotate OUT/07.c.400.cg (per function). CG_ONLY="07 ...": only
+#   those of 06, 07 and 07-base (BASE).
 build=${1:-build}
 ip=192.0.2.1 # tools/rxe-vm gives the device this address
 N=${N:-1000}
 REPS=${REPS:-5}
-run() { # name port exe client-args...
-  local name=$1 port=$2 exe=$3; shift 3
+if [ -n "$CALLGRIND" ]; then
+  N1=${N1:-200} N2=${N2:-400} port=7600
+  for p in "06 $build/examples/06_block_rpc" "07 $build/examples/07_asio_block_rpc --connections 1" \
+           ${BASE:+"07-base $BASE/examples/07_asio_block_rpc --connections 1"}; do
+    read -r name exe extra <<<"$p"
+    [[ " ${CG_ONLY:-$name} " == *" $name "* ]] || continue
+    declare -A total=()
+    for n in $N1 $N2; do
+      # A run whose checks failed (a request past its timeout while valgrind translates the
+      # first requests' code on a loaded host: a reconnect is counted in) is run again.
+      for attempt in 1 2 3; do
+        port=$((port + 1))
+        for side in s c; do rm -f "$CALLGRIND/$name.$side.$n.cg"; done
+        LD_BIND_NOW=1 valgrind --tool=callgrind --callgrind-out-file="$CALLGRIND/$name.s.$n.cg" \
+          "$exe" server $port >"$CALLGRIND/$name.s.$n.log" 2>"$CALLGRIND/$name.s.$n.vg" & sp=$!
+        for _ in $(seq 600); do grep -q listening "$CALLGRIND/$name.s.$n.log" 2>/dev/null && break; sleep 0.1; done
+        # shellcheck disable=SC2086 # $extra: the client's extra arguments
+        LD_BIND_NOW=1 valgrind --tool=callgrind --callgrind-out-file="$CALLGRIND/$name.c.$n.cg" \
+          "$exe" client $ip:$port --requests "$n" $extra >"$CALLGRIND/$name.c.$n.log" 2>"$CALLGRIND/$name.c.$n.vg"
+        rc=$?; wait $sp; src=$?
+        [ $rc = 0 ] && [ $src = 0 ] && break
+        echo "$name N=$n attempt $attempt: client rc=$rc server rc=$src (see $CALLGRIND/$name.*.$n.log)"
+      done
+      for side in s c; do
+        total[$side.$n]=$(sed -n 's/^summary: //p' "$CALLGRIND/$name.$side.$n.cg")
+      done
+    done
+    for side in s c; do
+      who=server; [ $side = c ] && who=client
+      echo "$name $who: $(( (${total[$side.$N2]} - ${total[$side.$N1]}) / (N2 - N1) )) instructions per request" \
+           "(${total[$side.$N1]} at N=$N1, ${total[$side.$N2]} at N=$N2)"
+    done
+    unset total
+  done
+  exit 0
+fi
+run() { # name key port exe client-args...
+  local name=$1 key=$2 port=$3 exe=$4; shift 4
   local pre_s=() pre_c=()
   if [ -n "$STRACE" ]; then pre_s=(strace -f -c -o /tmp/s.$port); pre_c=(strace -f -c -o /tmp/c.$port); fi
   "${pre_s[@]}" $exe server $port > /tmp/srv.log 2>&1 & local sp=$!
@@ -19,6 +65,7 @@ run() { # name port exe client-args...
   local ms=$(( ($(date +%s%N)-t0)/1000000 ))
   wait $sp; local src=$?
   echo "$name: client rc=$rc server rc=$src $ms ms for $N requests + 8 read-backs: $(( (N+8)*1000/ms )) req/s"
+  [ $rc = 0 ] && [ $src = 0 ] && rates+=("$rep $key $(( (N+8)*1000/ms ))")
   grep -h "router:\|FAIL" /tmp/cli.log /tmp/srv.log; grep -ho "steady state: .*" /tmp/cli.log
   if [ -n "$STRACE" ]; then
     for side in s c; do
@@ -30,8 +77,26 @@ run() { # name port exe client-args...
   fi
 }
 [ -n "$STRACE" ] && REPS=1
+rates=() # "round program req/s" of the runs that passed their checks
 for rep in $(seq $REPS); do
-  run "06 (1 connection)" $((7480+rep*10)) $build/examples/06_block_rpc --requests $N
-  run "07 --connections 1" $((7481+rep*10)) $build/examples/07_asio_block_rpc --requests $N --connections 1
-  [ -n "$STRACE" ] || run "07 --connections 4" $((7482+rep*10)) $build/examples/07_asio_block_rpc --requests $N --connections 4
+  run "06 (1 connection)" 06 $((7480+rep*10)) $build/examples/06_block_rpc --requests $N
+  run "07 --connections 1" 07-c1 $((7481+rep*10)) $build/examples/07_asio_block_rpc --requests $N --connections 1
+  [ -n "$BASE" ] && run "07 of $BASE --connections 1" 07-base-c1 $((7483+rep*10)) $BASE/examples/07_asio_block_rpc --requests $N --connections 1
+  [ -n "$STRACE" ] || [ -n "$NO4" ] || run "07 --connections 4" 07-c4 $((7482+rep*10)) $build/examples/07_asio_block_rpc --requests $N --connections 4
 done
+# Medians over the rounds, and 07 / 06 round by round (rounds where both passed).
+printf '%s\n' "${rates[@]}" | python3 -c '
+import sys, statistics as st
+r = {}
+for line in sys.stdin:
+    if line.strip():
+        rep, name, v = line.split(); r.setdefault(name, {})[rep] = int(v)
+base = r.get("06", {})
+for name, runs in r.items():
+    v = sorted(runs.values())
+    line = f"{name}: median {st.median(v):.0f} req/s ({v[0]}-{v[-1]}, {len(v)} runs)"
+    pairs = sorted(runs[k] / base[k] for k in runs if k in base)
+    if name != "06" and pairs:
+        line += f"; / 06 round by round: median {st.median(pairs):.3f} ({pairs[0]:.3f}-{pairs[-1]:.3f}, {len(pairs)} rounds)"
+    print(line)
+'

@@ -30,7 +30,9 @@
 ///
 /// Threads: one io_context thread for a router, its waiters, the pools attached to it and the
 /// connections watched (like the CQ and QPs they use). One wait at a time on a Connection's or
-/// Listener's fd (two would register the fd twice with the reactor).
+/// Listener's fd (two would register the fd twice with the reactor). An io_context that only
+/// that thread touches can be made with BOOST_ASIO_CONCURRENCY_HINT_UNSAFE: its scheduler and
+/// reactor then take no mutex per handler (a hint of 1 still does).
 ///
 /// Lifetimes: a Waiter must not outlive its router's CQ (it keeps the router's core alive, not
 /// the CQ); the router must be destroyed (or closed) before its CQ and channel. Destroying a
@@ -39,7 +41,9 @@
 /// Allocation: CompletionRouter::create allocates its core (the bucket array, the pool table);
 /// per completion nothing is allocated beyond Asio's own coroutine frames (recycled per thread,
 /// one block per kind): a suspended wait keeps its coroutine's handler in the Waiter, with no
-/// timer or operation of its own (measured in README: "On a Boost.Asio event loop").
+/// timer or operation of its own, and with Boost 1.74 suspends its own frame directly (no
+/// use_awaitable operation frame per suspension). Measured in README: "On a Boost.Asio event
+/// loop".
 #pragma once
 
 #include "completion_queue.hpp"
@@ -60,6 +64,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/version.hpp>
 
 #include <chrono>
 #include <cstddef>
@@ -605,12 +610,36 @@ struct router_core {
 
 // Suspend the calling coroutine on `n` until it is routed, failed or `until` passed (its
 // handler is kept in the node: no timer and no operation of its own).
+#if BOOST_VERSION / 100 == 1074 && !defined(RDMAXX_ASIO_PORTABLE_SUSPEND)
+// Boost 1.74: what async_result<use_awaitable_t> does inside, less the coroutine frame it
+// allocates per operation. `co_await f` of a function of the frame suspends the awaiting
+// coroutine and calls f with its frame; the thread of execution detached from the frame is the
+// handler, and pumping it again resumes that same frame (nothing to pop). Other versions: the
+// public path below (their awaitable internals differ).
+using awaitable_thread = net::detail::awaitable_thread<net::any_io_executor>;
+struct resume_frame : awaitable_thread {
+  explicit resume_frame(awaitable_thread *t) noexcept : awaitable_thread(std::move(*t)) {}
+  void operator()() {
+    this->top_of_stack_->attach_thread(this);
+    this->pump();
+  }
+};
+inline auto suspend_on(router_core &c, waiter_node &n, deadline until) {
+  n.until = until;
+  n.expired = false;
+  return [&c, &n](auto *frame) {
+    c.suspend(n, resume_frame(frame->detach_thread()));
+    return static_cast<awaitable_thread *>(nullptr);
+  };
+}
+#else
 inline auto suspend_on(router_core &c, waiter_node &n, deadline until) {
   n.until = until;
   n.expired = false;
   return net::async_initiate<decltype(net::use_awaitable), void()>(
       [&c, &n](auto h) { c.suspend(n, std::move(h)); }, net::use_awaitable);
 }
+#endif
 
 } // namespace detail
 
@@ -779,6 +808,15 @@ public:
   /// Forget the completion taken and wait for the next one of the same wr_id (a receive slot
   /// posted again). A failure stays.
   void rearm() noexcept { n_.done = false; }
+  /// Fail this waiter with `ec` (its post failed, say): wait() returns `ec`, now or at once
+  /// if it is suspended. A completion already taken, or an earlier failure, stays.
+  /// \mallocs None, or for a suspended wait the post of the router's flush that resumes it
+  ///   (Asio's operation, recycled per thread).
+  void fail(std::error_code ec) noexcept {
+    if (n_.done || n_.failed) return;
+    n_.failed = ec;
+    if (n_.core) n_.core->wake(n_);
+  }
 
   /// The completion (any status: check wc.status, or wc_error()), or why none: errc::timeout at
   /// `until` (the work request is still outstanding: revoke what it was granted), the error

@@ -185,6 +185,56 @@ TEST_CASE("[asio] the same wr_id on two QPs of one CQ: each completion wakes its
   CHECK(kernel_resources() == before);
 }
 
+// Waiter::fail(): a waiter whose post failed returns the error without suspending; one that is
+// suspended is resumed with it long before its deadline, by the router (no completion comes).
+TEST_CASE("[asio] Waiter::fail: at once before the wait, and a suspended wait woken with the error", "[asio]") {
+  const std::string before = kernel_resources();
+  {
+    device_pd d;
+    auto ch = need(CompletionChannel::create(d.ctx), "channel");
+    auto cq = need(CompletionQueue::create(d.ctx, 16, &ch), "cq");
+    net::io_context io;
+    auto router = need(ra::CompletionRouter::create(io.get_executor(), cq, ch), "router");
+    const std::error_code posting = std::make_error_code(std::errc::io_error);
+    const std::error_code broken = std::make_error_code(std::errc::connection_aborted);
+    std::optional<rdmaxx::result<ibv_wc>> first, second;
+    std::uint64_t suspended_first = 0;
+    std::int64_t woken_after = -1;
+    ra::Waiter *waiting = nullptr;
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      ra::Waiter w(router, 1, 4242);
+      w.fail(posting);
+      w.fail(broken); // an earlier failure stays
+      first = co_await w.wait(ra::after_ms(20000));
+      suspended_first = router.stats().suspended;
+      ra::Waiter w2(router, 2, 4242);
+      waiting = &w2;
+      const std::int64_t t0 = now_ms();
+      second = co_await w2.wait(ra::after_ms(20000));
+      woken_after = now_ms() - t0;
+      waiting = nullptr;
+    }, net::detached);
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      while (!waiting || router.stats().suspended == suspended_first) co_await net::post(io, net::use_awaitable);
+      waiting->fail(broken);
+    }, net::detached);
+    io.run_for(std::chrono::seconds(30));
+    REQUIRE(first.has_value());
+    REQUIRE_FALSE(first->has_value());
+    CHECK(first->error() == posting);
+    CHECK(suspended_first == 0); // returned without suspending
+    REQUIRE(second.has_value());
+    REQUIRE_FALSE(second->has_value());
+    CHECK(second->error() == broken);
+    CHECK(woken_after >= 0);
+    CHECK(woken_after < 5000); // by fail(), not by the 20 s deadline
+    CHECK(router.stats().suspended == 1);
+    CHECK(router.stats().completions == 0);
+    router.close();
+  }
+  CHECK(kernel_resources() == before);
+}
+
 TEST_CASE("[asio] a request timeout while a grant is live: revoked, confirmed, the late write refused", "[asio]") {
   const std::string before = kernel_resources();
   {
