@@ -41,9 +41,7 @@
 /// Allocation: CompletionRouter::create allocates its core (the bucket array, the pool table);
 /// per completion nothing is allocated beyond Asio's own coroutine frames (recycled per thread,
 /// one block per kind): a suspended wait keeps its coroutine's handler in the Waiter, with no
-/// timer or operation of its own, and with Boost 1.74 suspends its own frame directly (no
-/// use_awaitable operation frame per suspension). Measured in README: "On a Boost.Asio event
-/// loop".
+/// timer or operation of its own. Measured in README: "On a Boost.Asio event loop".
 #pragma once
 
 #include "completion_queue.hpp"
@@ -64,7 +62,6 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <boost/version.hpp>
 
 #include <chrono>
 #include <cstddef>
@@ -610,36 +607,12 @@ struct router_core {
 
 // Suspend the calling coroutine on `n` until it is routed, failed or `until` passed (its
 // handler is kept in the node: no timer and no operation of its own).
-#if BOOST_VERSION / 100 == 1074 && !defined(RDMAXX_ASIO_PORTABLE_SUSPEND)
-// Boost 1.74: what async_result<use_awaitable_t> does inside, less the coroutine frame it
-// allocates per operation. `co_await f` of a function of the frame suspends the awaiting
-// coroutine and calls f with its frame; the thread of execution detached from the frame is the
-// handler, and pumping it again resumes that same frame (nothing to pop). Other versions: the
-// public path below (their awaitable internals differ).
-using awaitable_thread = net::detail::awaitable_thread<net::any_io_executor>;
-struct resume_frame : awaitable_thread {
-  explicit resume_frame(awaitable_thread *t) noexcept : awaitable_thread(std::move(*t)) {}
-  void operator()() {
-    this->top_of_stack_->attach_thread(this);
-    this->pump();
-  }
-};
-inline auto suspend_on(router_core &c, waiter_node &n, deadline until) {
-  n.until = until;
-  n.expired = false;
-  return [&c, &n](auto *frame) {
-    c.suspend(n, resume_frame(frame->detach_thread()));
-    return static_cast<awaitable_thread *>(nullptr);
-  };
-}
-#else
 inline auto suspend_on(router_core &c, waiter_node &n, deadline until) {
   n.until = until;
   n.expired = false;
   return net::async_initiate<decltype(net::use_awaitable), void()>(
       [&c, &n](auto h) { c.suspend(n, std::move(h)); }, net::use_awaitable);
 }
-#endif
 
 } // namespace detail
 
