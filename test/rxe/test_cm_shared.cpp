@@ -542,3 +542,72 @@ TEST_CASE("shared channels: the blocking forms (connect, get_request, accept, wa
   }
   CHECK(resources() == before);
 }
+
+TEST_CASE("shared channels: a listener queues up to its backlog; requests beyond it are refused "
+          "(the client sees REJECTED), the queued ones are accepted later, nothing leaks",
+          "[cm][shared-channel]") {
+  const std::string before = resources_baseline();
+  {
+    auto cch = need(EventChannel::create(), "client channel");
+    auto sch = need(EventChannel::create(), "server channel");
+    auto l = need(Listener::listen(addr(std::string(local_ip) + ":0"), {.backlog = 2, .channel = &sch, .cookie = 99}),
+                  "listen, backlog 2");
+    const address to = addr(std::string(local_ip) + ":" + std::to_string(l.port()));
+    std::vector<Connection> cs;
+    for (std::uint64_t i = 0; i < 4; ++i)
+      cs.push_back(need(Connection::start_connect(to, {.timeout_ms = 10000, .channel = &cch, .cookie = i}), "start"));
+    std::vector<std::error_code> failed(4);
+    std::vector<Connection> srv; // the accepted ones, cookies 10, 11
+    int listener_named = 0;
+    std::array<std::uint64_t, 8> ready{};
+    auto turn = [&] {
+      pollfd p[2] = {{cch.fd(), POLLIN, 0}, {sch.fd(), POLLIN, 0}};
+      if (!cch.has_ready() && !sch.has_ready()) (void)::poll(p, 2, 50);
+      for (std::size_t k = 0, n = need(cch.dispatch(ready), "client dispatch"); k < n; ++k) {
+        REQUIRE(ready[k] < 4);
+        auto s = cs[ready[k]].advance();
+        if (!s) failed[ready[k]] = s.error();
+      }
+      for (std::size_t k = 0, n = need(sch.dispatch(ready), "server dispatch"); k < n; ++k) {
+        if (ready[k] == 99) {
+          ++listener_named;
+          continue;
+        }
+        REQUIRE(ready[k] - 10 < srv.size()); // before the accepts: only the listener is named
+        (void)srv[ready[k] - 10].advance();
+      }
+    };
+    // The requests are not taken: two wait in the listener's queue, two are refused.
+    const auto refused = [&] { return std::count_if(failed.begin(), failed.end(), [](auto &e) { return bool(e); }); };
+    const auto end = std::chrono::steady_clock::now() + 8s;
+    while (refused() < 2 && std::chrono::steady_clock::now() < end) turn();
+    for (int k = 0; k < 5; ++k) turn(); // and no more than two
+    REQUIRE(refused() == 2);
+    for (auto &e : failed)
+      if (e) {
+        INFO(e.message());
+        CHECK(e == std::errc::connection_refused);
+      }
+    CHECK(listener_named >= 1);
+    // The two queued requests: accepted on the shared channel, both ends established.
+    for (int k = 0; k < 2; ++k) {
+      auto req = need(l.get_request(0), "a queued request");
+      srv.push_back(need(req.start_accept({.timeout_ms = 10000, .channel = &sch, .cookie = 10u + k}), "accept"));
+    }
+    auto none = l.get_request(0);
+    REQUIRE_FALSE(none);
+    CHECK(is_cm_timeout(none.error()));
+    const auto up = [&] {
+      int n = 0;
+      for (std::size_t i = 0; i < 4; ++i) n += !failed[i] && cs[i].state() == conn_state::established;
+      for (auto &c : srv) n += c.state() == conn_state::established;
+      return n;
+    };
+    const auto end2 = std::chrono::steady_clock::now() + 10s;
+    while (up() < 4 && std::chrono::steady_clock::now() < end2) turn();
+    CHECK(up() == 4);
+    CHECK(sch.live_children() == 3); // the listener and the two accepted
+    CHECK(cch.live_children() == 4); // the refused ones too, until destroyed
+  }
+  CHECK(resources() == before);
+}
