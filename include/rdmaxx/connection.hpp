@@ -241,9 +241,10 @@ public:
   }
 
   /// Process the pending events on this connection's channel without blocking and return the
-  /// state reached (on a shared channel: the events queued for it, after reading those the fd
-  /// has, queueing other users' for them; see EventChannel::dispatch()) (it stops right after reaching established, so that a connection that was
-  /// established and then disconnected is seen as both, in two calls). Also enforces the
+  /// state reached (it stops right after reaching established, so that a connection that was
+  /// established and then disconnected is seen as both, in two calls). On a shared channel: the
+  /// events queued for this connection, after reading those the fd has (other users' are queued
+  /// for them, see EventChannel::dispatch()). Also enforces the
   /// current step's deadline. An established connection that sees DISCONNECTED returns
   /// conn_state::disconnected (not an error): its QP is moved to ERR.
   /// \errors The state is then failed, or disconnected for DISCONNECTED:
@@ -337,8 +338,9 @@ public:
   [[nodiscard]] explicit operator bool() const noexcept { return bool(id_); }
   /// Destroy now, checked, in the destructor's order: the QP, the CQ and its completion channel,
   /// the PD and the Context where the connection owns them, the cm id (rdma_destroy_id), the
-  /// event channel (or its node on the shared one). No disconnect is sent first (disconnect() ends a connection gracefully; a
-  /// destroyed established connection looks to the peer like a vanished one). Stops at the first
+  /// event channel (or its node on the shared one). No disconnect is sent first (disconnect()
+  /// ends a connection gracefully; a destroyed established connection looks to the peer like a
+  /// vanished one). Stops at the first
   /// failure: what was destroyed stays destroyed, the rest stays with the connection (state
   /// failed), and its destructor finishes it. Null afterwards on success.
   /// \errors
