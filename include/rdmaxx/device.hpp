@@ -583,7 +583,13 @@ public:
     c.umr_why = c.mlx5_devx ? umr_reason::chosen : umr_reason::no_devx; // unless probed
     if (!c.mlx5dv) probes.mlx5_umr = false;
     if (probes.inline_data || probes.native_rereg || probes.mlx5_umr) probe(c, probes);
-    c.umr_why = detail::umr_reason_of(RDMAXX_HAVE_MLX5 != 0, c.mlx5dv, detail::umr_forced_software(), c.umr_why);
+    // As an #if, like every other use: undefined (a plain `g++ -I include` build) means 0.
+#if RDMAXX_HAVE_MLX5
+    constexpr bool built_with_mlx5 = true;
+#else
+    constexpr bool built_with_mlx5 = false;
+#endif
+    c.umr_why = detail::umr_reason_of(built_with_mlx5, c.mlx5dv, detail::umr_forced_software(), c.umr_why);
     c.umr = c.umr_why == umr_reason::chosen ? umr_backend::mlx5
             : (c.mw_type2a || c.mw_type2b)  ? umr_backend::software
                                             : umr_backend::none;

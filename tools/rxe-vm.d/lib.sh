@@ -28,7 +28,7 @@ usage: tools/rxe-vm CMD [ARGS...]
 
 Runs CMD where a Soft-RoCE device rxe0 exists and exits with CMD's exit status.
 Without an rxe device on the host, boots a throwaway QEMU VM (TCG) of the installed
-kernel with the host root shared read-only; the command runs as root inside it, in
+(or cached) Debian kernel with the host root shared read-only; the command runs as root inside it, in
 the same working directory, with rxe0 on dummy0 (192.0.2.1/24) and memlock unlimited.
 
 --pair boots two VMs joined by a QEMU socket network on 127.0.0.1: rxe0 sits on eth0,
@@ -41,8 +41,12 @@ Environment:
   RXE_VM_TIMEOUT=SECS    bound for the whole run, boot included (default 1200); exit 124
   RXE_VM_MEM=MIB         guest memory (default 2048)
   RXE_VM_SMP=N           guest CPUs (default 2; 1 per VM with --pair)
-  RXE_VM_KERNEL=PATH     kernel image (default: newest /boot/vmlinuz-* with modules)
+  RXE_VM_KERNEL=PATH     kernel image (default: the newest /boot/vmlinuz-* with its modules,
+                         else the newest in the kernel cache, which `tools/dev example` fills)
   RXE_VM_KVER=VERSION    kernel version, if it cannot be read from RXE_VM_KERNEL
+  RXE_VM_MODROOT=DIR     module root: modules in DIR/lib/modules/VERSION (default /); without
+                         RXE_VM_KERNEL, the kernel is the newest DIR/boot/vmlinuz-*
+  RXE_VM_CACHE=DIR       the kernel cache is DIR/kernel (default ~/.cache/rdmaxx)
   RXE_VM_WRITABLE=D1:D2  absolute host directories mounted writable at the same path
   RXE_VM_ENV="A B"       extra environment variable names to pass into the VM
   RXE_VM_VERBOSE=1       show the guest's console (boot log) on stderr
@@ -187,6 +191,7 @@ prepare_run() {
 		printf 'RXEVM_ADDR=%q\n' "$addr"
 		printf 'RXEVM_PEER=%q\n' "$peer"
 		printf 'RXEVM_CWD=%q\n' "$cwd"
+		printf 'RXEVM_MODROOT=%q\n' "$modroot"
 		printf 'RXEVM_VERBOSE=%q\n' "$verbose"
 		printf 'RXEVM_WRITABLE=('
 		[[ ${#writable[@]} -gt 0 ]] && printf '%q ' "${writable[@]}"
@@ -308,6 +313,81 @@ start_watchdog() {
 	watchdog=$!
 }
 
+# The kernel cache: where `tools/dev example` unpacks Debian's kernel package when no kernel is
+# installed (one directory per package version, DIR/boot/vmlinuz-KVER and DIR/lib/modules/KVER,
+# depmod'ed there). The VM's kernel is a test artifact: it needs no initramfs, no bootloader
+# hook and no place in /boot.
+kernel_cache() {
+	printf '%s\n' "${RXE_VM_CACHE:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/rdmaxx}/kernel"
+}
+
+# usable_kernel ROOT KVER: ROOT/lib/modules/KVER has the modules the VM loads.
+usable_kernel() {
+	local m
+	[[ -f $1/lib/modules/$2/modules.dep ]] || return 1
+	for m in virtio_pci 9pnet_virtio 9p rdma_rxe; do
+		"$modprobe" -d "$1" -S "$2" --show-depends "$m" >/dev/null 2>&1 || return 1
+	done
+}
+
+# find_kernel: sets kernel (the image), kver and modroot (modules in modroot/lib/modules/kver):
+# RXE_VM_KERNEL (modules under RXE_VM_MODROOT, default /); else the newest
+# RXE_VM_MODROOT/boot/vmlinuz-*; else the newest installed /boot/vmlinuz-* with its modules,
+# then the newest in the kernel cache. Exits 127 (missing) or 2 (bad setting).
+find_kernel() {
+	local k v root
+	kernel='' kver='' modroot=${RXE_VM_MODROOT:-/}
+	if [[ $modroot != /* || ! -d $modroot ]]; then
+		msg "RXE_VM_MODROOT '$modroot' is not an absolute path to an existing directory"
+		exit 2
+	fi
+	modroot=$(readlink -f -- "$modroot")
+	if [[ -n ${RXE_VM_KERNEL:-} ]]; then
+		kernel=$RXE_VM_KERNEL
+		[[ -f $kernel ]] || missing "kernel image $kernel (RXE_VM_KERNEL)" linux-image-amd64
+		kver=${RXE_VM_KVER:-}
+		if [[ -z $kver ]]; then
+			case ${kernel##*/} in
+			vmlinuz-?*) kver=${kernel##*/vmlinuz-} ;;
+			*) kver=$(bzimage_version "$kernel" || true) ;;
+			esac
+		fi
+		[[ -n $kver ]] || {
+			msg "cannot tell the version of $kernel; set RXE_VM_KVER"
+			exit 2
+		}
+	else
+		while IFS= read -r k; do
+			v=${k##*/vmlinuz-}
+			root=${k%/boot/vmlinuz-*}
+			if usable_kernel "${root:-/}" "$v"; then
+				kernel=$k kver=$v modroot=${root:-/}
+				break
+			fi
+		done < <(
+			# (no match is no error: errexit holds in this subshell too)
+			if [[ -n ${RXE_VM_MODROOT:-} ]]; then
+				compgen -G "${modroot%/}/boot/vmlinuz-*" | sort -rV || true
+			else
+				compgen -G '/boot/vmlinuz-*' | sort -rV || true
+				compgen -G "$(kernel_cache)/*/boot/vmlinuz-*" | sort -rV || true
+			fi
+		)
+		if [[ -z $kernel && -n ${RXE_VM_MODROOT:-} ]]; then
+			missing "a kernel with rdma_rxe in ${modroot%/}/boot, modules in ${modroot%/}/lib/modules \
+(RXE_VM_MODROOT)" linux-image-amd64
+		fi
+		[[ -n $kernel ]] || missing "a kernel with rdma_rxe: in /boot/vmlinuz-* with its /lib/modules dir, \
+or in $(kernel_cache) (tools/dev example puts one there)" linux-image-amd64
+	fi
+	[[ -r $kernel ]] || {
+		msg "cannot read the kernel image $kernel (run as root)"
+		exit 127
+	}
+	moddir=${modroot%/}/lib/modules/$kver
+	[[ -f $moddir/modules.dep ]] || missing "kernel modules dir $moddir" "linux-image-$kver"
+}
+
 # vm_setup: read the settings (RXE_VM_*), check the prerequisites, find the kernel, its modules
 # and a static busybox, create the per-run directory (removed on exit: traps set here) and build
 # the initramfs. Exits with 2 (bad setting) or 127 (missing prerequisite, named).
@@ -343,38 +423,7 @@ vm_setup() {
 	command -v ibv_devinfo >/dev/null || missing ibv_devinfo ibverbs-utils
 	command -v ss >/dev/null || missing ss iproute2
 
-	if [[ -n ${RXE_VM_KERNEL:-} ]]; then
-		kernel=$RXE_VM_KERNEL
-		[[ -f $kernel ]] || missing "kernel image $kernel (RXE_VM_KERNEL)" linux-image-amd64
-		kver=${RXE_VM_KVER:-}
-		if [[ -z $kver ]]; then
-			case ${kernel##*/} in
-			vmlinuz-?*) kver=${kernel##*/vmlinuz-} ;;
-			*) kver=$(bzimage_version "$kernel" || true) ;;
-			esac
-		fi
-		[[ -n $kver ]] || {
-			msg "cannot tell the version of $kernel; set RXE_VM_KVER"
-			exit 2
-		}
-	else
-		kernel='' kver=''
-		while IFS= read -r k; do
-			v=${k#/boot/vmlinuz-}
-			if [[ -f /lib/modules/$v/modules.dep ]]; then
-				kernel=$k kver=$v
-				break
-			fi
-		done < <(compgen -G '/boot/vmlinuz-*' | sort -rV)
-		[[ -n $kernel ]] || missing 'a kernel in /boot/vmlinuz-* with its /lib/modules dir' linux-image-amd64
-	fi
-	[[ -r $kernel ]] || {
-		msg "cannot read the kernel image $kernel (run as root)"
-		exit 127
-	}
-	moddir=/lib/modules/$kver
-	[[ -f $moddir/modules.dep ]] || missing "kernel modules dir $moddir" "linux-image-$kver"
-
+	find_kernel
 	busybox=''
 	for b in ${RXE_VM_BUSYBOX:-} /bin/busybox /usr/bin/busybox; do
 		if [[ -x $b ]] && is_static_elf "$b"; then
@@ -388,7 +437,7 @@ vm_setup() {
 	mods_list=''
 	declare -A seen_mod=()
 	for m in virtio_pci 9pnet_virtio 9p; do
-		deps=$("$modprobe" -S "$kver" --show-depends "$m" 2>/dev/null) ||
+		deps=$("$modprobe" -d "$modroot" -S "$kver" --show-depends "$m" 2>/dev/null) ||
 			missing "kernel module $m for $kver" "linux-image-$kver"
 		while read -r kind path opts; do
 			[[ $kind == insmod && -z ${seen_mod[$path]:-} ]] || continue
@@ -396,7 +445,7 @@ vm_setup() {
 			mods_list+="$path $opts"$'\n'
 		done <<<"$deps"
 	done
-	"$modprobe" -S "$kver" --show-depends rdma_rxe >/dev/null 2>&1 ||
+	"$modprobe" -d "$modroot" -S "$kver" --show-depends rdma_rxe >/dev/null 2>&1 ||
 		missing "kernel module rdma_rxe for $kver" "linux-image-$kver"
 
 	# ---------------------------------------------------------------- writable shares
