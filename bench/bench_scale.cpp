@@ -7,11 +7,14 @@
 // and the request is over when the pool has the revoke's completion (lease ready). Every
 // connection keeps one request in flight (a closed loop), one thread polls everything.
 //
-// Two ways to build a connection's end, measured side by side:
+// Three ways to build a connection's end, measured side by side:
 //   own     conn_options defaults plus cq_channel: each Connection opens its own Context, PD, CQ
 //           and completion channel (what a server waiting on each connection's events gets);
 //   shared  one Context, PD, CQ and completion channel per end, given to every Connection
-//           (conn_options::pd, send_cq, recv_cq).
+//           (conn_options::pd, send_cq, recv_cq);
+//   shared+channel  as shared, and one rdma_cm EventChannel per end shared by every Connection
+//           and the Listener (conn_options::channel, listen_options::channel): the server learns
+//           which connections have cm events from EventChannel::dispatch().
 // Per connection (both ends in one process unless run as `server` / `client`): setup time
 // (connect + accept + the client's buffer, MR and pool), kernel objects (`rdma resource show`:
 // the system's, the VM runs nothing else), pinned pages (/proc/self/status VmPin; VmLck), file
@@ -32,9 +35,11 @@
 //   bench_scale slots [S...]             the slot sweep only
 //   bench_scale limits                   the limits only
 //   bench_scale server ADDR:PORT [MODE [ROUNDS]]  the server end alone (two VMs): serves ROUNDS
-//                                        rounds (0: until killed), MODE own|shared (default shared)
+//                                        rounds (0: until killed), MODE own|shared|shared+channel
+//                                        (default shared)
 //   bench_scale client ADDR:PORT [N...]  the client end alone: a warm-up connection, then one round
-//                                        per N (RDMAXX_SCALE_MODE=own|shared, default shared)
+//                                        per N (RDMAXX_SCALE_MODE=own|shared|shared+channel,
+//                                        default shared)
 // RDMAXX_SCALE_JSON=path appends one JSON object per measured row (tools/bench scale).
 #include "common.hpp"
 #include "harness.hpp"
@@ -217,14 +222,24 @@ struct pages {
   std::size_t size() const { return n; }
 };
 
-// ---- one end's shared resources (mode shared) ----
+// How a connection's end is built (the row's "mode").
+enum class res { own, shared, channel };
+const char *name(res m) { return m == res::own ? "own" : m == res::shared ? "shared" : "shared+channel"; }
+res parse_res(const std::string &s) { return s == "own" ? res::own : s == "shared+channel" ? res::channel : res::shared; }
+
+// ---- one end's shared resources (modes shared and shared+channel) ----
 
 struct shared_end {
+  EventChannel cm; // shared+channel: the end's one rdma_cm channel
   Context ctx;
   ProtectionDomain pd;
   CompletionChannel ch;
   CompletionQueue cq;
-  result<void> open(int cqe) noexcept {
+  result<void> open(int cqe, bool channel) noexcept {
+    if (channel) {
+      RDMAXX_TRY(e, EventChannel::create());
+      cm = std::move(e);
+    }
     RDMAXX_TRY(c, Context::open("rxe0"));
     ctx = std::move(c);
     RDMAXX_TRY(p, ProtectionDomain::alloc(ctx));
@@ -244,7 +259,7 @@ qp_caps caps() {
   return c;
 }
 
-conn_options options(bool shared, shared_end &e) {
+conn_options options(bool shared, shared_end &e, std::uint64_t cookie = 0) {
   conn_options o;
   o.caps = caps();
   o.responder_resources = 1;
@@ -253,6 +268,10 @@ conn_options options(bool shared, shared_end &e) {
   if (shared) {
     o.pd = &e.pd;
     o.send_cq = o.recv_cq = &e.cq;
+    if (e.cm) {
+      o.channel = &e.cm;
+      o.cookie = cookie;
+    }
   } else {
     o.cq_entries = 32;
     o.cq_channel = true;
@@ -276,8 +295,10 @@ struct srv_conn {
   bool gone = false;
 };
 
+constexpr std::uint64_t listener_cookie = ~std::uint64_t(0);
+
 struct server_end {
-  bool shared = false;
+  bool shared = false, channel = false;
   shared_end sh;
   Listener l;
   std::vector<std::unique_ptr<srv_conn>> conns;
@@ -285,10 +306,12 @@ struct server_end {
   std::error_code error; // the first failure (accepting, serving)
   std::uint32_t announced = 0; // connections the client said it makes (private data)
 
-  result<void> start(const address &at, bool sh_mode, int cqe) noexcept {
-    shared = sh_mode;
-    if (shared) RDMAXX_TRYV(sh.open(cqe));
-    RDMAXX_TRY(ls, Listener::listen(at, 1024));
+  result<void> start(const address &at, res m, int cqe) noexcept {
+    shared = m != res::own;
+    channel = m == res::channel;
+    if (shared) RDMAXX_TRYV(sh.open(cqe, channel));
+    RDMAXX_TRY(ls, Listener::listen(at, {.backlog = 1024, .channel = channel ? &sh.cm : nullptr,
+                                         .cookie = listener_cookie}));
     l = std::move(ls);
     return success();
   }
@@ -306,7 +329,7 @@ struct server_end {
       std::memcpy(&n, r.value().private_data().data(), sizeof n);
       announced = n;
       auto s = std::make_unique<srv_conn>();
-      auto c = r.value().prepare(options(shared, sh));
+      auto c = r.value().prepare(options(shared, sh, conns.size()));
       if (!c) {
         if (!error) error = c.error();
         continue;
@@ -331,12 +354,29 @@ struct server_end {
       conns.push_back(std::move(s));
     }
   }
+  void advance_one(srv_conn &s) noexcept {
+    if (!s.c || s.gone) return;
+    auto st = s.c.advance();
+    if (!st || st.value() == conn_state::disconnected) s.gone = true;
+  }
+  // shared+channel: only the users dispatch() names (the listener: accept what waits).
+  void dispatch() noexcept {
+    std::uint64_t ready[64];
+    do {
+      auto n = sh.cm.dispatch(ready);
+      if (!n) {
+        if (!error) error = n.error();
+        return;
+      }
+      for (std::size_t k = 0; k < n.value(); ++k) {
+        if (ready[k] == listener_cookie) accept_pending();
+        else if (ready[k] < conns.size()) advance_one(*conns[ready[k]]);
+      }
+    } while (sh.cm.has_ready());
+  }
   void advance_all() noexcept {
-    for (auto &s : conns) {
-      if (!s->c || s->gone) continue;
-      auto st = s->c.advance();
-      if (!st || st.value() == conn_state::disconnected) s->gone = true;
-    }
+    if (channel) return dispatch();
+    for (auto &s : conns) advance_one(*s);
   }
   std::size_t gone() const noexcept {
     return std::size_t(std::count_if(conns.begin(), conns.end(), [](auto &c) { return c->gone; }));
@@ -417,9 +457,9 @@ struct client_end {
   std::uint64_t done = 0;
   bool running = false;
 
-  result<void> start(bool sh_mode, int cqe) noexcept {
-    shared = sh_mode;
-    if (shared) RDMAXX_TRYV(sh.open(cqe));
+  result<void> start(res m, int cqe) noexcept {
+    shared = m != res::own;
+    if (shared) RDMAXX_TRYV(sh.open(cqe, m == res::channel));
     return success();
   }
   // After the connection is established: the buffer, its MR, the pool, the receives.
@@ -557,7 +597,7 @@ std::error_code connect_n(client_end &cli, server_end *srv, const address &to, s
   pool_ms = 0;
   const std::uint32_t announce = std::uint32_t(n);
   for (std::size_t i = 0; i < n; ++i) {
-    conn_options o = options(shared, cli.sh);
+    conn_options o = options(shared, cli.sh, i);
     o.private_data = std::as_bytes(std::span(&announce, 1));
     auto c = Connection::start_connect(to, o);
     failed_at = "client: Connection::start_connect";
@@ -569,7 +609,12 @@ std::error_code connect_n(client_end &cli, server_end *srv, const address &to, s
       auto st = k->c.advance();
       failed_at = "client: Connection::advance";
       if (!st) return st.error();
-      if (srv) {
+      if (srv && srv->channel) {
+        // One cm fd: the connections dispatch() names (the listener among them).
+        srv->dispatch();
+        failed_at = "server: EventChannel::dispatch, ConnectRequest::prepare / accept, Connection::advance";
+        if (srv->error) return srv->error;
+      } else if (srv) {
         srv->accept_pending();
         failed_at = "server: ConnectRequest::prepare / accept";
         if (srv->error) return srv->error;
@@ -588,7 +633,7 @@ std::error_code connect_n(client_end &cli, server_end *srv, const address &to, s
         fds.push_back(srv->l.fd());
         if (!srv->conns.empty()) fds.push_back(srv->conns.back()->c.fd());
       }
-      nap(fds);
+      if (!(srv && srv->channel && srv->sh.cm.has_ready())) nap(fds);
     }
     const std::int64_t t = now_ns();
     cli.conns.push_back(std::move(k));
@@ -685,7 +730,8 @@ void emit_round(const char *sweep, const char *mode, const char *ends, const rou
 }
 
 // One round in one process: both ends.
-round_result local_round(const address &at, std::size_t n, bool shared, std::size_t slots, double secs, int reps) {
+round_result local_round(const address &at, std::size_t n, res mode, std::size_t slots, double secs, int reps) {
+  const bool shared = mode != res::own;
   round_result r;
   r.n = n;
   r.base = sample();
@@ -695,8 +741,8 @@ round_result local_round(const address &at, std::size_t n, bool shared, std::siz
     const int cqe = int(std::max<std::size_t>(64, n * (recvs + 8)));
     auto fail = [&](std::error_code ec) { r.error = msg_of(ec); };
     failed_at = "listener and per-end resources";
-    if (auto s = srv.start(at, shared, cqe); !s) fail(s.error());
-    else if (auto c = cli.start(shared, cqe); !c) fail(c.error());
+    if (auto s = srv.start(at, mode, cqe); !s) fail(s.error());
+    else if (auto c = cli.start(mode, cqe); !c) fail(c.error());
     else {
       r.fixed = sample();
       const auto lp = srv.l.local_address();
@@ -760,10 +806,10 @@ int sweep_conns(const address &at, std::vector<std::size_t> ns) {
   const int reps = smoke() ? 1 : 3;
   rlimit nofile{};
   ::getrlimit(RLIMIT_NOFILE, &nofile);
-  for (const bool shared : {false, true})
+  for (const res mode : {res::own, res::shared, res::channel})
     for (std::size_t n : ns) {
-      auto r = local_round(at, n, shared, default_slots, secs, reps);
-      emit_round("conns", shared ? "shared" : "own", "both", r, default_slots);
+      auto r = local_round(at, n, mode, default_slots, secs, reps);
+      emit_round("conns", name(mode), "both", r, default_slots);
       if (!r.leak.empty()) {
         std::printf("LEAK after the round:%s\n", r.leak.c_str());
         rc = 1;
@@ -776,8 +822,8 @@ int sweep_conns(const address &at, std::vector<std::size_t> ns) {
         rlimit raised = nofile;
         raised.rlim_cur = nofile.rlim_max;
         ::setrlimit(RLIMIT_NOFILE, &raised);
-        auto r2 = local_round(at, n, shared, default_slots, secs, reps);
-        emit_round("conns", shared ? "shared" : "own", "both", r2, default_slots, double(raised.rlim_cur));
+        auto r2 = local_round(at, n, mode, default_slots, secs, reps);
+        emit_round("conns", name(mode), "both", r2, default_slots, double(raised.rlim_cur));
         ::setrlimit(RLIMIT_NOFILE, &nofile);
         if (!r2.leak.empty()) {
           std::printf("LEAK after the round:%s\n", r2.leak.c_str());
@@ -794,7 +840,7 @@ int sweep_slots(const address &at, std::vector<std::size_t> ss) {
   for (bool lazy : {false, true}) {
     g_lazy_slots = lazy;
     for (std::size_t s : ss) {
-      auto r = local_round(at, 1, true, s, secs, smoke() ? 1 : 3);
+      auto r = local_round(at, 1, res::shared, s, secs, smoke() ? 1 : 3);
       emit_round("slots", lazy ? "lazy" : "shared", "both", r, s);
       if (!r.leak.empty()) {
         std::printf("LEAK after the round:%s\n", r.leak.c_str());
@@ -824,8 +870,8 @@ int limit_fds(const address &at, bool shared) {
     server_end srv;
     client_end cli;
     std::error_code ec;
-    if (auto s = srv.start(at, shared, 4096); !s) ec = s.error();
-    else if (auto c = cli.start(shared, 4096); !c) ec = c.error();
+    if (auto s = srv.start(at, shared ? res::shared : res::own, 4096); !s) ec = s.error();
+    else if (auto c = cli.start(shared ? res::shared : res::own, 4096); !c) ec = c.error();
     if (!ec) {
       const auto lp = srv.l.local_address();
       ::setrlimit(RLIMIT_NOFILE, &low);
@@ -904,8 +950,8 @@ int limit_pinned(const address &at) {
     server_end srv;
     client_end cli;
     std::error_code ec;
-    if (auto s = srv.start(at, true, 256); !s) ec = s.error();
-    else if (auto c = cli.start(true, 256); !c) ec = c.error();
+    if (auto s = srv.start(at, res::shared, 256); !s) ec = s.error();
+    else if (auto c = cli.start(res::shared, 256); !c) ec = c.error();
     double pool_ms = 0;
     if (!ec) {
       const auto lp = srv.l.local_address();
@@ -954,11 +1000,11 @@ int limit_pinned(const address &at) {
 
 // ---- two processes (two VMs) ----
 
-int run_server(const address &at, bool shared, int rounds) {
+int run_server(const address &at, res mode, int rounds) {
   int rc = 0;
   server_end srv;
-  bench::must(srv.start(at, shared, 4096), "listen");
-  std::printf("server: listening on %s (%s)\n", at.to_string().c_str(), shared ? "shared" : "own");
+  bench::must(srv.start(at, mode, 4096), "listen");
+  std::printf("server: listening on %s (%s)\n", at.to_string().c_str(), name(mode));
   std::fflush(stdout);
   counts base = sample();
   std::int64_t t_first = 0;
@@ -980,7 +1026,7 @@ int run_server(const address &at, bool shared, int rounds) {
       r.base = r.fixed = base;
       r.up = sample();
       r.setup_ms_per_conn = double(now_ns() - t_first) / 1e6 / double(r.n);
-      emit_round("conns", shared ? "shared" : "own", "server", r, default_slots);
+      emit_round("conns", name(mode), "server", r, default_slots);
       reported = true;
     }
     if (!srv.conns.empty() && srv.gone() == srv.conns.size()) {
@@ -1003,14 +1049,15 @@ int run_server(const address &at, bool shared, int rounds) {
   }
 }
 
-int run_client(const address &to, std::vector<std::size_t> ns, bool shared) {
+int run_client(const address &to, std::vector<std::size_t> ns, res mode) {
+  const bool shared = mode != res::own;
   int rc = 0;
   const double secs = std::max(0.01, 2.0 * scale_);
   {
     // One untimed connection first: librdmacm opens its device context on first use and keeps
     // it, which would read as a leak of the first round (the server counts it as a round).
     client_end cli;
-    bench::must(cli.start(shared, 64), "client resources");
+    bench::must(cli.start(mode, 64), "client resources");
     double pool_ms = 0;
     if (auto ec = connect_n(cli, nullptr, to, 1, shared, default_slots, pool_ms)) {
       std::printf("client: warm-up connection: %s\n", msg_of(ec).c_str());
@@ -1025,7 +1072,7 @@ int run_client(const address &to, std::vector<std::size_t> ns, bool shared) {
     r.base = sample();
     {
       client_end cli;
-      bench::must(cli.start(shared, int(std::max<std::size_t>(64, n * (recvs + 8)))), "client resources");
+      bench::must(cli.start(mode, int(std::max<std::size_t>(64, n * (recvs + 8)))), "client resources");
       r.fixed = sample();
       const std::int64_t t0 = now_ns();
       double pool_ms = 0;
@@ -1042,7 +1089,7 @@ int run_client(const address &to, std::vector<std::size_t> ns, bool shared) {
     }
     r.after = settled(r.base);
     r.leak = leaked(r.base, r.after);
-    emit_round("conns", shared ? "shared" : "own", "client", r, default_slots);
+    emit_round("conns", name(mode), "client", r, default_slots);
     if (!r.leak.empty() || !r.error.empty()) rc = 1;
     ::usleep(500000); // the server sees the disconnects and closes its round
   }
@@ -1064,12 +1111,12 @@ int main(int argc, char **argv) {
   if (cmd == "server") {
     if (argc < 3) return 2;
     const auto at = bench::must(address::parse(argv[2]), "address");
-    return run_server(at, !(argc > 3 && std::string(argv[3]) == "own"), argc > 4 ? std::atoi(argv[4]) : 0);
+    return run_server(at, parse_res(argc > 3 ? argv[3] : "shared"), argc > 4 ? std::atoi(argv[4]) : 0);
   }
   if (cmd == "client") {
     if (argc < 3) return 2;
     const auto to = bench::must(address::parse(argv[2]), "address");
-    return run_client(to, list_args(argc, argv, 3, {1, 16, 64}), mode != "own");
+    return run_client(to, list_args(argc, argv, 3, {1, 16, 64}), parse_res(mode.empty() ? "shared" : mode));
   }
   print_device_limits();
   const std::vector<std::size_t> conns = smoke() ? std::vector<std::size_t>{1, 4}

@@ -3,7 +3,8 @@
 
 Python 3's standard library only (the SVG is written by hand). Run by hand, never in CI:
     python3 bench/plot_scale.py [bench/results/scale.json] [bench/results/scale.svg]
-Six panels, log2 x axes: as connections grow (own and shared resources), per-connection file
+Six panels, log2 x axes: as connections grow (own resources, shared PD+CQ, and shared PD+CQ with
+one shared rdma_cm channel per end: mode "shared+channel"), per-connection file
 descriptors and kernel objects, setup time per connection, request throughput and latency; as
 pool slots grow on one connection, pool setup time and pinned memory per slot.
 """
@@ -98,24 +99,30 @@ def total(mode, keys):
 parts += panel(80, 60, "per connection (both ends): fds, kernel objects", "connections", "per connection", [
     ("fds, own", conns("own", "fds_per_conn")),
     ("fds, shared PD+CQ", conns("shared", "fds_per_conn")),
+    ("fds, shared PD+CQ+cm channel", conns("shared+channel", "fds_per_conn")),
     ("ctx+pd+cq, own", total("own", ("ctx_per_conn", "pd_per_conn", "cq_per_conn"))),
     ("ctx+pd+cq, shared PD+CQ", total("shared", ("ctx_per_conn", "pd_per_conn", "cq_per_conn"))),
 ])
 parts += panel(560, 60, "setup time per connection (connect+accept+pool)", "connections", "ms", [
     ("own", conns("own", "setup_ms_per_conn")),
     ("shared PD+CQ", conns("shared", "setup_ms_per_conn")),
+    ("shared PD+CQ+cm channel", conns("shared+channel", "setup_ms_per_conn")),
 ])
 parts += panel(1040, 60, "requests/s (one in flight per connection)", "connections", "requests/s", [
     ("all connections, own", conns("own", "requests_per_s")),
     ("all connections, shared PD+CQ", conns("shared", "requests_per_s")),
+    ("all connections, shared PD+CQ+cm channel", conns("shared+channel", "requests_per_s")),
     ("per connection, own", conns("own", "requests_per_s_per_conn")),
     ("per connection, shared PD+CQ", conns("shared", "requests_per_s_per_conn")),
+    ("per connection, shared PD+CQ+cm channel", conns("shared+channel", "requests_per_s_per_conn")),
 ])
 parts += panel(80, 440, "request latency (post to revoke confirmed)", "connections", "ms", [
     ("p50, own", [(x, y / 1000) for x, y in conns("own", "p50_us")]),
     ("p50, shared PD+CQ", [(x, y / 1000) for x, y in conns("shared", "p50_us")]),
     ("p99, own", [(x, y / 1000) for x, y in conns("own", "p99_us")]),
     ("p99, shared PD+CQ", [(x, y / 1000) for x, y in conns("shared", "p99_us")]),
+    ("p50, shared PD+CQ+cm channel", [(x, y / 1000) for x, y in conns("shared+channel", "p50_us")]),
+    ("p99, shared PD+CQ+cm channel", [(x, y / 1000) for x, y in conns("shared+channel", "p99_us")]),
 ])
 parts += panel(560, 440, "one connection: pool setup per slot", "slots", "µs per slot", [
     ("GrantPool::create µs per slot", [(x, y * 1000) for x, y in slots("pool_ms_per_conn", True)]),

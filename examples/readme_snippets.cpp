@@ -24,6 +24,9 @@ rdmaxx::result<void> loopback_write() noexcept;
 rdmaxx::result<void> owner(std::span<unsigned char> mem) noexcept;
 rdmaxx::result<void> peer(std::span<unsigned char> src) noexcept;
 rdmaxx::result<void> grant_pool_client(std::span<std::byte> buffers) noexcept;
+rdmaxx::result<void> serve(rdmaxx::EventChannel &ch, const rdmaxx::ProtectionDomain &pd,
+                           const rdmaxx::CompletionQueue &cq, std::vector<rdmaxx::Connection> &conns,
+                           std::size_t clients) noexcept;
 rdmaxx::result<void> grant_then_revoke(rdmaxx::MemoryRegion &mr,
                                        rdmaxx::result<void> (*send_to_peer)(std::uint64_t, std::uint32_t)) noexcept;
 rdmaxx::result<void> window_grant(rdmaxx::ProtectionDomain &pd, rdmaxx::QueuePair &qp, rdmaxx::CompletionQueue &cq,
@@ -180,6 +183,28 @@ int main() {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
   }
+  // Three clients of the shared-channel server (shared_channel.cpp) in a third child; each retries
+  // until the server listens, and the child waits until the server drops them.
+  const pid_t shared_child = ::fork();
+  if (shared_child < 0) return 1;
+  if (shared_child == 0) {
+    std::vector<Connection> cs;
+    int attempt = 0;
+    while (cs.size() < 3 && attempt++ < 300) {
+      auto c = Connection::connect(address::parse("192.0.2.1:7473").value(), {.timeout_ms = 20000});
+      if (c) cs.push_back(std::move(c).value());
+      else if (cm_reject_reason(c.error()) == 8) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      else break;
+    }
+    bool gone = cs.size() == 3;
+    for (auto &c : cs) {
+      auto d = c.wait_disconnected(30000);
+      gone = gone && d && d.value();
+    }
+    std::printf("shared_channel.cpp clients: %s\n", gone ? "ok" : "FAILED");
+    std::fflush(stdout);
+    ::_exit(gone ? 0 : 1);
+  }
   std::vector<unsigned char> mem(4096, '.');
   auto o = owner(mem);
   report("connect_owner.cpp", o ? std::error_code{} : o.error());
@@ -203,6 +228,24 @@ int main() {
   while (::waitpid(pool_child, &status, 0) < 0 && errno == EINTR) {}
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failures;
 
+  {
+    auto ctx = Context::open_first();
+    auto pd = ctx ? ProtectionDomain::alloc(ctx.value()) : result<ProtectionDomain>(ctx.error());
+    auto cq = ctx ? CompletionQueue::create(ctx.value(), 64) : result<CompletionQueue>(ctx.error());
+    auto ch = EventChannel::create();
+    std::vector<Connection> conns;
+    auto r = pd && cq && ch ? serve(ch.value(), pd.value(), cq.value(), conns, 3)
+                            : result<void>(!pd ? pd.error() : !cq ? cq.error() : ch.error());
+    report("shared_channel.cpp", r ? std::error_code{} : r.error());
+    const bool all = conns.size() == 3 && std::all_of(conns.begin(), conns.end(), [&](const Connection &c) {
+      return c.state() == conn_state::established && c.fd() == ch.value().fd();
+    });
+    report("shared_channel.cpp: 3 connections established on the one shared cm fd", all, "states and fds checked");
+    conns.clear(); // the clients see DISCONNECTED (the ids are destroyed), then the channel goes
+    status = 0;
+    while (::waitpid(shared_child, &status, 0) < 0 && errno == EINTR) {}
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failures;
+  }
   report("loopback_write.cpp", [] { auto r = loopback_write(); return r ? std::error_code{} : r.error(); }());
   if (auto r = local_snippets(); !r) report("setup", r.error());
   std::printf("readme-snippets: %s\n", failures == 0 ? "ok" : "FAILED");

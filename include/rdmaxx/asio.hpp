@@ -30,9 +30,11 @@
 ///
 /// Threads: one io_context thread for a router, its waiters, the pools attached to it and the
 /// connections watched (like the CQ and QPs they use). One wait at a time on a Connection's or
-/// Listener's fd (two would register the fd twice with the reactor). An io_context that only
-/// that thread touches can be made with BOOST_ASIO_CONCURRENCY_HINT_UNSAFE: its scheduler and
-/// reactor then take no mutex per handler (a hint of 1 still does).
+/// Listener's fd (two would register the fd twice with the reactor). Connections and Listeners
+/// on a shared EventChannel (conn_options::channel) have one fd between them: these awaitables
+/// are not for them (wait on EventChannel::fd() once and call dispatch()). An io_context that
+/// only that thread touches can be made with BOOST_ASIO_CONCURRENCY_HINT_UNSAFE: its scheduler
+/// and reactor then take no mutex per handler (a hint of 1 still does).
 ///
 /// Lifetimes: a Waiter must not outlive its router's CQ (it keeps the router's core alive, not
 /// the CQ); the router must be destroyed (or closed) before its CQ and channel. Destroying a

@@ -210,7 +210,7 @@ public:
       if (st == EMFILE)
         m += " (each Connection and Listener holds an rdma_cm event channel fd, and a Connection "
              "without a PD also a device context and its CQ's channel: raise the fd limit, ulimit -n, "
-             "or share a PD and CQ through conn_options)";
+             "or share a PD and CQ, and an EventChannel, through conn_options)";
       return m;
     }
     m += cm_event_step(ev - 1);

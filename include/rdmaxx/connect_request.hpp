@@ -18,6 +18,7 @@
 #include <rdma/rdma_cma.h>
 
 #include <cstdint>
+#include <new>
 #include <span>
 
 namespace rdmaxx {
@@ -28,10 +29,22 @@ struct request_access; // after ConnectRequest
 
 /// A connection request received by a Listener (RDMA_CM_EVENT_CONNECT_REQUEST): accept() it or
 /// reject() it. Move-only, null after move; dropped without either, its id is destroyed
-/// (rdma_destroy_id), which rejects the request.
+/// (rdma_destroy_id), which rejects the request. From a Listener on a shared EventChannel, the
+/// request's id is on that channel: the request counts as one of its children until it is
+/// accepted, rejected or destroyed.
 class ConnectRequest {
 public:
   ConnectRequest() noexcept = default;
+  /// Moves the request; `o` is left null.
+  ConnectRequest(ConnectRequest &&) noexcept = default;
+  /// Destroys the old id before it lets go of its channel, then takes `o`'s.
+  ConnectRequest &operator=(ConnectRequest &&o) noexcept {
+    if (this != &o) {
+      this->~ConnectRequest();
+      ::new (static_cast<void *>(this)) ConnectRequest(std::move(o));
+    }
+    return *this;
+  }
 
   /// The private data the client sent (56 bytes: the sent bytes, then zeros).
   [[nodiscard]] std::span<const std::byte> private_data() const noexcept { return data_.span(); }
@@ -54,10 +67,15 @@ public:
   /// \errors
   /// - the errno of rdma_destroy_id (the request stays).
   /// \mallocs None.
-  result<void> destroy() noexcept { return id_.destroy(); }
+  result<void> destroy() noexcept {
+    RDMAXX_TRYV(id_.destroy());
+    link_.drop();
+    return success();
+  }
 
   /// First half of an accept: create the QP (conn_options as for connect), move the id to a
-  /// new event channel (rdma_migrate_id) and bring the QP to INIT, RTR and RTS
+  /// new event channel of the connection's own, or to o.channel, a shared one (rdma_migrate_id;
+  /// not when the listener's channel is that one), and bring the QP to INIT, RTR and RTS
   /// (rdma_init_qp_attr), without answering the client yet. The returned Connection is in
   /// conn_state::prepared: post local work now (e.g. bind the memory window whose descriptor
   /// goes into the accept's private data), then call Connection::accept(). Nothing may be sent
@@ -67,19 +85,23 @@ public:
   /// \errors
   /// - errc::null_handle: the request is null.
   /// - errc::private_data_too_long: o.private_data over 196 bytes (the request stays usable).
-  /// - errc::invalid_argument / errc::unknown_access_flag: the options.
+  /// - errc::invalid_argument / errc::unknown_access_flag: the options; errc::null_handle:
+  ///   o.channel is a null EventChannel (these three leave the request usable).
+  /// - ENOMEM: no memory for the node on the shared channel.
   /// - errc::context_mismatch: a PD of another device.
   /// - cm_call_error() codes for rdma_create_event_channel (EMFILE: the fd limit), rdma_migrate_id
   ///   and rdma_init_qp_attr.
   /// - qp_transition codes.
   /// - the errors of the resources created.
-  /// \mallocs A new event channel (librdmacm) and the resources created (their nodes, besides
-  /// what verbs allocates).
+  /// \mallocs A new event channel (librdmacm; with o.channel one node instead) and the
+  /// resources created (their nodes, besides what verbs allocates).
   [[nodiscard]] result<Connection> prepare(const conn_options &o = {}) noexcept {
     if (!id_) return make_error_code(errc::null_handle);
     if (o.private_data.size() > cm_accept_private_data_max)
       return make_error_code(errc::private_data_too_long);
-    return detail::conn_access::prepare(id_, data_, resp_res_, init_depth_, o);
+    auto c = detail::conn_access::prepare(id_, data_, resp_res_, init_depth_, o);
+    if (!id_) link_.drop(); // the id is the connection's now (or destroyed with it)
+    return c;
   }
 
   /// Non-blocking accept: prepare(o), then Connection::accept(o.private_data); the returned
@@ -115,6 +137,7 @@ public:
 
 private:
   friend struct detail::request_access; // Listener (listener.hpp) makes requests
+  detail::child_link link_; // a shared channel's child while the id is on it (released after the id)
   detail::handle<detail::cm_id_traits> id_;
   cm_private_data data_{};
   std::uint8_t resp_res_ = 0;
@@ -131,6 +154,7 @@ inline result<void> ConnectRequest::reject(std::span<const std::byte> data) noex
                              ::rdma_get_peer_addr(id_.get()))
                      : std::error_code{};
   id_.reset();
+  link_.drop();
   if (ec) return ec;
   return success();
 }
@@ -139,9 +163,11 @@ namespace detail {
 /// What the types built on ConnectRequest (Listener, listener.hpp) reach of it, instead of being
 /// its friends: a request made from its RDMA_CM_EVENT_CONNECT_REQUEST.
 struct request_access {
-  /// The request of `ev` (a CONNECT_REQUEST): owns the event's new id.
-  [[nodiscard]] static ConnectRequest from_event(const cm_event_copy &ev) noexcept {
+  /// The request of `ev` (a CONNECT_REQUEST): owns the event's new id, a child of `channel`
+  /// (the shared channel's node the id is on; null: the listener's own channel).
+  [[nodiscard]] static ConnectRequest from_event(const cm_event_copy &ev, parent_node *channel = nullptr) noexcept {
     ConnectRequest r;
+    r.link_ = child_link(channel);
     r.id_ = handle<cm_id_traits>(ev.id, nullptr, nullptr);
     r.data_ = ev.data;
     r.resp_res_ = ev.responder_resources;

@@ -41,11 +41,15 @@
 /// GrantPool's offer. The passive side's two steps are ConnectRequest::prepare() and
 /// Connection::accept().
 ///
-/// Events and file descriptors: every Listener and every Connection owns its own event channel
-/// (an accepted connection's id is moved to a new channel by rdma_migrate_id(3) before
-/// rdma_accept), whose fd is non-blocking and can be watched with poll(2)/epoll(7). Each event is
-/// copied (type, status, private data) and acknowledged at once (rdma_ack_cm_event), so that
-/// rdma_destroy_id never blocks on an unacknowledged event.
+/// Events and file descriptors: by default every Listener and every Connection owns its own event
+/// channel (an accepted connection's id is moved to a new channel by rdma_migrate_id(3) before
+/// rdma_accept), whose fd is non-blocking and can be watched with poll(2)/epoll(7): one fd per
+/// connection. With conn_options::channel (and listen_options::channel) they share one
+/// EventChannel instead: one fd for all, EventChannel::dispatch() says which have events (their
+/// cookies), each one's advance() takes its own (an accepted id is moved to the shared channel, or
+/// stays when the listener's channel is that one). Each event is copied (type, status, private
+/// data) and acknowledged at once (rdma_ack_cm_event), so that rdma_destroy_id never blocks on an
+/// unacknowledged event.
 ///
 /// Bounds: every step is bounded: address and route resolution by the timeout given to the
 /// kernel; connect, accept and disconnect by the Connection's deadline (conn_options::timeout_ms
@@ -64,10 +68,12 @@
 /// channel, then the resources it owns. A peer that disconnects or dies gives DISCONNECTED: the
 /// Connection then moves its QP to ERR so that outstanding work completes as flushed.
 ///
-/// Threads: a handle is used by one thread at a time; different handles are independent.
+/// Threads: a handle is used by one thread at a time; different handles are independent, except
+/// those sharing an EventChannel: they and the channel are used by one thread at a time.
 ///
-/// Allocation: creation allocates (librdmacm, verbs, the children counters); advance(), fd() and
-/// the accessors do not allocate except inside rdma_get_cm_event (malloc of one event).
+/// Allocation: creation allocates (librdmacm, verbs, the children counters; on a shared channel
+/// one node whose address is the id's context); advance(), fd() and the accessors do not
+/// allocate except inside rdma_get_cm_event (malloc of one event).
 #pragma once
 
 #include "access.hpp"
@@ -89,6 +95,7 @@
 #include <cstdint>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <span>
 
 namespace rdmaxx {
@@ -129,6 +136,13 @@ struct conn_options {
   std::span<const std::byte> private_data{};
   /// When not null, receives the private data of a REJECTED event (connect).
   cm_private_data *reject_data = nullptr;
+  /// The rdma_cm event channel to share (EventChannel::create(); it must outlive the connection:
+  /// destroying it first is refused with errc::busy); nullptr: the connection creates a channel
+  /// of its own (one fd). A null EventChannel: errc::null_handle.
+  EventChannel *channel = nullptr;
+  /// What EventChannel::dispatch() hands out for this connection (with `channel`), e.g. its
+  /// index in the caller's table.
+  std::uint64_t cookie = 0;
 };
 
 /// State of a Connection.
@@ -157,7 +171,8 @@ struct conn_access; // after Connection
 } // namespace detail
 
 /// A connection by address (rdma_cm) with its own rdmaxx QueuePair. Move-only, null after move.
-/// Destruction order of its parts: QP, CQ, PD, Context (those it owns), cm id, event channel.
+/// Destruction order of its parts: QP, CQ, PD, Context (those it owns), cm id, event channel (its
+/// own; or its node on the shared channel, then its registration with it).
 class Connection {
 public:
   Connection() noexcept = default;
@@ -186,7 +201,9 @@ public:
   /// - cm_call_error() codes naming `to` for rdma_create_event_channel (EMFILE: the fd limit;
   ///   ENODEV: rdma_ucm not loaded), rdma_create_id / rdma_resolve_addr (EADDRNOTAVAIL, ENODEV: no
   ///   RDMA device reaches it, EINVAL).
-  /// \mallocs The event channel and the id, inside librdmacm.
+  /// - errc::null_handle: o.channel is a null EventChannel.
+  /// - ENOMEM: no memory for the node on the shared channel.
+  /// \mallocs The event channel (or, on o.channel, one node) and the id, inside librdmacm.
   [[nodiscard]] static result<Connection> start_connect(const address &to, const conn_options &o = {}) noexcept;
 
   /// Active side, first half, blocking: resolve the address and the route and create the QP
@@ -225,7 +242,9 @@ public:
 
   /// Process the pending events on this connection's channel without blocking and return the
   /// state reached (it stops right after reaching established, so that a connection that was
-  /// established and then disconnected is seen as both, in two calls). Also enforces the
+  /// established and then disconnected is seen as both, in two calls). On a shared channel: the
+  /// events queued for this connection, after reading those the fd has (other users' are queued
+  /// for them, see EventChannel::dispatch()). Also enforces the
   /// current step's deadline. An established connection that sees DISCONNECTED returns
   /// conn_state::disconnected (not an error): its QP is moved to ERR.
   /// \errors The state is then failed, or disconnected for DISCONNECTED:
@@ -235,6 +254,8 @@ public:
   ///   conn_options::reject_data; UNREACHABLE; ADDR_ERROR; ROUTE_ERROR; CONNECT_ERROR;
   ///   DISCONNECTED before establishment; DEVICE_REMOVAL; a timeout naming the step.
   /// - errc::context_mismatch: the user's PD is of another device than the one resolved.
+  /// - errc::too_many_entries: on a shared channel, an event found this connection's queue full
+  ///   (4 events; rdma_cm's protocol never queues more than 3): reported, not lost silently.
   /// - the errno of the rdma_cm calls and QP transitions (qp_transition codes).
   /// - those of the resources created (Context::open, ProtectionDomain::alloc,
   ///   CompletionQueue::create, QueuePair::create).
@@ -303,16 +324,23 @@ public:
   /// The private data the peer sent: the accept's on the active side, the connect request's
   /// on the passive side (see the top of this header: padded to the transport's limit).
   [[nodiscard]] std::span<const std::byte> peer_private_data() const noexcept { return peer_data_.span(); }
-  /// The fd of the connection's event channel (non-blocking; readable: call advance()).
-  [[nodiscard]] int fd() const noexcept { return channel_.fd(); }
+  /// The fd of the connection's event channel (non-blocking; readable: call advance()); on a
+  /// shared channel, the channel's fd. -1 when null.
+  [[nodiscard]] int fd() const noexcept {
+    if (slot_) return slot_.get()->hub->ch->fd;
+    return channel_ ? channel_.get()->fd : -1;
+  }
+  /// True when the connection uses a shared EventChannel (conn_options::channel).
+  [[nodiscard]] bool shares_channel() const noexcept { return bool(slot_); }
   /// The rdma_cm_id (owned), or nullptr.
   [[nodiscard]] rdma_cm_id *native_handle() const noexcept { return id_.get(); }
   /// True unless null.
   [[nodiscard]] explicit operator bool() const noexcept { return bool(id_); }
   /// Destroy now, checked, in the destructor's order: the QP, the CQ and its completion channel,
   /// the PD and the Context where the connection owns them, the cm id (rdma_destroy_id), the
-  /// event channel. No disconnect is sent first (disconnect() ends a connection gracefully; a
-  /// destroyed established connection looks to the peer like a vanished one). Stops at the first
+  /// event channel (or its node on the shared one). No disconnect is sent first (disconnect()
+  /// ends a connection gracefully; a destroyed established connection looks to the peer like a
+  /// vanished one). Stops at the first
   /// failure: what was destroyed stays destroyed, the rest stays with the connection (state
   /// failed), and its destructor finishes it. Null afterwards on success.
   /// \errors
@@ -371,19 +399,47 @@ private:
   [[nodiscard]] std::error_code call_failed(cm_call c) const noexcept {
     return named(cm_call_error(c, errno));
   }
-  // EventChannel::create, its errno named as rdma_create_event_channel's (EMFILE says which fd).
-  [[nodiscard]] result<EventChannel> new_channel() const noexcept {
-    auto ch = EventChannel::create();
+  // A channel of its own, its errno named as rdma_create_event_channel's (EMFILE says which fd).
+  [[nodiscard]] result<void> own_channel() noexcept {
+    auto ch = detail::create_cm_channel();
     if (!ch && ch.error().category() == std::generic_category())
       return named(cm_call_error(cm_call::rdma_create_event_channel, ch.error().value()));
-    return ch;
+    if (!ch) return ch.error();
+    channel_ = std::move(ch).value();
+    return success();
   }
+  // Join the shared channel `ch`: a node (the id's context) and a registration as its child.
+  [[nodiscard]] result<void> join(const EventChannel &ch, std::uint64_t cookie) noexcept {
+    slot_ = detail::cm_slot_ptr::make(*detail::channel_access::hub(ch), cookie);
+    if (!slot_) return std::make_error_code(std::errc::not_enough_memory);
+    link_ = detail::child_link(detail::handle_access::node(ch));
+    return success();
+  }
+  // The channel new ids are created on: the shared one, else this connection's own.
+  [[nodiscard]] rdma_event_channel *cm_channel() const noexcept {
+    return slot_ ? slot_.get()->hub->ch : channel_.get();
+  }
+
+  // The next event of this connection (its own channel, or its queue on the shared one).
+  [[nodiscard]] result<std::optional<detail::cm_event_copy>> next_event() noexcept {
+    if (!slot_) return detail::next_cm_event(channel_.get());
+    if (slot_.get()->overflow) {
+      state_ = conn_state::failed;
+      return named(make_error_code(errc::too_many_entries));
+    }
+    return detail::cm_next(*slot_.get());
+  }
+  // advance() without the shared channel's bookkeeping.
+  [[nodiscard]] result<conn_state> advance_events() noexcept;
 
   // One event of this connection's id.
   std::error_code on_event(const detail::cm_event_copy &ev) noexcept;
 
-  // Members in construction order; destroyed in reverse: QP, CQ, channel, PD, Context, id, channel.
-  EventChannel channel_;
+  // Members in construction order; destroyed in reverse: QP, CQ, channel, PD, Context, id, then
+  // the connection's own channel, or its node on the shared one and its registration there.
+  detail::child_link link_;   // shared channel: this connection counts as its child
+  detail::cm_slot_ptr slot_;  // shared channel: the id's context, the queue of its events
+  detail::handle<detail::cm_channel_traits> channel_; // a channel of its own
   detail::handle<detail::cm_id_traits> id_;
   Context ctx_;
   ProtectionDomain pd_;
@@ -414,11 +470,12 @@ inline result<Connection> Connection::start_connect(const address &to, const con
     return cm_at(cm_call_error(cm_call::rdma_resolve_addr, EDESTADDRREQ), cm_role::connect_to, to.native());
   Connection c;
   c.opts_ = o;
+  c.opts_.channel = nullptr; // the node holds what is needed; the EventChannel may move
   c.peer_ = to;
-  RDMAXX_TRY(ch, c.new_channel());
-  c.channel_ = std::move(ch);
+  if (o.channel) RDMAXX_TRYV(c.join(*o.channel, o.cookie));
+  else RDMAXX_TRYV(c.own_channel());
   rdma_cm_id *id = nullptr;
-  if (::rdma_create_id(c.channel_.native_handle(), &id, nullptr, RDMA_PS_TCP))
+  if (::rdma_create_id(c.cm_channel(), &id, c.slot_.get(), RDMA_PS_TCP))
     return c.call_failed(cm_call::rdma_create_id);
   c.id_ = detail::handle<detail::cm_id_traits>(id, nullptr, nullptr);
   c.connect_data_len_ = std::uint8_t(o.private_data.size());
@@ -461,10 +518,25 @@ inline result<void> Connection::connect_with(std::span<const std::byte> private_
 }
 
 inline result<conn_state> Connection::advance() noexcept {
+  auto r = advance_events();
+  // On a shared channel, events left queued (after established is reported) keep the
+  // connection on the channel's ready list; a failed connection's are dropped.
+  if (detail::cm_slot *s = slot_.get(); s && s->count) {
+    if (state_ == conn_state::failed) {
+      detail::cm_unmark(*s);
+      s->count = 0;
+    } else {
+      detail::cm_mark(*s);
+    }
+  }
+  return r;
+}
+
+inline result<conn_state> Connection::advance_events() noexcept {
   if (!id_) return make_error_code(errc::null_handle);
   for (;;) {
     if (state_ == conn_state::failed) return make_error_code(errc::wrong_state);
-    RDMAXX_TRY(ev, detail::next_cm_event(channel_.native_handle()));
+    RDMAXX_TRY(ev, next_event());
     if (!ev) break;
     const conn_state was = state_;
     if (auto ec = on_event(*ev)) {
@@ -538,6 +610,8 @@ inline result<void> Connection::destroy() noexcept {
   RDMAXX_TRYV(pd_.dealloc());
   RDMAXX_TRYV(ctx_.close());
   RDMAXX_TRYV(id_.destroy());
+  slot_.reset(); // its queued events go with it; the kernel has no more of the id's
+  link_.drop();
   return channel_.destroy();
 }
 
@@ -554,12 +628,16 @@ inline result<Connection> Connection::prepare_passive(detail::handle<detail::cm_
   c.peer_data_ = data;
   c.resp_res_ = resp_res;
   c.init_depth_ = init_depth;
+  c.opts_.channel = nullptr;
   c.id_ = std::move(id);
   c.passive_ = true;
   if (auto a = address::from(::rdma_get_peer_addr(c.id_.get()))) c.peer_ = a.value();
-  RDMAXX_TRY(ch, c.new_channel());
-  c.channel_ = std::move(ch);
-  if (::rdma_migrate_id(c.id_.get(), c.channel_.native_handle()))
+  if (o.channel) RDMAXX_TRYV(c.join(*o.channel, o.cookie));
+  else RDMAXX_TRYV(c.own_channel());
+  // The id's events go to this connection's node (shared) or to nobody else (own channel); it
+  // moves to the channel unless it is on it already (a listener on the same shared channel).
+  c.id_.get()->context = c.slot_.get();
+  if (c.id_.get()->channel != c.cm_channel() && ::rdma_migrate_id(c.id_.get(), c.cm_channel()))
     return c.call_failed(cm_call::rdma_migrate_id);
   RDMAXX_TRYV(c.make_qp(c.id_.get()->verbs));
   RDMAXX_TRYV(c.move_qp(IBV_QPS_INIT));
@@ -574,6 +652,7 @@ inline result<Connection> Connection::prepare_passive(detail::handle<detail::cm_
 
 inline result<void> Connection::check_options(const conn_options &o) noexcept {
   if (o.timeout_ms <= 0 || o.cq_entries <= 0) return make_error_code(errc::invalid_argument);
+  if (o.channel && !*o.channel) return make_error_code(errc::null_handle);
   if (o.pd && (!*o.pd || !o.send_cq || !o.recv_cq || !*o.send_cq || !*o.recv_cq))
     return make_error_code(errc::null_handle);
   if (!o.pd && (o.send_cq || o.recv_cq)) return make_error_code(errc::invalid_argument);

@@ -1,10 +1,11 @@
 /// \file
 /// rdmaxx/listener.hpp: Listener, a listening rdma_cm id bound to an address (rdma_create_id(3),
-/// rdma_bind_addr(3), rdma_listen(3)) with its own event channel; get_request() hands out each
-/// ConnectRequest. Part of the rdma_cm support (connection.hpp; needs librdmacm).
+/// rdma_bind_addr(3), rdma_listen(3)) with its own event channel or on a shared EventChannel
+/// (listen_options::channel); get_request() hands out each ConnectRequest. Part of the rdma_cm
+/// support (connection.hpp; needs librdmacm).
 ///
-/// Allocation: listen() allocates inside librdmacm; get_request() mallocs one event per
-/// rdma_get_cm_event.
+/// Allocation: listen() allocates inside librdmacm (on a shared channel also one node and its
+/// queue of requests); get_request() mallocs one event per rdma_get_cm_event.
 #pragma once
 
 #include "cm_address.hpp"
@@ -28,8 +29,21 @@
 
 namespace rdmaxx {
 
+/// How a Listener listens (Listener::listen).
+struct listen_options {
+  /// rdma_listen's backlog (> 0); on a shared channel also the requests queued for the listener
+  /// at most (up to 4,096): a request beyond them is refused, as by the kernel's backlog.
+  int backlog = 64;
+  /// The rdma_cm event channel to share (EventChannel::create(); it must outlive the listener
+  /// and the requests it hands out: destroying it first is refused with errc::busy); nullptr:
+  /// a channel of the listener's own (one fd). A null EventChannel: errc::null_handle.
+  EventChannel *channel = nullptr;
+  /// What EventChannel::dispatch() hands out when requests wait for this listener.
+  std::uint64_t cookie = 0;
+};
+
 /// A listening rdma_cm id bound to an address (rdma_bind_addr(3), rdma_listen(3)), with its own
-/// event channel. Move-only, null after move.
+/// event channel or on a shared one. Move-only, null after move.
 class Listener {
 public:
   Listener() noexcept = default;
@@ -55,7 +69,19 @@ public:
   ///   EADDRNOTAVAIL, as for an address of no interface: when the address is a wildcard or one
   ///   a UDP socket can bind, the port is what is taken, and the code says EADDRINUSE.
   /// \mallocs The event channel and the id, inside librdmacm.
-  [[nodiscard]] static result<Listener> listen(const address &at, int backlog = 64) noexcept;
+  [[nodiscard]] static result<Listener> listen(const address &at, int backlog = 64) noexcept {
+    return listen(at, listen_options{.backlog = backlog});
+  }
+  /// As listen(at, backlog), with the options: on o.channel, a shared EventChannel, the
+  /// listening id is created on it and its CONNECT_REQUESTs are queued for this listener
+  /// (EventChannel::dispatch() hands out o.cookie; get_request() takes them).
+  /// \errors
+  /// - those of listen(at, backlog) (rdma_create_event_channel only without o.channel).
+  /// - errc::null_handle: o.channel is a null EventChannel.
+  /// - ENOMEM: no memory for the node and queue on the shared channel.
+  /// \mallocs As listen(at, backlog); with o.channel one node and a queue of min(backlog, 4096)
+  /// requests instead of a channel.
+  [[nodiscard]] static result<Listener> listen(const address &at, const listen_options &o) noexcept;
 
   /// The port bound (rdma_get_src_port), host order; 0 when null.
   [[nodiscard]] std::uint16_t port() const noexcept {
@@ -71,26 +97,34 @@ public:
   }
   /// The device the listener is bound to (null when bound to a wildcard address).
   [[nodiscard]] ibv_context *device_context() const noexcept { return id_ ? id_.get()->verbs : nullptr; }
-  /// The non-blocking fd of the listener's channel (readable: call get_request(0)).
-  [[nodiscard]] int fd() const noexcept { return channel_.fd(); }
+  /// The non-blocking fd of the listener's channel (readable: call get_request(0)); on a shared
+  /// channel, the channel's fd. -1 when null.
+  [[nodiscard]] int fd() const noexcept {
+    if (slot_) return slot_.get()->hub->ch->fd;
+    return channel_ ? channel_.get()->fd : -1;
+  }
   /// The listening rdma_cm_id (owned), or nullptr.
   [[nodiscard]] rdma_cm_id *native_handle() const noexcept { return id_.get(); }
   /// True unless null.
   [[nodiscard]] explicit operator bool() const noexcept { return bool(id_); }
   /// Stop listening and destroy now, checked: rdma_destroy_id of the listening id (requests
-  /// already taken with get_request() stay valid), then its event channel. On failure the
-  /// listener keeps both (its destructor tries again). Null afterwards on success.
+  /// already taken with get_request() stay valid), then its event channel (shared: the requests
+  /// queued for it and not taken are refused, rdma_destroy_id, and it lets go of the channel).
+  /// On failure the listener keeps both (its destructor tries again). Null afterwards on success.
   /// \errors
   /// - the errno of rdma_destroy_id.
   /// \mallocs None.
   result<void> destroy() noexcept {
     RDMAXX_TRYV(id_.destroy());
+    slot_.reset();
+    link_.drop();
     return channel_.destroy();
   }
 
   /// Wait up to `timeout_ms` (0: do not wait) for the next connection request. Other events on
   /// the channel (of requests that went away before being accepted) are acknowledged and
-  /// skipped.
+  /// skipped; on a shared channel other users' events are queued for them
+  /// (EventChannel::dispatch()).
   /// \errors
   /// - errc::null_handle: the listener is null.
   /// - errc::invalid_argument: negative timeout.
@@ -103,25 +137,42 @@ private:
   // True when `at` is a wildcard or an address of this host (a UDP socket binds to it, port 0).
   [[nodiscard]] static bool address_is_local(const address &at) noexcept;
 
-  EventChannel channel_;
+  // In construction order; destroyed in reverse: the id, then its own channel, or its node on
+  // the shared one (queued requests refused) and its registration there.
+  detail::child_link link_;
+  detail::cm_slot_ptr slot_;
+  detail::handle<detail::cm_channel_traits> channel_;
   detail::handle<detail::cm_id_traits> id_;
 };
 
 // ---- Listener: the longer bodies ----
 
-inline result<Listener> Listener::listen(const address &at, int backlog) noexcept {
+inline result<Listener> Listener::listen(const address &at, const listen_options &o) noexcept {
+  const int backlog = o.backlog;
   if (backlog <= 0) return make_error_code(errc::invalid_argument);
+  if (o.channel && !*o.channel) return make_error_code(errc::null_handle);
   Listener l;
   const auto failed = [&](cm_call c, int err) {
     return cm_at(cm_call_error(c, err), cm_role::listen_on, at.native());
   };
-  auto ch = EventChannel::create();
-  if (!ch && ch.error().category() == std::generic_category())
-    return failed(cm_call::rdma_create_event_channel, ch.error().value());
-  if (!ch) return ch.error();
-  l.channel_ = std::move(ch).value();
+  rdma_event_channel *on = nullptr;
+  if (o.channel) {
+    const std::uint32_t q = std::uint32_t(backlog) < detail::cm_slot::max_listener_queue
+                                ? std::uint32_t(backlog) : detail::cm_slot::max_listener_queue;
+    l.slot_ = detail::cm_slot_ptr::make(*detail::channel_access::hub(*o.channel), o.cookie, q);
+    if (!l.slot_) return std::make_error_code(std::errc::not_enough_memory);
+    l.link_ = detail::child_link(detail::handle_access::node(*o.channel));
+    on = l.slot_.get()->hub->ch;
+  } else {
+    auto ch = detail::create_cm_channel();
+    if (!ch && ch.error().category() == std::generic_category())
+      return failed(cm_call::rdma_create_event_channel, ch.error().value());
+    if (!ch) return ch.error();
+    l.channel_ = std::move(ch).value();
+    on = l.channel_.get();
+  }
   rdma_cm_id *id = nullptr;
-  if (::rdma_create_id(l.channel_.native_handle(), &id, nullptr, RDMA_PS_TCP))
+  if (::rdma_create_id(on, &id, l.slot_.get(), RDMA_PS_TCP))
     return failed(cm_call::rdma_create_id, errno);
   l.id_ = detail::handle<detail::cm_id_traits>(id, nullptr, nullptr);
   address a = at;
@@ -139,7 +190,18 @@ inline result<ConnectRequest> Listener::get_request(int timeout_ms) noexcept {
   if (timeout_ms < 0) return make_error_code(errc::invalid_argument);
   const std::int64_t deadline = detail::monotonic_ms() + timeout_ms;
   for (;;) {
-    RDMAXX_TRY(ev, detail::next_cm_event(channel_.native_handle()));
+    if (detail::cm_slot *s = slot_.get()) {
+      // Shared: only CONNECT_REQUESTs are queued for a listener.
+      RDMAXX_TRY(ev, detail::cm_next(*s));
+      if (ev) {
+        if (s->count) detail::cm_mark(*s); // more requests wait: dispatch() says so again
+        return detail::request_access::from_event(*ev, link_.parent());
+      }
+      RDMAXX_TRY(readable, detail::wait_readable(fd(), deadline));
+      if (!readable) return cm_at(cm_timeout(cm_step::request), cm_role::listen_on, ::rdma_get_local_addr(id_.get()));
+      continue;
+    }
+    RDMAXX_TRY(ev, detail::next_cm_event(channel_.get()));
     if (ev && ev->type == RDMA_CM_EVENT_CONNECT_REQUEST) {
       return detail::request_access::from_event(*ev);
     }

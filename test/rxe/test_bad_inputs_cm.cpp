@@ -82,6 +82,7 @@ TEST_CASE("bad inputs: Connection", "[bad-input][connection][bad-inputs-cm][cm]"
   auto cq = need(CompletionQueue::create(dev, 8), "cq");
   ProtectionDomain null_pd;
   CompletionQueue null_cq;
+  EventChannel null_channel;
   Connection null_c;
   auto resolving = need(Connection::start_connect(at("192.0.2.77:9"), {.timeout_ms = 200}), "start");
   REQUIRE(resolving.state() == conn_state::resolving_addr);
@@ -103,6 +104,7 @@ TEST_CASE("bad inputs: Connection", "[bad-input][connection][bad-inputs-cm][cm]"
       {"a null send CQ", {.pd = &pd, .send_cq = &null_cq, .recv_cq = &cq}, errc::null_handle},
       {"CQs without a PD", {.send_cq = &cq, .recv_cq = &cq}, errc::invalid_argument},
       {"MW_BIND as a QP access right", {.qp_access = access::mw_bind}, errc::unknown_access_flag},
+      {"a null shared event channel", {.channel = &null_channel}, errc::null_handle},
   };
   for (const bad_option &b : options) {
     t.add("Connection::start_connect", b.input, is(b.e), [&] { return err(Connection::start_connect(nowhere, b.o)); });
@@ -138,12 +140,19 @@ TEST_CASE("bad inputs: Connection", "[bad-input][connection][bad-inputs-cm][cm]"
   CHECK(null_c.peer_private_data().empty());
   CHECK(!null_c.qp());
   CHECK(resolving.state() == conn_state::resolving_addr);
-  // EventChannel: nothing to refuse; its null form answers -1 and destroys as a no-op.
+  // EventChannel: its null form answers -1, has nothing ready, refuses dispatch() and destroys
+  // as a no-op; a live one with no users dispatches nothing.
   EventChannel null_ch;
   CHECK(null_ch.fd() == -1);
+  CHECK(!null_ch.has_ready());
+  CHECK(null_ch.live_children() == 0);
+  std::array<std::uint64_t, 4> cookies{};
+  CHECK(null_ch.dispatch(cookies).error() == errc::null_handle);
   CHECK(null_ch.destroy().has_value());
   auto ch = need(EventChannel::create(), "event channel");
   CHECK(ch.fd() >= 0);
+  CHECK(need(ch.dispatch(cookies), "dispatch, nothing pending") == 0);
+  CHECK(need(ch.dispatch({}), "dispatch into no room") == 0);
   destroyed(ch.destroy(), "event channel");
   // The caller's PD and CQs the rows were refused with connect and carry a send.
   auto l = need(Listener::listen(at(std::string(local_ip) + ":0")), "listen");
@@ -178,6 +187,11 @@ TEST_CASE("bad inputs: Listener", "[bad-input][listener][bad-inputs-cm][cm]") {
     return err(r);
   });
   t.add("Listener::get_request", "null listener", is(errc::null_handle), [&] { return err(null_l.get_request(0)); });
+  EventChannel null_channel;
+  t.add("Listener::listen", "a null shared event channel", is(errc::null_handle),
+        [&] { return err(Listener::listen(any, {.channel = &null_channel})); });
+  t.add("Listener::listen", "backlog 0 on a shared channel", is(errc::invalid_argument),
+        [&] { return err(Listener::listen(any, {.backlog = 0, .channel = &null_channel})); });
   t.add("Listener::local_address", "null listener", is(errc::null_handle), [&] { return err(null_l.local_address()); });
   t.run();
 
@@ -224,6 +238,11 @@ TEST_CASE("bad inputs: ConnectRequest", "[bad-input][connect-request][bad-inputs
           [&](ConnectRequest &r) { return err(r.start_accept({.qp_access = access::mw_bind})); });
   on_live("ConnectRequest::prepare", "unknown QP access bit", errc::unknown_access_flag,
           [&](ConnectRequest &r) { return err(r.prepare({.qp_access = access_flags(1u << 28)})); });
+  EventChannel null_channel;
+  on_live("ConnectRequest::prepare", "a null shared event channel", errc::null_handle,
+          [&](ConnectRequest &r) { return err(r.prepare({.channel = &null_channel})); });
+  on_live("ConnectRequest::accept", "a null shared event channel", errc::null_handle,
+          [&](ConnectRequest &r) { return err(r.accept({.channel = &null_channel})); });
   connect_and_send(l, [&](ConnectRequest &req) {
     live = &req;
     t.run();
