@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <atomic>
 #include <string>
 #include <thread>
@@ -250,6 +251,21 @@ TEST_CASE("a null QueuePair's batches are refused with null_handle", "[unit][han
   t1.join();
   t2.join();
   CHECK(refused == 4000);
+}
+
+// poll() calls the poll entry cached in the CompletionQueue: a null one (default-constructed,
+// moved from, destroyed) has a stand-in that answers EINVAL instead of reaching verbs.
+TEST_CASE("a null CompletionQueue's poll answers EINVAL", "[unit][handles]") {
+  CompletionQueue empty;
+  std::array<ibv_wc, 4> wc{};
+  wc[0].wr_id = 0x77;
+  CHECK(empty.poll(wc).error() == std::errc::invalid_argument);
+  CompletionQueue moved_to = std::move(empty);
+  CHECK(moved_to.poll(wc).error() == std::errc::invalid_argument);
+  CHECK(empty.poll(wc).error() == std::errc::invalid_argument);
+  CHECK(moved_to.destroy());
+  CHECK(moved_to.poll(wc).error() == std::errc::invalid_argument);
+  CHECK(wc[0].wr_id == 0x77); // nothing written
 }
 
 TEST_CASE("empty handles are safe to query and destroy", "[unit][handles]") {
