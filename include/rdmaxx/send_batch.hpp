@@ -214,8 +214,8 @@ public:
   /// and key operations it carried are rolled back before it returns.
   /// \errors
   /// - errc::null_handle: the batch was started on a null QueuePair (moved from, destroyed).
-  /// - errc::wrong_state: the batch is not open (already submitted, or moved from); or the QP
-  ///   has not reached RTS (the batch is aborted).
+  /// - errc::wrong_state: the batch is not open (already submitted, or moved from); or rdmaxx
+  ///   had not moved the QP to RTS when the batch was opened (nothing of it reached the QP).
   /// - errc::provider_defect: an operation this device's provider would have got wrong (the
   ///   batch was aborted).
   /// - errc::send_queue_full: a counted send queue (an mlx5 UMR QP, see
