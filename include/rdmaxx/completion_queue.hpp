@@ -17,12 +17,39 @@
 #include <poll.h>
 
 #include <array>
+#include <cerrno>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 
 namespace rdmaxx {
+
+namespace detail {
+// What a null CompletionQueue polls: the CQ failure a provider reports for a bad CQ (EINVAL).
+inline int null_poll_cq(ibv_cq *, int, ibv_wc *) noexcept { return -EINVAL; }
+
+// A CompletionQueue's poll entry: the provider's poll_cq (what ibv_poll_cq reads from
+// cq->context->ops on every call), read once when the CompletionQueue gets its ibv_cq, so that
+// poll() loads one pointer fewer; &null_poll_cq while the CompletionQueue is null (no test per
+// poll). Moves with the CQ.
+class poll_entry {
+public:
+  using fn = int (*)(ibv_cq *, int, ibv_wc *);
+  constexpr poll_entry() noexcept = default;
+  poll_entry(poll_entry &&o) noexcept : f_(std::exchange(o.f_, &null_poll_cq)) {}
+  poll_entry &operator=(poll_entry &&o) noexcept {
+    f_ = std::exchange(o.f_, &null_poll_cq);
+    return *this;
+  }
+  void reset(ibv_cq *cq) noexcept { f_ = cq ? cq->context->ops.poll_cq : &null_poll_cq; }
+  [[nodiscard]] fn get() const noexcept { return f_; }
+
+private:
+  fn f_ = &null_poll_cq;
+};
+} // namespace detail
 
 /// A completion event channel: lets a CompletionQueue be waited on instead of busy-polled.
 class CompletionChannel {
@@ -125,6 +152,7 @@ public:
     CompletionQueue q;
     q.h_ = std::move(h);
     q.h_.set_parent<detail::parent_slot::second>(channel ? detail::handle_access::node(*channel) : nullptr);
+    q.poll_.reset(q.h_.get());
     return q;
   }
 
@@ -136,14 +164,16 @@ public:
   [[nodiscard]] int capacity() const noexcept { return h_ ? h_.get()->cqe : 0; }
 
   /// ibv_poll_cq into `out`: the number of completions written (0 when none). Fast path: inline,
-  /// no allocation, no check of the handle (like unique_ptr's operator*: polling a null CQ is a
-  /// precondition violation, not an error; a check would cost every poll). Each completion
-  /// carries its own status: turn it into an error_code with wc_error().
+  /// no allocation, no check of the handle: it calls the provider's poll_cq entry, read once
+  /// when the CQ was created (what ibv_poll_cq reads from the context on every call); a null CQ
+  /// (moved from, destroyed) has a stand-in entry that answers EINVAL. Each completion carries
+  /// its own status: turn it into an error_code with wc_error().
   /// \errors
-  /// - errno: the provider reports a CQ failure (e.g. an overrun on some providers).
+  /// - errno: the provider reports a CQ failure (e.g. an overrun on some providers);
+  ///   std::errc::invalid_argument on a null CQ.
   /// \mallocs None.
   [[nodiscard]] result<std::size_t> poll(std::span<ibv_wc> out) noexcept {
-    const int n = ::ibv_poll_cq(h_.get(), int(out.size()), out.data());
+    const int n = poll_.get()(h_.get(), int(out.size()), out.data());
     if (n < 0) [[unlikely]] return failed(n);
     return std::size_t(n);
   }
@@ -316,7 +346,9 @@ public:
   /// - the errno of ibv_destroy_cq.
   /// \mallocs None.
   result<void> destroy() noexcept {
-    return h_.destroy();
+    RDMAXX_TRYV(h_.destroy());
+    poll_.reset(nullptr);
+    return success();
   }
 
 private:
@@ -338,6 +370,7 @@ private:
   friend struct detail::handle_access; // children register with this object's node
   friend struct detail::test_access;
   detail::handle<traits> h_; // parents: Context, completion channel
+  detail::poll_entry poll_;  // h_'s provider poll_cq, or the null stand-in
 };
 
 } // namespace rdmaxx

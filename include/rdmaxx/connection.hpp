@@ -723,6 +723,7 @@ inline result<void> Connection::move_qp(ibv_qp_state to) noexcept {
                                                 : IBV_QPS_RTR;
   if (const int rc = ::ibv_modify_qp(qp_.native_handle(), &a, mask))
     return qp_transition_error(from, to, -1, rc);
+  detail::qp_access::note_state(qp_, to); // what its batches may post
   return success();
 }
 

@@ -718,6 +718,8 @@ inline result<void> IndirectKey::configure(SendBatch &batch, QueuePair &qp, cons
   if (qp.pd() != s.pd) return make_error_code(errc::pd_mismatch);
 #if RDMAXX_HAVE_MLX5
   if (s.backend == umr_backend::mlx5) {
+    // The mlx5dv builders post through the QP itself: not on the stand-in of a QP before RTS.
+    if (!detail::batch_access::on_qp(batch)) return make_error_code(errc::wrong_state);
     RDMAXX_TRYV(mlx5::configure_key(s.mk, qp.mlx5_send_ops(), batch.native_handle(), s.pd, w, l,
                                     acc, {qp.caps().max_inline_data, s.max_entries}, s.to_dv));
     s.length = l.total_length();
@@ -768,7 +770,7 @@ inline result<void> IndirectKey::invalidate(SendBatch &batch, wr w) noexcept {
   if (!st().configured) return make_error_code(errc::not_bound);
 #if RDMAXX_HAVE_MLX5
   if (st().backend == umr_backend::mlx5) {
-    if (!batch.native_handle()) return make_error_code(errc::wrong_state);
+    if (!detail::batch_access::on_qp(batch)) return make_error_code(errc::wrong_state); // stand-in
     if (detail::batch_access::undo(batch).full()) return make_error_code(errc::too_many_pending);
     RDMAXX_TRYV(mlx5::invalidate_key(st().mk, batch.native_handle(), w));
     detail::batch_access::undo(batch).add(&undo_op, this, 0);

@@ -49,6 +49,12 @@ public:
   Listener() noexcept = default;
   /// Moves the listener; `o` is left null.
   Listener(Listener &&) noexcept = default;
+  /// Destroys the listening id, then lets go of its channel: its own channel stays, without a
+  /// report, until the last request taken from it is accepted or destroyed.
+  ~Listener() {
+    id_.reset();
+    quiet_reset_channel();
+  }
   /// Destroys the old id before its channel (see Connection's move assignment).
   Listener &operator=(Listener &&o) noexcept {
     if (this != &o) {
@@ -108,8 +114,10 @@ public:
   /// True unless null.
   [[nodiscard]] explicit operator bool() const noexcept { return bool(id_); }
   /// Stop listening and destroy now, checked: rdma_destroy_id of the listening id (requests
-  /// already taken with get_request() stay valid), then its event channel (shared: the requests
-  /// queued for it and not taken are refused, rdma_destroy_id, and it lets go of the channel).
+  /// already taken with get_request() stay valid), then its event channel (its own: at once, or,
+  /// while requests taken from it live, when the last of them is accepted or destroyed, since a
+  /// request's id is on it until then; shared: the requests queued for it and not taken are
+  /// refused, rdma_destroy_id, and it lets go of the channel).
   /// On failure the listener keeps both (its destructor tries again). Null afterwards on success.
   /// \errors
   /// - the errno of rdma_destroy_id.
@@ -118,7 +126,8 @@ public:
     RDMAXX_TRYV(id_.destroy());
     slot_.reset();
     link_.drop();
-    return channel_.destroy();
+    quiet_reset_channel();
+    return success();
   }
 
   /// Wait up to `timeout_ms` (0: do not wait) for the next connection request. Other events on
@@ -134,6 +143,9 @@ public:
   [[nodiscard]] result<ConnectRequest> get_request(int timeout_ms) noexcept;
 
 private:
+  // The own channel goes now, or with the last request taken from it (those are its children by
+  // design, so the deferral is not reported).
+  void quiet_reset_channel() noexcept { channel_.reset({}, false); }
   // True when `at` is a wildcard or an address of this host (a UDP socket binds to it, port 0).
   [[nodiscard]] static bool address_is_local(const address &at) noexcept;
 
@@ -168,7 +180,12 @@ inline result<Listener> Listener::listen(const address &at, const listen_options
     if (!ch && ch.error().category() == std::generic_category())
       return failed(cm_call::rdma_create_event_channel, ch.error().value());
     if (!ch) return ch.error();
-    l.channel_ = std::move(ch).value();
+    // With a node: the requests taken from this channel count as its children, so that it stays
+    // until the last of them is accepted (moved to the connection's channel) or destroyed, even
+    // after the listener is gone (rdma_destroy_id of a request reads its channel's fd).
+    detail::parent_node *node = detail::new_parent_node();
+    if (!node) return std::make_error_code(std::errc::not_enough_memory);
+    l.channel_ = detail::handle<detail::cm_channel_traits>(ch.value().release(), nullptr, node);
     on = l.channel_.get();
   }
   rdma_cm_id *id = nullptr;
@@ -203,7 +220,7 @@ inline result<ConnectRequest> Listener::get_request(int timeout_ms) noexcept {
     }
     RDMAXX_TRY(ev, detail::next_cm_event(channel_.get()));
     if (ev && ev->type == RDMA_CM_EVENT_CONNECT_REQUEST) {
-      return detail::request_access::from_event(*ev);
+      return detail::request_access::from_event(*ev, channel_.node());
     }
     if (ev) continue; // an event of a request that went away: skipped
     RDMAXX_TRY(readable, detail::wait_readable(fd(), deadline));

@@ -137,29 +137,47 @@ namespace detail {
 }
 #endif
 
-// A QueuePair's ibv_qp_ex, never null: &null_qp while the QueuePair is null (default-constructed,
-// moved from, destroyed), so that start_send() tests nothing (send_batch.hpp, null_qp).
+// A QueuePair's ibv_qp_ex and the posting pointer its batches start on, neither ever null:
+// both &null_qp while the QueuePair is null (default-constructed, moved from, destroyed); the
+// posting pointer is the QP only while rdmaxx has moved it to RTS or a later state (SQD, SQE,
+// ERR: a post in ERR is flushed, which drain markers rely on), &unready_qp before (RESET, INIT,
+// RTR). So neither start_send() nor submit() tests anything (send_batch.hpp, null_qp). Set from
+// verbs' qp->state when the QP is adopted (reset()), then by rdmaxx's transitions (set_state()):
+// a raw ibv_modify_qp on native_handle() is not seen.
 class qpx_ptr {
 public:
   constexpr qpx_ptr() noexcept = default;
-  qpx_ptr(qpx_ptr &&o) noexcept : p_(std::exchange(o.p_, &null_qp)) {}
+  qpx_ptr(qpx_ptr &&o) noexcept
+      : p_(std::exchange(o.p_, &null_qp)), post_(std::exchange(o.post_, &null_qp)) {}
   qpx_ptr &operator=(qpx_ptr &&o) noexcept {
     p_ = std::exchange(o.p_, &null_qp);
+    post_ = std::exchange(o.post_, &null_qp);
     return *this;
   }
   /// The QP's ibv_qp_ex, or nullptr when null.
   [[nodiscard]] ibv_qp_ex *get() const noexcept { return p_ == &null_qp ? nullptr : p_; }
-  /// What a batch starts on: the QP's ibv_qp_ex, or &null_qp.
-  [[nodiscard]] ibv_qp_ex *post() const noexcept { return p_; }
+  /// The QP's ibv_qp_ex, or &null_qp when null.
+  [[nodiscard]] ibv_qp_ex *owner() const noexcept { return p_; }
+  /// What a batch starts on: the QP's ibv_qp_ex while it may post, else a stand-in.
+  [[nodiscard]] ibv_qp_ex *post() const noexcept { return post_; }
   ibv_qp_ex *release() noexcept {
     ibv_qp_ex *p = get();
-    p_ = &null_qp;
+    p_ = post_ = &null_qp;
     return p;
   }
-  void reset(ibv_qp_ex *p) noexcept { p_ = p ? p : &null_qp; }
+  void reset(ibv_qp_ex *p) noexcept {
+    p_ = p ? p : &null_qp;
+    post_ = &null_qp;
+    if (p) set_state(p->qp_base.state);
+  }
+  /// After a successful transition to `s` (rdmaxx's ibv_modify_qp).
+  void set_state(ibv_qp_state s) noexcept {
+    if (p_ != &null_qp) post_ = s >= IBV_QPS_RTS ? p_ : &unready_qp;
+  }
 
 private:
   ibv_qp_ex *p_ = &null_qp;
+  ibv_qp_ex *post_ = &null_qp;
 };
 
 // rxe reports vendor id 0xFFFFFF (RXE_VENDOR_ID in the kernel driver); asked once per QP creation.
@@ -192,7 +210,10 @@ public:
                                                 const CompletionQueue &recv_cq, qp_caps caps = {},
                                                 send_ops ops = all_send_ops) noexcept;
 
-  /// The ibv_qp (owned: do not destroy it), or nullptr.
+  /// The ibv_qp (owned: do not destroy it), or nullptr. Move the QP between states through
+  /// rdmaxx (to_init(), to_rts(), to_error(), ...; a Connection's rdma_cm transitions): SendBatch
+  /// posts only while rdmaxx has moved it to RTS or later, and a raw ibv_modify_qp on this
+  /// handle is not seen by posting (README, "The fast path as users build it").
   [[nodiscard]] ibv_qp *native_handle() const noexcept { return h_.get(); }
   /// The same QP as ibv_qp_ex (ibv_qp_to_qp_ex), for the ibv_wr_* API.
   [[nodiscard]] ibv_qp_ex *native_handle_ex() const noexcept { return qpx_.get(); }
@@ -217,7 +238,7 @@ public:
   /// Open a send batch (ibv_wr_start). On a null QP (moved from, destroyed) the batch is not
   /// open: its operations are ignored and its submit() answers errc::null_handle.
   [[nodiscard]] SendBatch start_send() noexcept {
-    return detail::batch_access::open(qpx_.post(), sge_list_defect_);
+    return detail::batch_access::open(qpx_.post(), qpx_.owner(), sge_list_defect_);
   }
 
   /// Work requests the send queue takes now, on a QP whose send queue rdmaxx counts (an mlx5 UMR
@@ -416,6 +437,9 @@ struct qp_access {
   }
   /// Records that the QP was created with MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE.
   static void set_no_scatter_to_cqe(QueuePair &q) noexcept { q.no_scatter_to_cqe_ = true; }
+  /// Records a transition to `s` made outside QueuePair (Connection's rdma_cm INIT/RTR/RTS):
+  /// what its batches may post (detail::qpx_ptr).
+  static void note_state(QueuePair &q, ibv_qp_state s) noexcept { q.qpx_.set_state(s); }
 };
 } // namespace detail
 
@@ -525,6 +549,7 @@ inline result<void> QueuePair::to_reset() noexcept {
   a.qp_state = IBV_QPS_RESET;
   if (const int rc = ::ibv_modify_qp(h_.get(), &a, IBV_QP_STATE))
     return qp_transition_error(current_state(), IBV_QPS_RESET, 0, rc);
+  qpx_.set_state(IBV_QPS_RESET);
   if (auto *c = detail::sq_credit::of(h_.get())) c->reset(); // so does the provider's queue
   return success();
 }
@@ -535,6 +560,7 @@ inline result<void> QueuePair::to_error() noexcept {
   a.qp_state = IBV_QPS_ERR;
   if (const int rc = ::ibv_modify_qp(h_.get(), &a, IBV_QP_STATE))
     return qp_transition_error(current_state(), IBV_QPS_ERR, 0, rc);
+  qpx_.set_state(IBV_QPS_ERR);
   return success();
 }
 
@@ -605,6 +631,7 @@ inline result<void> QueuePair::modify(ibv_qp_attr &a, int mask, ibv_qp_state fro
                                       const connect_options &o) noexcept {
   if (const int rc = ::ibv_modify_qp(h_.get(), &a, mask)) [[unlikely]]
     return qp_transition_error(from, a.qp_state, diagnose(a, mask, o), rc);
+  qpx_.set_state(a.qp_state);
   return success();
 }
 

@@ -28,16 +28,19 @@ namespace rdmaxx {
 namespace detail {
 // rxe fails a post before RTS (EINVAL) but keeps the work requests and runs them once the QP is
 // connected, so rdmaxx never posts before RTS. qp->state is verbs' own record of the last
-// ibv_modify_qp (raw calls on native_handle() included).
+// ibv_modify_qp (raw calls on native_handle() included); SendBatch does not read it (the
+// QueuePair's posting pointer, detail::qpx_ptr), the posting forms of MemoryWindow do.
 [[nodiscard]] inline bool before_rts(const ibv_qp &qp) noexcept { return qp.state < IBV_QPS_RTS; }
 
-// What a null QueuePair (default-constructed, moved from, destroyed) posts to: a stand-in
-// ibv_qp_ex whose ibv_wr_* entries do nothing and whose state is RESET. The QueuePair holds its
-// address instead of nullptr (detail::qpx_ptr), so start_send() tests nothing and the one
-// before-RTS test of submit() refuses the batch (errc::null_handle) and aborts it. One for the
-// process, constant-initialised (no guard, no TLS lookup): begin() writes its wr_id and wr_flags
-// with relaxed atomic stores (set_wr), so that threads posting to null QueuePairs at once do not
-// race.
+// What a batch of a QueuePair that cannot post goes to: a stand-in ibv_qp_ex whose ibv_wr_*
+// entries do nothing, whose wr_complete fails (EINVAL) and whose state is RESET. null_qp while
+// the QueuePair is null (default-constructed, moved from, destroyed), unready_qp while rdmaxx has
+// not moved it to RTS or later (detail::qpx_ptr): start_send() and submit() test nothing, and
+// submit()'s cold failure path names the stand-in's refusal (errc::null_handle,
+// errc::wrong_state); nothing reached the real QP, so nothing is to be aborted there. One of each
+// for the process, constant-initialised (no guard, no TLS lookup): begin() writes their wr_id
+// and wr_flags with relaxed atomic stores (set_wr), so that threads posting to them at once do
+// not race.
 [[nodiscard]] constexpr ibv_qp_ex make_null_qp() noexcept {
   ibv_qp_ex x{};
   x.qp_base.state = IBV_QPS_RESET;
@@ -60,6 +63,7 @@ namespace detail {
   return x;
 }
 inline constinit ibv_qp_ex null_qp = make_null_qp();
+inline constinit ibv_qp_ex unready_qp = make_null_qp();
 
 // The wr_id and wr_flags of the work request being built (what ibv_wr_* reads from the
 // ibv_qp_ex). Relaxed atomic stores: plain moves on x86-64 and arm64, and race-free on the
@@ -134,8 +138,10 @@ struct batch_access; // after SendBatch
 /// address, until the batch is submitted or dropped). A batch that is not open (submitted, moved from, or
 /// started on a null QueuePair) ignores further operations and its submit() answers
 /// errc::wrong_state (errc::null_handle for a batch of a null QueuePair: moved from, e.g. a
-/// moved-from Connection's qp()), as it does on a QP that has not reached RTS (rxe would
-/// otherwise keep the refused work requests and run them once the QP is connected).
+/// moved-from Connection's qp()), as it does on a QP that rdmaxx has not moved to RTS (rxe would
+/// otherwise keep the refused work requests and run them once the QP is connected): such a batch
+/// goes to a stand-in (detail::unready_qp), nothing of it reaches the QP. The QP's state is the
+/// one rdmaxx's transitions set when the batch was opened (QueuePair::native_handle()).
 ///
 /// One open batch per QP at a time: a second ibv_wr_start on the same QP spins forever in the
 /// provider (rxe; its send-queue lock). The posting forms MemoryWindow::bind(qp, ...) (type 2)
@@ -146,8 +152,9 @@ struct batch_access; // after SendBatch
 /// and the rollback's test are always inlined, and what only failures run (abort, rollback, the
 /// error code) is out of line and cold and never gets a pointer to the batch or to submit()'s
 /// result, so that the compiler keeps both in registers. A batch of plain work requests then adds
-/// to the ibv_wr_* calls only the load of the QP from the QueuePair and the before-RTS test,
-/// which also refuses a null QueuePair's batches (detail::null_qp; README, "Benchmarks").
+/// to the ibv_wr_* calls only the load of its posting pointer from the QueuePair: a null
+/// QueuePair's batches and those before RTS go to stand-ins whose wr_complete fails
+/// (detail::null_qp, detail::unready_qp; README, "The fast path as users build it").
 ///
 /// Known rxe defect (rdma-core 44 provider, measured): ibv_wr_set_sge_list sends num_sge x the
 /// FIRST SGE's length and still completes successfully. On a QP of an rxe device the
@@ -207,8 +214,8 @@ public:
   /// and key operations it carried are rolled back before it returns.
   /// \errors
   /// - errc::null_handle: the batch was started on a null QueuePair (moved from, destroyed).
-  /// - errc::wrong_state: the batch is not open (already submitted, or moved from); or the QP
-  ///   has not reached RTS (the batch is aborted).
+  /// - errc::wrong_state: the batch is not open (already submitted, or moved from); or rdmaxx
+  ///   had not moved the QP to RTS when the batch was opened (nothing of it reached the QP).
   /// - errc::provider_defect: an operation this device's provider would have got wrong (the
   ///   batch was aborted).
   /// - errc::send_queue_full: a counted send queue (an mlx5 UMR QP, see
@@ -218,13 +225,15 @@ public:
   ///   request).
   /// \mallocs None.
   [[gnu::always_inline]] result<void> submit() noexcept;
-  /// The QP's ibv_qp_ex while the batch is open; nullptr after submit() or a move.
-  [[nodiscard]] ibv_qp_ex *native_handle() const noexcept { return qp_.get(); }
+  /// The QP's ibv_qp_ex while the batch is open (&detail::null_qp for a null QueuePair's);
+  /// nullptr after submit() or a move.
+  [[nodiscard]] ibv_qp_ex *native_handle() const noexcept { return qp_.get() ? owner_ : nullptr; }
 
 private:
   friend struct detail::batch_access; // QueuePair opens batches; windows and keys add undos
-  // Never null: a null QueuePair hands over &detail::null_qp. Starts the batch.
-  SendBatch(ibv_qp_ex *q, bool sge_list_defect) noexcept;
+  // `q`, never null: where the batch posts (the QP, or a stand-in: detail::null_qp,
+  // detail::unready_qp); `owner`: the QP's (or &detail::null_qp). Starts the batch on `q`.
+  SendBatch(ibv_qp_ex *q, ibv_qp_ex *owner, bool sge_list_defect) noexcept;
   ibv_qp_ex *q() const noexcept { return qp_.get(); }
   // False when the batch is not open (submitted or moved from): the operation is then ignored
   // and submit() answers errc::wrong_state.
@@ -260,16 +269,15 @@ private:
   // Abort the batch (nothing of it is posted); submit() then answers `e`.
   SendBatch &fail(errc e) noexcept;
   [[gnu::cold, gnu::noinline]] static void abort_open(ibv_qp_ex *qp) noexcept { ::ibv_wr_abort(qp); }
-  // submit() of a batch that is not open (null `qp`: answers its fault, else wrong_state), of a
-  // null QueuePair (detail::null_qp, whose state is RESET: null_handle) or whose QP has not
-  // reached RTS (aborted; wrong_state).
-  [[gnu::cold, gnu::noinline]] static std::error_code refused(ibv_qp_ex *qp, errc fault) noexcept {
-    if (!qp) return make_error_code(fault != errc{} ? fault : errc::wrong_state);
-    ::ibv_wr_abort(qp);
-    return make_error_code(qp == &detail::null_qp ? errc::null_handle : errc::wrong_state);
+  // submit() of a batch that is not open: answers its fault, else wrong_state.
+  [[gnu::cold, gnu::noinline]] static std::error_code refused(errc fault) noexcept {
+    return make_error_code(fault != errc{} ? fault : errc::wrong_state);
   }
-  // A counted send queue's refusal (detail::sq_credit) has its own code.
+  // The stand-ins' refusals (a null QueuePair; one not at RTS) and a counted send queue's
+  // (detail::sq_credit) have their own codes.
   [[gnu::cold, gnu::noinline]] static std::error_code complete_failed(const ibv_qp_ex *qp, int rc) noexcept {
+    if (qp == &detail::null_qp) return make_error_code(errc::null_handle);
+    if (qp == &detail::unready_qp) return make_error_code(errc::wrong_state);
     if (rc == detail::sq_credit::refused_rc && detail::sq_credit::of(qp)) return make_error_code(errc::send_queue_full);
     return errno_code(rc);
   }
@@ -280,6 +288,7 @@ private:
   }
 
   detail::moved_ptr<ibv_qp_ex> qp_;
+  ibv_qp_ex *owner_; // read only by native_handle(): a plain batch never loads it
   bool sge_list_defect_ = false;
   errc fault_{};
   detail::undo_list undo_;
@@ -290,9 +299,15 @@ namespace detail {
 /// batch (open()); the batch-form operations of windows and keys register their rollback with it
 /// (undo()).
 struct batch_access {
-  /// A batch started on `q` (never null: a null QueuePair passes &detail::null_qp).
-  [[gnu::always_inline]] static SendBatch open(ibv_qp_ex *q, bool sge_list_defect) noexcept {
-    return SendBatch(q, sge_list_defect);
+  /// A batch started on `q` (never null: the QP, or a stand-in) for the QP `owner` (the
+  /// QueuePair's, &detail::null_qp when null).
+  [[gnu::always_inline]] static SendBatch open(ibv_qp_ex *q, ibv_qp_ex *owner, bool sge_list_defect) noexcept {
+    return SendBatch(q, owner, sge_list_defect);
+  }
+  /// True while the batch is open on its QP itself, not on a stand-in (detail::null_qp,
+  /// detail::unready_qp): what posts through native_handle() with other builders (mlx5dv) needs.
+  [[nodiscard]] static bool on_qp(const SendBatch &b) noexcept {
+    return b.qp_.get() == b.owner_ && b.owner_ != &null_qp;
   }
   /// The batch's list of rollbacks.
   static undo_list &undo(SendBatch &b) noexcept { return b.undo_; }
@@ -379,11 +394,12 @@ inline SendBatch &SendBatch::bind_mw(wr w, ibv_mw *mw, std::uint32_t rkey, const
 
 inline result<void> SendBatch::submit() noexcept {
   ibv_qp_ex *qp = qp_.release();
-  if (!qp || detail::before_rts(qp->qp_base)) [[unlikely]] {
-    const std::error_code e = refused(qp, fault_); // aborts an open batch first
+  if (!qp) [[unlikely]] {
+    const std::error_code e = refused(fault_);
     undo_.run();
     return failure(e);
   }
+  // A QP that cannot post has a stand-in here, whose wr_complete fails (complete_failed).
   if (const int rc = ::ibv_wr_complete(qp)) [[unlikely]] {
     undo_.run();
     return failure(complete_failed(qp, rc));
@@ -392,7 +408,8 @@ inline result<void> SendBatch::submit() noexcept {
   return success();
 }
 
-inline SendBatch::SendBatch(ibv_qp_ex *q, bool sge_list_defect) noexcept : qp_(q), sge_list_defect_(sge_list_defect) {
+inline SendBatch::SendBatch(ibv_qp_ex *q, ibv_qp_ex *owner, bool sge_list_defect) noexcept
+    : qp_(q), owner_(owner), sge_list_defect_(sge_list_defect) {
   // Never null: a null QueuePair hands over &detail::null_qp. Said to the compiler too, so
   // that begin() of an inlined batch tests nothing until submit() (clang does not infer it
   // from the dereference in ibv_wr_start).

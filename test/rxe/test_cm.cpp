@@ -4,6 +4,7 @@
 
 #include <rdmaxx/connection.hpp>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -12,6 +13,7 @@
 #include <array>
 #include <atomic>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -761,5 +763,76 @@ TEST_CASE("at the fd limit: the event channel's EMFILE names the call and the pe
     CHECK(ok.has_value());
   }
   l = Listener{};
+  CHECK(resources() == before);
+}
+
+namespace {
+std::atomic<int> cm_reports{0};
+void count_report(const destroy_failure &) noexcept { ++cm_reports; }
+long open_fds() {
+  long n = 0;
+  for (int fd = 0; fd < 4096; ++fd) n += ::fcntl(fd, F_GETFD) != -1;
+  return n;
+}
+} // namespace
+
+TEST_CASE("a request taken from a listener outlives it: destroyed, or accepted, after the listener "
+          "went (its id stays on the listener's own channel until then: no EBADF, no report)",
+          "[cm]") {
+  const std::string before = resources_baseline();
+  const long fds_before = open_fds();
+  const destroy_failure_handler old = set_destroy_failure_handler(&count_report);
+  cm_reports = 0;
+  {
+    // Destroyed after the listener's checked destroy(): the request's own checked destroy()
+    // succeeds (it failed with EBADF when the channel went with the listener) and the client
+    // sees the reject.
+    auto l = listen_any_port();
+    const address to = target(l);
+    std::atomic<int> client_rc{-1};
+    std::thread client([&] {
+      auto c = Connection::connect(to, {.timeout_ms = 10000});
+      client_rc = c ? 0 : 1;
+    });
+    auto req = need(l.get_request(10000), "get_request");
+    need(l.destroy(), "listener destroy");
+    CHECK(!l);
+    auto d = req.destroy();
+    INFO("request destroy: " << (d ? "ok" : d.error().message()));
+    CHECK(d);
+    client.join();
+    CHECK(client_rc == 1); // rejected
+  }
+  {
+    // Accepted after the listener's destructor ran: the connection is established and carries
+    // data; the listener's channel goes once the id has moved to the connection's own channel.
+    std::optional<Listener> l{listen_any_port()};
+    const address to = target(*l);
+    alignas(64) static std::uint64_t word = 0;
+    std::atomic<bool> client_ok{false};
+    std::thread client([&] {
+      auto c = Connection::connect(to, {.timeout_ms = 10000});
+      if (!c) return;
+      auto mr = MemoryRegion::reg(c.value().pd(), &word, sizeof word, access::local_write);
+      if (!mr || !c.value().qp().post_recv(1, mr.value().sge())) return;
+      auto wc = wait_wc(c.value().cq(), 1).front();
+      client_ok = wc.status == IBV_WC_SUCCESS && word == 0x5eed;
+      (void)c.value().disconnect();
+    });
+    auto req = need(l->get_request(10000), "get_request");
+    l.reset(); // the listener's destructor, with the request alive
+    auto conn = need(req.accept({.timeout_ms = 10000}), "accept after the listener went");
+    CHECK(conn.state() == conn_state::established);
+    const std::uint64_t v = 0x5eed;
+    auto b = conn.qp().start_send();
+    b.send_inline({.id = 9, .flags = send_flag::signaled}, std::as_bytes(std::span(&v, 1)));
+    need(b.submit(), "send");
+    CHECK(one_wc(conn.cq()).status == IBV_WC_SUCCESS);
+    client.join();
+    CHECK(client_ok);
+  }
+  set_destroy_failure_handler(old);
+  CHECK(cm_reports == 0);
+  CHECK(open_fds() == fds_before);
   CHECK(resources() == before);
 }

@@ -41,6 +41,28 @@ TEST_CASE("RDMA write between loopback QPs delivers exactly the bytes sent", "[c
   CHECK(all_equal(dst.data() + 32 + 8192, 32, 0xEE));    // after it
 }
 
+// The provider's poll entry is cached in the CompletionQueue and moves with it.
+TEST_CASE("a moved CompletionQueue polls its completions; the moved-from one answers EINVAL", "[core]") {
+  loopback lb;
+  std::vector<unsigned char> src(64), dst(64, 0xEE);
+  fill(src.data(), src.size(), 3);
+  auto msrc = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "reg src");
+  auto mdst = need(MemoryRegion::reg(lb.pd, dst.data(), dst.size(), remote_rw), "reg dst");
+  auto b = lb.a.start_send();
+  b.write({.id = 0x51, .flags = send_flag::signaled}, {mdst.iova(), mdst.rkey()}, msrc.sge(0, 64));
+  REQUIRE(b.submit().has_value());
+  CompletionQueue moved = std::move(lb.cq_a);
+  std::array<ibv_wc, 2> wc{};
+  CHECK(lb.cq_a.poll(wc).error() == std::errc::invalid_argument);
+  const std::size_t n = need(moved.wait(wc, 5000), "wait on the moved CQ");
+  REQUIRE(n == 1);
+  CHECK(wc[0].wr_id == 0x51);
+  CHECK(wc[0].status == IBV_WC_SUCCESS);
+  CHECK(std::memcmp(dst.data(), src.data(), 64) == 0);
+  lb.cq_a = std::move(moved); // back, so that the QPs are destroyed first
+  CHECK(need(lb.cq_a.poll(wc), "poll after moving back") == 0);
+}
+
 TEST_CASE("RDMA read fetches the peer's bytes", "[core]") {
   loopback lb;
   std::vector<unsigned char> remote(4096), local(4096, 0);

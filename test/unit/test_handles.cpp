@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <atomic>
 #include <string>
 #include <thread>
@@ -250,6 +251,66 @@ TEST_CASE("a null QueuePair's batches are refused with null_handle", "[unit][han
   t1.join();
   t2.join();
   CHECK(refused == 4000);
+}
+
+// The posting pointer follows rdmaxx's transitions: the QP itself from RTS on (SQD, SQE and ERR
+// included: a post in ERR is flushed), the stand-in unready_qp before, null_qp while null.
+TEST_CASE("a QueuePair's posting pointer follows the transitions rdmaxx made", "[unit][handles][batch]") {
+  ibv_qp_ex fake{};
+  fake.qp_base.state = IBV_QPS_RESET;
+  detail::qpx_ptr p;
+  CHECK(p.post() == &detail::null_qp);
+  p.set_state(IBV_QPS_RTS); // null: stays on null_qp
+  CHECK(p.post() == &detail::null_qp);
+  p.reset(&fake); // adopted as it is: RESET
+  CHECK(p.get() == &fake);
+  CHECK(p.post() == &detail::unready_qp);
+  for (ibv_qp_state s : {IBV_QPS_INIT, IBV_QPS_RTR}) {
+    p.set_state(s);
+    CHECK(p.post() == &detail::unready_qp);
+  }
+  for (ibv_qp_state s : {IBV_QPS_RTS, IBV_QPS_SQD, IBV_QPS_SQE, IBV_QPS_ERR}) {
+    p.set_state(s);
+    CHECK(p.post() == &fake);
+  }
+  p.set_state(IBV_QPS_RESET);
+  CHECK(p.post() == &detail::unready_qp);
+  p.set_state(IBV_QPS_RTS);
+  detail::qpx_ptr q = std::move(p);
+  CHECK(q.post() == &fake);
+  CHECK(p.post() == &detail::null_qp);
+  CHECK(p.get() == nullptr);
+  fake.qp_base.state = IBV_QPS_RTS;
+  p.reset(&fake); // adopted at RTS
+  CHECK(p.post() == &fake);
+  CHECK(q.release() == &fake);
+  CHECK(q.post() == &detail::null_qp);
+
+  // A batch of a QP before RTS goes to the stand-in: its operations do nothing, native_handle()
+  // is still the QP's (batch forms check it), and submit() answers wrong_state.
+  auto b = detail::batch_access::open(&detail::unready_qp, &fake, false);
+  CHECK(b.native_handle() == &fake);
+  CHECK_FALSE(detail::batch_access::on_qp(b));
+  b.write({.id = 7, .flags = send_flag::signaled}, {0x2000, 0x99}, ibv_sge{0x1000, 64, 0x42});
+  CHECK(b.submit().error() == errc::wrong_state);
+  CHECK(b.native_handle() == nullptr);
+  CHECK(detail::unready_qp.qp_base.state == IBV_QPS_RESET);
+  CHECK(detail::unready_qp.qp_base.context == nullptr);
+}
+
+// poll() calls the poll entry cached in the CompletionQueue: a null one (default-constructed,
+// moved from, destroyed) has a stand-in that answers EINVAL instead of reaching verbs.
+TEST_CASE("a null CompletionQueue's poll answers EINVAL", "[unit][handles]") {
+  CompletionQueue empty;
+  std::array<ibv_wc, 4> wc{};
+  wc[0].wr_id = 0x77;
+  CHECK(empty.poll(wc).error() == std::errc::invalid_argument);
+  CompletionQueue moved_to = std::move(empty);
+  CHECK(moved_to.poll(wc).error() == std::errc::invalid_argument);
+  CHECK(empty.poll(wc).error() == std::errc::invalid_argument);
+  CHECK(moved_to.destroy());
+  CHECK(moved_to.poll(wc).error() == std::errc::invalid_argument);
+  CHECK(wc[0].wr_id == 0x77); // nothing written
 }
 
 TEST_CASE("empty handles are safe to query and destroy", "[unit][handles]") {

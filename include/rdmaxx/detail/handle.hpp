@@ -279,7 +279,10 @@ public:
 
   /// Destroy (or, while children live, defer the destruction to the last of them); `after` runs
   /// once the object is destroyed (not if its verb fails: the object, and so its memory, stays).
-  void reset(after_destroy after = {}) noexcept {
+  /// A deferral is reported (destroy-failure hook) unless `report_deferral` is false: for a
+  /// parent whose children may outlive it by design (a Listener's own channel and the requests
+  /// taken from it).
+  void reset(after_destroy after = {}, bool report_deferral = true) noexcept {
     native *p = p_.release();
     if (!p) return;
     parent_node *node = node_.release();
@@ -303,7 +306,7 @@ public:
         finish_orphan(node);
       } else {
         f.live_children = was - 1;
-        report_destroy_failure(f);
+        if (report_deferral) report_destroy_failure(f);
       }
       return;
     }
