@@ -6,6 +6,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <dirent.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -46,14 +48,29 @@ inline Context open_device() {
 
 /// The counts the kernel holds per device (`rdma resource show`, e.g. "0: rxe0: pd 1 cq 2 qp 2
 /// cm_id 0 mr 3 ctx 1 srq 0"): identical before and after a test means nothing leaked.
-inline std::string kernel_resources() {
+/// Everything a shell command writes to stdout (stderr too where the command says `2>&1`).
+inline std::string shell_output(const char *cmd) {
   std::string out;
-  if (FILE *p = ::popen("rdma resource show 2>/dev/null", "r")) {
-    char line[512];
-    while (std::fgets(line, sizeof line, p)) out += line;
+  if (FILE *p = ::popen(cmd, "r")) {
+    char buf[512];
+    while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
     ::pclose(p);
   }
   return out;
+}
+
+inline std::string kernel_resources() { return shell_output("rdma resource show 2>/dev/null"); }
+
+/// The file descriptors this process has open (entries of /proc/self/fd, less the directory's own).
+inline long open_fds() {
+  long n = 0;
+  if (DIR *d = ::opendir("/proc/self/fd")) {
+    while (dirent *e = ::readdir(d))
+      if (e->d_name[0] != '.') ++n;
+    ::closedir(d);
+    --n;
+  }
+  return n;
 }
 
 /// Poll `cq` until `n` completions arrived or `timeout` passed (emulated VMs are slow).

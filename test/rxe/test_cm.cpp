@@ -1,8 +1,6 @@
 // [cm]: connections by address over rdma_cm on a real rxe device (tools/rxe-vm: rxe0 on dummy0,
 // 192.0.2.1/24, rdma_ucm loaded). Each case asserts the error code and the bytes that arrived.
-#include "fixture.hpp"
-
-#include <rdmaxx/connection.hpp>
+#include "cm_fixture.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -28,24 +26,6 @@ std::vector<std::byte> pattern(std::size_t n, unsigned seed) {
   std::vector<std::byte> v(n);
   fill(v.data(), n, seed);
   return v;
-}
-
-std::string run(const char *cmd) {
-  std::string out;
-  if (FILE *f = ::popen(cmd, "r")) {
-    char buf[512];
-    while (std::size_t n = std::fread(buf, 1, sizeof buf, f)) out.append(buf, n);
-    ::pclose(f);
-  }
-  return out;
-}
-// `rdma resource show` (per device: pd, cq, qp, cm_id, mr, ctx counts).
-std::string resources() { return run("rdma resource show 2>&1"); }
-// librdmacm opens one ibv_context per device the first time it needs one and keeps it for the
-// life of the process: take baselines after that has happened.
-std::string resources_baseline() {
-  { auto l = Listener::listen(address::parse("192.0.2.1:0").value()); }
-  return resources();
 }
 
 std::int64_t now_ms() { return rdmaxx::detail::monotonic_ms(); }
@@ -84,7 +64,7 @@ TEST_CASE("address parsing: IPv4, IPv6, port only, port 0, bad input", "[cm]") {
 }
 
 TEST_CASE("connect, accept, private data at the limit both ways, verified write, disconnect", "[cm]") {
-  const std::string before = resources_baseline();
+  const std::string before = cm_resources_baseline();
   {
     auto l = listen_any_port();
     const auto req_data = pattern(cm_connect_private_data_max, 1);
@@ -145,7 +125,7 @@ TEST_CASE("connect, accept, private data at the limit both ways, verified write,
     CHECK(std::equal(req_data.begin(), req_data.end(), got_req.begin()));
     CHECK(std::memcmp(server_buf, src, sizeof src) == 0);
   }
-  CHECK(resources() == before);
+  CHECK(kernel_resources() == before);
 }
 
 TEST_CASE("prepare() + accept(): conn_options::private_data is sent (copied at prepare), accept's own "
@@ -240,7 +220,7 @@ TEST_CASE("private data one byte over the limit is refused before verbs", "[cm]"
 
 TEST_CASE("checked destroy of every cm handle: Connection stops at its first failure and "
           "finishes later; Listener, ConnectRequest, EventChannel", "[cm]") {
-  const std::string before = resources_baseline();
+  const std::string before = cm_resources_baseline();
   {
     auto l = listen_any_port();
     const std::uint16_t port = l.port();
@@ -286,7 +266,7 @@ TEST_CASE("checked destroy of every cm handle: Connection stops at its first fai
     CHECK_FALSE(ch);
     CHECK(ch.fd() == -1);
   }
-  CHECK(resources() == before);
+  CHECK(kernel_resources() == before);
 }
 
 TEST_CASE("connect to a port nobody listens on is refused", "[cm]") {
@@ -361,7 +341,7 @@ TEST_CASE("a moved-from Connection answers null_handle", "[cm]") {
 }
 
 TEST_CASE("resolve + connect_with: a GrantPool on the connection's own PD, its offer in the request", "[cm][grants]") {
-  const std::string before = resources_baseline();
+  const std::string before = cm_resources_baseline();
   {
     auto l = listen_any_port();
     std::error_code server_ec;
@@ -428,7 +408,7 @@ TEST_CASE("resolve + connect_with: a GrantPool on the connection's own PD, its o
     REQUIRE(o);
     CHECK(o.value().remote_invalidate == pool.offer().remote_invalidate);
   }
-  CHECK(resources() == before);
+  CHECK(kernel_resources() == before);
 }
 
 TEST_CASE("connect to an unreachable address fails within the bound", "[cm]") {
@@ -465,9 +445,9 @@ TEST_CASE("connect to an unreachable address fails within the bound", "[cm]") {
 
 TEST_CASE("listener on an address without an RDMA device, and on an address of no interface", "[cm]") {
   // An interface with an address but no rxe on it.
-  (void)run("ip link add rdmaxxcm0 type dummy 2>&1; ip addr add 198.51.100.1/24 dev rdmaxxcm0 2>&1;"
+  (void)shell_output("ip link add rdmaxxcm0 type dummy 2>&1; ip addr add 198.51.100.1/24 dev rdmaxxcm0 2>&1;"
             " ip link set rdmaxxcm0 up 2>&1");
-  const bool have_if = run("ip -4 addr show rdmaxxcm0 2>&1").find("198.51.100.1") != std::string::npos;
+  const bool have_if = shell_output("ip -4 addr show rdmaxxcm0 2>&1").find("198.51.100.1") != std::string::npos;
   if (have_if) {
     auto l = Listener::listen(addr("198.51.100.1:0"));
     REQUIRE(!l);
@@ -484,7 +464,7 @@ TEST_CASE("listener on an address without an RDMA device, and on an address of n
                                    std::generic_category().message(EADDRNOTAVAIL));
   if (have_if) {
     // A PD of another device (rxe1 on that interface) is refused with context_mismatch.
-    const bool rxe1 = run("rdma link add rdmaxxcm1 type rxe netdev rdmaxxcm0 2>&1; echo rc=$?")
+    const bool rxe1 = shell_output("rdma link add rdmaxxcm1 type rxe netdev rdmaxxcm0 2>&1; echo rc=$?")
                           .find("rc=0") != std::string::npos;
     if (rxe1) {
       {
@@ -498,11 +478,11 @@ TEST_CASE("listener on an address without an RDMA device, and on an address of n
         INFO(c.error().message());
         CHECK(c.error() == errc::context_mismatch);
       }
-      (void)run("rdma link delete rdmaxxcm1 2>&1");
+      (void)shell_output("rdma link delete rdmaxxcm1 2>&1");
     } else {
       WARN("cannot add a second rxe device: the context_mismatch case is not run");
     }
-    (void)run("ip link delete rdmaxxcm0 2>&1");
+    (void)shell_output("ip link delete rdmaxxcm0 2>&1");
   }
 }
 
@@ -628,7 +608,7 @@ TEST_CASE("a client killed mid-transfer: DISCONNECTED and flushed completions wi
 TEST_CASE("8 concurrent clients, each with its own QP, each doing verified writes", "[cm]") {
   constexpr int clients = 8;
   constexpr std::size_t slot = 4096;
-  const std::string before = resources_baseline();
+  const std::string before = cm_resources_baseline();
   {
     auto dev = open_device();
     auto pd = need(ProtectionDomain::alloc(dev), "pd");
@@ -713,7 +693,7 @@ TEST_CASE("8 concurrent clients, each with its own QP, each doing verified write
     accepted.clear();
   }
   // Nothing leaked: the same resource counts as before.
-  CHECK(resources() == before);
+  CHECK(kernel_resources() == before);
 }
 
 TEST_CASE("address::of_device: the device's IPv4 address from its GID table", "[cm]") {
@@ -729,7 +709,7 @@ TEST_CASE("address::of_device: the device's IPv4 address from its GID table", "[
 }
 
 TEST_CASE("at the fd limit: the event channel's EMFILE names the call and the peer; nothing leaks", "[cm]") {
-  const std::string before = resources_baseline();
+  const std::string before = cm_resources_baseline();
   auto l = listen_any_port();
   const address to = target(l);
   rlimit old{};
@@ -763,23 +743,18 @@ TEST_CASE("at the fd limit: the event channel's EMFILE names the call and the pe
     CHECK(ok.has_value());
   }
   l = Listener{};
-  CHECK(resources() == before);
+  CHECK(kernel_resources() == before);
 }
 
 namespace {
 std::atomic<int> cm_reports{0};
 void count_report(const destroy_failure &) noexcept { ++cm_reports; }
-long open_fds() {
-  long n = 0;
-  for (int fd = 0; fd < 4096; ++fd) n += ::fcntl(fd, F_GETFD) != -1;
-  return n;
-}
 } // namespace
 
 TEST_CASE("a request taken from a listener outlives it: destroyed, or accepted, after the listener "
           "went (its id stays on the listener's own channel until then: no EBADF, no report)",
           "[cm]") {
-  const std::string before = resources_baseline();
+  const std::string before = cm_resources_baseline();
   const long fds_before = open_fds();
   const destroy_failure_handler old = set_destroy_failure_handler(&count_report);
   cm_reports = 0;
@@ -834,5 +809,5 @@ TEST_CASE("a request taken from a listener outlives it: destroyed, or accepted, 
   set_destroy_failure_handler(old);
   CHECK(cm_reports == 0);
   CHECK(open_fds() == fds_before);
-  CHECK(resources() == before);
+  CHECK(kernel_resources() == before);
 }

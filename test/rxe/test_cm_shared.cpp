@@ -4,9 +4,7 @@
 // connections another; one thread drives both through EventChannel::dispatch(). Each case checks
 // the bytes that arrived, the states each connection reached (and that the others did not move),
 // and that fds (/proc/self/fd) and kernel objects (`rdma resource show`) are back at the end.
-#include "fixture.hpp"
-
-#include <rdmaxx/connection.hpp>
+#include "cm_fixture.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -33,32 +31,6 @@ constexpr std::uint64_t listener_cookie = 1u << 20;
 constexpr std::uint64_t server_base = 1000; // server connection of client i: cookie 1000 + i
 
 address addr(const std::string &s) { return need(address::parse(s), "address::parse"); }
-
-std::string run(const char *cmd) {
-  std::string out;
-  if (FILE *f = ::popen(cmd, "r")) {
-    char buf[512];
-    while (std::size_t n = std::fread(buf, 1, sizeof buf, f)) out.append(buf, n);
-    ::pclose(f);
-  }
-  return out;
-}
-std::string resources() { return run("rdma resource show 2>&1"); }
-// librdmacm keeps the device context it opens on first use: baselines after that.
-std::string resources_baseline() {
-  { auto l = Listener::listen(address::parse("192.0.2.1:0").value()); }
-  return resources();
-}
-long count_fds() {
-  long n = 0;
-  if (DIR *d = ::opendir("/proc/self/fd")) {
-    while (dirent *e = ::readdir(d))
-      if (e->d_name[0] != '.') ++n;
-    ::closedir(d);
-    --n; // the directory's own
-  }
-  return n;
-}
 
 // What a client sends after its write: its index and a tag (16 bytes: the size rdma-core's
 // rdma_client sends, which the raw peer's receive takes too).
@@ -275,16 +247,16 @@ pid_t raw_client(std::uint16_t port) {
 TEST_CASE("shared channels: 12 connections established through one cm fd per end, write + send "
           "verified on each, a disconnect reaches only its connection, fds constant",
           "[cm][shared-channel]") {
-  const std::string before = resources_baseline();
-  const long fds_before = count_fds();
+  const std::string before = cm_resources_baseline();
+  const long fds_before = open_fds();
   {
     mesh m(12);
-    const long fds_fixed = count_fds(); // device, two cm channels
+    const long fds_fixed = open_fds(); // device, two cm channels
     m.start_clients();
     REQUIRE(m.run_until([&] { return m.all_established(); }));
     m.report_errors();
     // No fd per connection: the 24 ids and QPs live on the two channels and the one device.
-    CHECK(count_fds() == fds_fixed);
+    CHECK(open_fds() == fds_fixed);
     CHECK(m.cch.live_children() == 12);
     CHECK(m.sch.live_children() == 13); // the listener and 12 accepted connections
     for (std::size_t i = 0; i < m.n; ++i) {
@@ -318,16 +290,16 @@ TEST_CASE("shared channels: 12 connections established through one cm fd per end
     std::vector<std::size_t> rest = m.all();
     rest.erase(rest.begin() + 3);
     m.traffic(rest, 1);
-    CHECK(count_fds() == fds_fixed);
+    CHECK(open_fds() == fds_fixed);
   }
-  CHECK(count_fds() == fds_before);
-  CHECK(resources() == before);
+  CHECK(open_fds() == fds_before);
+  CHECK(kernel_resources() == before);
 }
 
 TEST_CASE("shared channels: a peer on plain librdmacm (rdma_client) killed without a disconnect: only its "
           "connection sees DISCONNECTED, the others keep working", "[cm][shared-channel]") {
-  const std::string before = resources_baseline();
-  const long fds_before = count_fds();
+  const std::string before = cm_resources_baseline();
+  const long fds_before = open_fds();
   {
     mesh m(8);
     m.start_clients();
@@ -362,8 +334,8 @@ TEST_CASE("shared channels: a peer on plain librdmacm (rdma_client) killed witho
     m.traffic(m.all(), 2);
     m.extra = Connection{};
   }
-  CHECK(count_fds() == fds_before);
-  CHECK(resources() == before);
+  CHECK(open_fds() == fds_before);
+  CHECK(kernel_resources() == before);
 }
 
 namespace {
@@ -383,8 +355,8 @@ void record_failure(const destroy_failure &f) noexcept {
 TEST_CASE("shared channels: destroyed in any order with events pending, a moved Connection keeps "
           "working, the channel refuses to go while used, counts back at the end",
           "[cm][shared-channel]") {
-  const std::string before = resources_baseline();
-  const long fds_before = count_fds();
+  const std::string before = cm_resources_baseline();
+  const long fds_before = open_fds();
   {
     mesh m(8);
     m.start_clients();
@@ -491,14 +463,14 @@ TEST_CASE("shared channels: destroyed in any order with events pending, a moved 
     need(m.cch.destroy(), "client channel destroy, unused now");
     CHECK_FALSE(m.cch);
   }
-  CHECK(count_fds() == fds_before);
-  CHECK(resources() == before);
+  CHECK(open_fds() == fds_before);
+  CHECK(kernel_resources() == before);
 }
 
 TEST_CASE("shared channels: the blocking forms (connect, get_request, accept, wait_disconnected) "
           "on a shared channel, and a listener with its own channel accepting onto a shared one",
           "[cm][shared-channel]") {
-  const std::string before = resources_baseline();
+  const std::string before = cm_resources_baseline();
   {
     auto cch = need(EventChannel::create(), "client channel");
     auto sch = need(EventChannel::create(), "server channel");
@@ -540,13 +512,13 @@ TEST_CASE("shared channels: the blocking forms (connect, get_request, accept, wa
     need(sch.destroy(), "server channel");
     need(cch.destroy(), "client channel");
   }
-  CHECK(resources() == before);
+  CHECK(kernel_resources() == before);
 }
 
 TEST_CASE("shared channels: a listener queues up to its backlog; requests beyond it are refused "
           "(the client sees REJECTED), the queued ones are accepted later, nothing leaks",
           "[cm][shared-channel]") {
-  const std::string before = resources_baseline();
+  const std::string before = cm_resources_baseline();
   {
     auto cch = need(EventChannel::create(), "client channel");
     auto sch = need(EventChannel::create(), "server channel");
@@ -609,5 +581,5 @@ TEST_CASE("shared channels: a listener queues up to its backlog; requests beyond
     CHECK(sch.live_children() == 3); // the listener and the two accepted
     CHECK(cch.live_children() == 4); // the refused ones too, until destroyed
   }
-  CHECK(resources() == before);
+  CHECK(kernel_resources() == before);
 }
