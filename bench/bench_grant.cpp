@@ -11,6 +11,9 @@
 //     reg + write + dereg;
 //   - indirect key, 6 segments: configure + write + invalidate with the exact-region mechanism
 //     (the default on rxe) against the type-2 software backend of before (trusted_peers).
+// `bench_grant count type2|slot N` instead runs N cycles of one of the first two variants inside
+// count_cycles() only (after a warm-up), for callgrind's --toggle-collect='*count_cycles*' and
+// strace: the per-slot default against the type-2 cycle in instructions and system calls.
 // Output: one line per variant, "base" = the baseline's ops/s, "cand" = the variant's, and the
 // ratio cand time / base time; RDMAXX_BENCH_JSON rows put the baseline in "raw" and the variant
 // in "rdmaxx".
@@ -19,6 +22,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -30,9 +35,11 @@ struct variant {
   std::function<bool(long)> run;
   std::vector<double> t;
 };
+
+[[gnu::noinline]] bool count_cycles(variant &v, long n) { return v.run(n); }
 } // namespace
 
-int main() {
+int main(int argc, char **argv) {
   bench::loopback s;
   bench::must(bench::make_loopback(s), "setup");
   std::vector<unsigned char> buf(1 << 20), src(64, 7);
@@ -131,6 +138,14 @@ int main() {
                   }
                   return true;
                 }, {}});
+
+  if (argc == 4 && std::strcmp(argv[1], "count") == 0) {
+    variant &v = vs[std::strcmp(argv[2], "slot") == 0 ? 1 : 0];
+    const long n = std::atol(argv[3]);
+    if (!v.run(300) || !count_cycles(v, n)) return 1;
+    std::printf("%s: %ld cycles\n", v.name, n);
+    return 0;
+  }
 
   using clock = std::chrono::steady_clock;
   const int reps = 11;
