@@ -71,7 +71,7 @@ run() { # name key port exe client-args...
     for side in s c; do
       local who=server; [ $side = c ] && who=client
       echo "  $name $who system calls per request (start-up included):" \
-        $(awk -v n=$((N+8)) '$NF ~ /^[a-z_0-9]+$/ && $NF != "total" && $4 ~ /^[0-9]+$/ && $4 > n/4 {printf "%s %.2f, ", $NF, $4/n}
+        $(awk -v n=$((N+8)) '$NF ~ /^[a-z_0-9]+$/ && $NF != "total" && $4 ~ /^[0-9]+$/ && $4 > n/50 {printf "%s %.2f, ", $NF, $4/n}
               /^100.00/ {printf "total %.2f", $4/n}' /tmp/$side.$port)
     done
   fi

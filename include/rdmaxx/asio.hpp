@@ -230,6 +230,8 @@ struct router_options {
 struct router_stats {
   std::uint64_t events = 0;      ///< channel events taken (ibv_get_cq_event)
   std::uint64_t acks = 0;        ///< ibv_ack_cq_events calls
+  /// events of another CQ on the channel (acknowledged on that CQ; the router stopped)
+  std::uint64_t foreign_events = 0;
   std::uint64_t completions = 0; ///< completions polled
   std::uint64_t routed = 0;      ///< delivered to a Waiter
   std::uint64_t to_pools = 0;    ///< taken by an attached GrantPool
@@ -310,6 +312,7 @@ struct router_core {
     if (h) h->prev = &n;
     h = &n;
     n.linked = true;
+    if (error && !n.failed) n.failed = error; // a stopped router: the wait fails at once
     ++refs;
   }
   void unlink(waiter_node &n) noexcept {
@@ -584,6 +587,14 @@ struct router_core {
     ibv_cq *ev_cq = nullptr;
     void *ev_ctx = nullptr;
     if (::ibv_get_cq_event(ch->native_handle(), &ev_cq, &ev_ctx) == 0) {
+      if (ev_cq != cq->native_handle()) {
+        // The channel serves another CQ too: its event is acknowledged on its own CQ (counted
+        // against ours, ibv_destroy_cq of both would wait forever), and the router stops rather
+        // than swallow another owner's events.
+        ::ibv_ack_cq_events(ev_cq, 1);
+        ++stats.foreign_events;
+        return stop(make_error_code(errc::invalid_argument));
+      }
       armed = false; // the event disarmed it
       ++stats.events;
       if (++unacked >= ack_batch) ack();
@@ -622,7 +633,9 @@ class Waiter;
 
 /// One CompletionQueue with its CompletionChannel, served on an io_context: completions routed
 /// by QP and wr_id to Waiters, GrantPool completions to their pools. Move-only, null after move.
-/// The CQ must be attached to the channel, and the channel serve only this CQ.
+/// The CQ must be attached to the channel, and the channel serve only this CQ (an event of
+/// another CQ is acknowledged on that CQ and stops the router: every wait fails with
+/// errc::invalid_argument).
 class CompletionRouter {
 public:
   CompletionRouter() noexcept = default;
@@ -795,7 +808,9 @@ public:
 
   /// The completion (any status: check wc.status, or wc_error()), or why none: errc::timeout at
   /// `until` (the work request is still outstanding: revoke what it was granted), the error
-  /// watch() or CompletionRouter::fail() gave for the QP, or a failed channel/poll.
+  /// watch() or CompletionRouter::fail() gave for the QP, or a failed channel/poll:
+  /// errc::invalid_argument when the channel delivered another CQ's event (it must serve only
+  /// the router's CQ: give the other CQ a channel of its own; the router has stopped).
   /// Polls the CQ first (and arms it, polling again, if it was not armed): a completion that
   /// is already there returns without suspending.
   /// \mallocs Asio's coroutine frames (recycled per thread).

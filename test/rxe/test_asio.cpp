@@ -185,6 +185,70 @@ TEST_CASE("[asio] the same wr_id on two QPs of one CQ: each completion wakes its
   CHECK(kernel_resources() == before);
 }
 
+// A channel shared with another CQ (against the router's documented rule): that CQ's event is
+// acknowledged on that CQ, not counted against the router's (both CQs are destroyed afterwards:
+// ibv_destroy_cq waits until every event it reported was acknowledged, so a miscount hangs
+// here), the router stops and its suspended and later waits fail with errc::invalid_argument
+// long before their deadline. The other CQ's completion stays in it for its owner.
+TEST_CASE("[asio] a channel shared with another CQ: its event is acknowledged on it and the router stops", "[asio]") {
+  const std::string before = kernel_resources();
+  {
+    device_pd d;
+    auto ch = need(CompletionChannel::create(d.ctx), "channel");
+    auto cq = need(CompletionQueue::create(d.ctx, 16, &ch), "cq");
+    auto cq_o = need(CompletionQueue::create(d.ctx, 16, &ch), "other cq, same channel");
+    auto cq_b = need(CompletionQueue::create(d.ctx, 16), "cq b");
+    QueuePair qo = need(QueuePair::create(d.pd, cq_o, cq_o), "qp on the other cq");
+    QueuePair qb = need(QueuePair::create(d.pd, cq_b, cq_b), "qp b");
+    need(connect_loopback(qo, qb), "connect");
+    static unsigned char src[chunk], dst[chunk];
+    fill(src, sizeof src, 3);
+    std::memset(dst, 0, sizeof dst);
+    auto smr = need(MemoryRegion::reg(d.pd, src, sizeof src, access::local_write), "src");
+    auto dmr = need(MemoryRegion::reg(d.pd, dst, sizeof dst, remote_rw), "dst");
+
+    net::io_context io;
+    auto router = need(ra::CompletionRouter::create(io.get_executor(), cq, ch), "router");
+    std::optional<rdmaxx::result<ibv_wc>> first, later;
+    std::int64_t woken_after = -1;
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      ra::Waiter w(router, 1, 4242); // nothing will complete on the router's CQ
+      const std::int64_t t0 = now_ms();
+      first = co_await w.wait(ra::after_ms(20000));
+      woken_after = now_ms() - t0;
+      ra::Waiter w2(router, 2, 4242); // after the stop: fails at once
+      later = co_await w2.wait(ra::after_ms(20000));
+    }, net::detached);
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      while (router.stats().suspended == 0) co_await net::post(io, net::use_awaitable);
+      need(cq_o.arm(), "arm the other cq");
+      auto bt = qo.start_send();
+      bt.write({9, send_flag::signaled}, {dmr.iova(), dmr.rkey()}, smr.sge(0, std::uint32_t(chunk)));
+      need(bt.submit(), "write on the other cq");
+    }, net::detached);
+    io.run_for(std::chrono::seconds(30));
+    REQUIRE(first.has_value());
+    REQUIRE_FALSE(first->has_value());
+    CHECK(first->error() == rdmaxx::errc::invalid_argument);
+    CHECK(woken_after >= 0);
+    CHECK(woken_after < 5000); // by the foreign event, not by the 20 s deadline
+    REQUIRE(later.has_value());
+    REQUIRE_FALSE(later->has_value());
+    CHECK(later->error() == rdmaxx::errc::invalid_argument);
+    CHECK(router.stats().foreign_events == 1);
+    CHECK(router.stats().events == 0);
+    CHECK(router.stats().completions == 0);
+    router.close();
+    // The other CQ's completion is still there for its owner, the data arrived.
+    ibv_wc wc[2];
+    REQUIRE(need(cq_o.poll(wc), "poll the other cq") == 1);
+    CHECK(wc[0].wr_id == 9);
+    CHECK(wc[0].status == IBV_WC_SUCCESS);
+    CHECK(std::memcmp(dst, src, chunk) == 0);
+  } // destroys cq_o and cq: neither waits for an event nobody acknowledged
+  CHECK(kernel_resources() == before);
+}
+
 // Waiter::fail(): a waiter whose post failed returns the error without suspending; one that is
 // suspended is resumed with it long before its deadline, by the router (no completion comes).
 TEST_CASE("[asio] Waiter::fail: at once before the wait, and a suspended wait woken with the error", "[asio]") {
