@@ -146,19 +146,71 @@ struct router_core;
 
 // ---------------------------------------------------------------- rdma_cm steps
 
+namespace detail {
+// How an rdma_cm step waits for its id's next event: here on the id's own channel fd (registered
+// for the wait only); EventPump's for a shared channel (pump_steps). wait(): true when woken, false
+// when `until` passed; after(): once the id's handle has read events.
+struct own_channel {
+  static constexpr bool shared = false;
+  task<result<bool>> wait(int fd, deadline until) const { return wait_readable(fd, until); }
+  void after() const noexcept {}
+};
+
+template <class W>
+task<result<conn_state>> advance_with(W w, Connection &c, deadline until) {
+  if (!c) co_return make_error_code(errc::null_handle);
+  if constexpr (W::shared) {
+    // Its events may be queued already (the pump read them while nobody waited): take them
+    // first, and wait only if nothing changed.
+    const conn_state before = c.state();
+    auto s = c.advance();
+    w.after();
+    if (!s || s.value() != before) co_return s;
+  }
+  auto r = co_await w.wait(c.fd(), until);
+  if (!r) co_return r.error();
+  auto s = c.advance();
+  w.after();
+  co_return s;
+}
+
+template <class W>
+task<result<void>> wait_established_with(W w, Connection &c, std::int64_t check_ms) {
+  if (c && c.state() == conn_state::prepared) co_return make_error_code(errc::wrong_state);
+  auto s = c.advance();
+  w.after();
+  for (;; s = co_await advance_with(w, c, after_ms(check_ms))) {
+    if (!s) co_return s.error();
+    if (s.value() == conn_state::established) co_return success();
+    if (s.value() == conn_state::disconnected) co_return make_error_code(errc::wrong_state);
+  }
+}
+
+template <class W>
+task<result<ConnectRequest>> next_request_with(W w, Listener &l, std::int64_t timeout_ms) {
+  const deadline until = after_ms(timeout_ms);
+  for (;;) {
+    auto r = l.get_request(0);
+    w.after();
+    if (r || !is_cm_timeout(r.error())) co_return r;
+    if (clock::now() >= until) co_return r.error();
+    auto ok = co_await w.wait(l.fd(), until);
+    if (!ok) co_return ok.error();
+  }
+}
+} // namespace detail
+
 /// Wait (without blocking) until the connection's channel has an rdma_cm event or `until`
 /// passed, then Connection::advance() (which also enforces the current step's own deadline).
-/// Returns the state reached.
+/// Returns the state reached. For a connection on a shared EventChannel use the EventPump
+/// overload.
 /// \errors
 /// - errc::null_handle: the connection is null.
 /// - those of Connection::advance().
 /// - the errno of registering the fd with the reactor (epoll_ctl).
 /// \mallocs One event per rdma_get_cm_event (librdmacm), Asio's frame and operation.
 inline task<result<conn_state>> advance(Connection &c, deadline until) {
-  if (!c) co_return make_error_code(errc::null_handle);
-  auto r = co_await detail::wait_readable(c.fd(), until);
-  if (!r) co_return r.error();
-  co_return c.advance();
+  return detail::advance_with(detail::own_channel{}, c, until);
 }
 
 /// Advance `c` until established. The Connection bounds each step (conn_options::timeout_ms);
@@ -168,12 +220,7 @@ inline task<result<conn_state>> advance(Connection &c, deadline until) {
 /// - those of advance().
 /// \mallocs As advance().
 inline task<result<void>> wait_established(Connection &c, std::int64_t check_ms = 100) {
-  if (c && c.state() == conn_state::prepared) co_return make_error_code(errc::wrong_state);
-  for (auto s = c.advance();; s = co_await advance(c, after_ms(check_ms))) {
-    if (!s) co_return s.error();
-    if (s.value() == conn_state::established) co_return success();
-    if (s.value() == conn_state::disconnected) co_return make_error_code(errc::wrong_state);
-  }
+  return detail::wait_established_with(detail::own_channel{}, c, check_ms);
 }
 
 /// Connect by address (Connection::start_connect, then the rdma_cm steps awaited).
@@ -194,14 +241,7 @@ inline task<result<Connection>> connect(address to, conn_options o = {}) {
 /// - those of Listener::get_request().
 /// \mallocs As Listener::get_request(), Asio's frame and operation.
 inline task<result<ConnectRequest>> next_request(Listener &l, std::int64_t timeout_ms) {
-  const deadline until = after_ms(timeout_ms);
-  for (;;) {
-    auto r = l.get_request(0);
-    if (r || !is_cm_timeout(r.error())) co_return r;
-    if (clock::now() >= until) co_return r.error();
-    auto w = co_await detail::wait_readable(l.fd(), until);
-    if (!w) co_return w.error();
-  }
+  return detail::next_request_with(detail::own_channel{}, l, timeout_ms);
 }
 
 /// Second half of an accept (after ConnectRequest::prepare() and the first receives were
@@ -856,15 +896,12 @@ inline task<result<void>> settled(CompletionRouter &r, const GrantPool &pool, co
   co_return make_error_code(errc::timeout);
 }
 
-/// Watch `c` until it disconnects or fails, then fail every waiter of its QP on `r` with the
-/// connection's error (DISCONNECTED: a cm code equal to std::errc::connection_reset). Returns
-/// that error. Run it as its own coroutine (co_spawn) per connection; it returns early with
-/// errc::timeout when `stop` is set and the fd stays quiet for `poll_ms`.
-/// \mallocs As advance().
-inline task<std::error_code> watch(Connection &c, CompletionRouter &r, const bool &stop, std::int64_t poll_ms = 100) {
+namespace detail {
+template <class W>
+task<std::error_code> watch_with(W w, Connection &c, CompletionRouter &r, const bool &stop, std::int64_t poll_ms) {
   const std::uint32_t qpn = c.qp().qp_num();
   for (;;) {
-    auto s = co_await advance(c, after_ms(poll_ms));
+    auto s = co_await advance_with(w, c, after_ms(poll_ms));
     std::error_code ec;
     if (!s) ec = s.error();
     else if (s.value() == conn_state::disconnected) ec = cm_error(RDMA_CM_EVENT_DISCONNECTED, 0);
@@ -874,6 +911,315 @@ inline task<std::error_code> watch(Connection &c, CompletionRouter &r, const boo
     }
     if (stop) co_return make_error_code(errc::timeout);
   }
+}
+} // namespace detail
+
+/// Watch `c` until it disconnects or fails, then fail every waiter of its QP on `r` with the
+/// connection's error (DISCONNECTED: a cm code equal to std::errc::connection_reset). Returns
+/// that error. Run it as its own coroutine (co_spawn) per connection; it returns early with
+/// errc::timeout when `stop` is set and the fd stays quiet for `poll_ms`.
+/// \mallocs As advance().
+inline task<std::error_code> watch(Connection &c, CompletionRouter &r, const bool &stop, std::int64_t poll_ms = 100) {
+  return detail::watch_with(detail::own_channel{}, c, r, stop, poll_ms);
+}
+
+// ---------------------------------------------------------------- a shared rdma_cm channel
+
+/// Counters of an EventPump (plain integers, never reset).
+struct pump_stats {
+  std::uint64_t readable = 0; ///< the channel's fd found readable
+  std::uint64_t cookies = 0;  ///< users with events handed out by EventChannel::dispatch()
+  std::uint64_t wakeups = 0;  ///< waits woken by an event (any user's: each re-checks its own)
+  std::uint64_t waits = 0;    ///< waits that suspended
+};
+
+namespace detail {
+struct pump_core;
+// One suspended wait: in its coroutine's frame, on the pump's list while it sleeps.
+struct pump_waiter {
+  pump_core *core = nullptr;
+  net::steady_timer *timer = nullptr;
+  pump_waiter *prev = nullptr, *next = nullptr;
+  bool linked = false, woken = false;
+  ~pump_waiter();
+};
+
+struct pump_core {
+  net::posix::stream_descriptor sd;
+  EventChannel *ch = nullptr;
+  pump_waiter *head = nullptr;
+  std::size_t refs = 1; // the pump, every linked waiter, each pending handler (fd, kick)
+  bool open = true, waiting = false, kick_posted = false;
+  std::error_code error; // a failed rdma_get_cm_event: every wait fails with it
+  pump_stats stats;
+
+  explicit pump_core(const net::any_io_executor &ex) : sd(ex) {}
+  static void unref(pump_core *c) noexcept {
+    if (c && --c->refs == 0) delete c;
+  }
+  struct ref { // held by a handler: dropped when the handler goes, run or not
+    pump_core *c;
+    explicit ref(pump_core *p) noexcept : c(p) { ++c->refs; }
+    ref(ref &&o) noexcept : c(std::exchange(o.c, nullptr)) {}
+    ref &operator=(ref &&) = delete;
+    ~ref() { unref(c); }
+  };
+  void link(pump_waiter &w) noexcept {
+    w.core = this;
+    w.prev = nullptr;
+    w.next = head;
+    if (head) head->prev = &w;
+    head = &w;
+    w.linked = true;
+    ++refs;
+  }
+  void unlink(pump_waiter &w) noexcept {
+    if (!w.linked) return;
+    if (w.prev) w.prev->next = w.next;
+    else head = w.next;
+    if (w.next) w.next->prev = w.prev;
+    w.prev = w.next = nullptr;
+    w.linked = false;
+    unref(this);
+  }
+  // Every sleeper re-checks its own id: the cookies dispatch() names are the user's
+  // (conn_options::cookie), not ours, so a wake-up is a broadcast (O(waiters) per event burst:
+  // the control path). The timer's cancel posts the sleeper's resumption.
+  void wake_all() noexcept {
+    for (pump_waiter *w = head; w; w = w->next)
+      if (!w->woken) {
+        w->woken = true;
+        ++stats.wakeups;
+        w->timer->cancel();
+      }
+  }
+  // Read what the fd has into the users' queues and take the ready list (EventChannel::dispatch
+  // until nothing is left), then wake the sleepers.
+  void pump() noexcept {
+    std::uint64_t cookies[64];
+    for (;;) {
+      auto n = ch->dispatch(cookies);
+      if (!n) { // a failed rdma_get_cm_event (EAGAIN is no error there)
+        error = n.error();
+        break;
+      }
+      stats.cookies += n.value();
+      if (!ch->has_ready() && n.value() < std::size(cookies)) break;
+    }
+    wake_all();
+  }
+  // After a user's own advance()/get_request(): it may have read other users' events from the fd
+  // into their queues, where the fd's readiness no longer shows them.
+  void kick() noexcept {
+    if (!open || kick_posted || !ch->has_ready()) return;
+    kick_posted = true;
+    net::post(sd.get_executor(), [this, hold = ref(this)] {
+      kick_posted = false;
+      if (open) pump();
+    });
+  }
+  void wait() noexcept {
+    if (!open || waiting) return;
+    waiting = true;
+    sd.async_wait(net::posix::stream_descriptor::wait_read,
+                  [this, hold = ref(this)](const boost::system::error_code &e) {
+                    waiting = false;
+                    if (!open) return;
+                    if (e) {
+                      if (e != net::error::operation_aborted) error = from_asio(e);
+                      wake_all();
+                      return;
+                    }
+                    ++stats.readable;
+                    pump();
+                    wait();
+                  });
+  }
+};
+
+inline pump_waiter::~pump_waiter() {
+  if (core) core->unlink(*this);
+}
+
+// Sleep until the pump wakes every sleeper (true) or `until` passes (false).
+inline task<result<bool>> pump_wait(pump_core *p, deadline until) {
+  if (!p || !p->open) co_return make_error_code(errc::null_handle);
+  if (p->error) co_return p->error;
+  net::steady_timer t(co_await net::this_coro::executor, until);
+  pump_waiter w;
+  w.timer = &t;
+  p->link(w);
+  ++p->stats.waits;
+  boost::system::error_code ec;
+  co_await t.async_wait(net::redirect_error(net::use_awaitable, ec));
+  const bool woken = w.woken, open = p->open;
+  const std::error_code err = p->error;
+  p->unlink(w); // may drop the last reference to the core (a closed pump)
+  w.core = nullptr;
+  if (!open) co_return make_error_code(errc::null_handle);
+  if (err) co_return err;
+  co_return woken;
+}
+
+struct pump_steps {
+  static constexpr bool shared = true;
+  pump_core *p;
+  task<result<bool>> wait(int, deadline until) const { return pump_wait(p, until); }
+  void after() const noexcept {
+    if (p) p->kick();
+  }
+};
+} // namespace detail
+
+/// One shared EventChannel (conn_options::channel, listen_options::channel) served on an
+/// io_context: one registration of its fd with the reactor for all its Connections and
+/// Listeners, whose steps are awaited through the overloads below (advance, wait_established,
+/// connect, next_request, accept, watch with a pump). When the fd turns readable the pump reads
+/// the events into their users' queues (EventChannel::dispatch) and wakes every step that
+/// sleeps; each takes its own events (Connection::advance, Listener::get_request) and sleeps
+/// again if it had none. Move-only, null after move.
+///
+/// Every user of the channel on this thread goes through the pump: a plain advance() or
+/// get_request() of one of them may read the others' events from the fd (call kick() after
+/// it). Lifetime: close (or destroy) the pump before its channel; its sleeping steps then fail
+/// with errc::null_handle.
+class EventPump {
+public:
+  EventPump() noexcept = default;
+  EventPump(EventPump &&o) noexcept : c_(std::exchange(o.c_, nullptr)) {}
+  /// Closes this pump, then takes over `o`'s.
+  EventPump &operator=(EventPump &&o) noexcept {
+    if (this != &o) {
+      close();
+      c_ = std::exchange(o.c_, nullptr);
+    }
+    return *this;
+  }
+  /// close().
+  ~EventPump() { close(); }
+
+  /// Serve `ch` on `ex`: registers its fd (already non-blocking) with the reactor and waits.
+  /// \errors
+  /// - errc::null_handle: `ch` is null.
+  /// - ENOMEM when the core cannot be allocated; the errno of registering the fd (epoll_ctl).
+  /// \mallocs The core (new(nothrow)); the reactor's descriptor state.
+  [[nodiscard]] static result<EventPump> create(const net::any_io_executor &ex, EventChannel &ch) noexcept {
+    if (!ch) return make_error_code(errc::null_handle);
+    EventPump p;
+    p.c_ = new (std::nothrow) detail::pump_core(ex);
+    if (!p.c_) return std::make_error_code(std::errc::not_enough_memory);
+    p.c_->ch = &ch;
+    boost::system::error_code ec;
+    p.c_->sd.assign(ch.fd(), ec);
+    if (ec) return from_asio(ec);
+    p.c_->pump(); // what is pending already
+    p.c_->wait();
+    return p;
+  }
+
+  /// True unless null.
+  [[nodiscard]] explicit operator bool() const noexcept { return c_ != nullptr; }
+  /// The channel served, or nullptr.
+  [[nodiscard]] EventChannel *channel() const noexcept { return c_ ? c_->ch : nullptr; }
+  /// The counters.
+  [[nodiscard]] const pump_stats &stats() const noexcept {
+    static const pump_stats none{};
+    return c_ ? c_->stats : none;
+  }
+  /// After a user of the channel was advanced outside the pump (Connection::advance,
+  /// Listener::get_request): wake the steps whose events it queued.
+  void kick() noexcept {
+    if (c_) c_->kick();
+  }
+  /// Stop: deregister the fd (the channel keeps it), wake every sleeping step (they fail with
+  /// errc::null_handle). Idempotent.
+  void close() noexcept {
+    detail::pump_core *c = std::exchange(c_, nullptr);
+    if (!c) return;
+    c->open = false;
+    boost::system::error_code ignored;
+    c->sd.cancel(ignored);
+    (void)c->sd.release();
+    c->wake_all();
+    detail::pump_core::unref(c);
+  }
+
+private:
+  friend struct pump_access;
+  detail::pump_core *c_ = nullptr;
+};
+
+/// What the pump overloads reach of an EventPump.
+struct pump_access {
+  [[nodiscard]] static detail::pump_steps of(const EventPump &p) noexcept { return {p.c_}; }
+};
+
+/// advance() of a connection on the pump's channel. Takes what is queued for it first and
+/// returns at once if that changed its state; else sleeps until the pump reads an event or
+/// `until` passes, then Connection::advance().
+/// \errors
+/// - errc::null_handle: the connection or pump is null, or the pump was closed.
+/// - errc::invalid_argument: the connection is not on the pump's channel.
+/// - those of Connection::advance(); the errno of rdma_get_cm_event (the pump stopped).
+/// \mallocs As advance(), and a timer operation per sleep (Asio's, recycled per thread).
+inline task<result<conn_state>> advance(EventPump &p, Connection &c, deadline until) {
+  if (!p || !c) co_return make_error_code(errc::null_handle);
+  if (!c.shares_channel() || c.fd() != p.channel()->fd()) co_return make_error_code(errc::invalid_argument);
+  co_return co_await detail::advance_with(pump_access::of(p), c, until);
+}
+
+/// wait_established() through the pump.
+/// \errors As advance(EventPump&, ...) and wait_established().
+/// \mallocs As advance(EventPump&, ...).
+inline task<result<void>> wait_established(EventPump &p, Connection &c, std::int64_t check_ms = 100) {
+  if (!p || !c) co_return make_error_code(errc::null_handle);
+  if (!c.shares_channel() || c.fd() != p.channel()->fd()) co_return make_error_code(errc::invalid_argument);
+  co_return co_await detail::wait_established_with(pump_access::of(p), c, check_ms);
+}
+
+/// connect() on the pump's channel: `o.channel` is set to it (another channel there:
+/// errc::invalid_argument).
+/// \errors As connect() and advance(EventPump&, ...).
+/// \mallocs As connect().
+inline task<result<Connection>> connect(EventPump &p, address to, conn_options o = {}) {
+  if (!p) co_return make_error_code(errc::null_handle);
+  if (o.channel && o.channel != p.channel()) co_return make_error_code(errc::invalid_argument);
+  o.channel = p.channel();
+  auto c = Connection::start_connect(to, o);
+  if (!c) co_return c.error();
+  if (auto r = co_await wait_established(p, c.value()); !r) co_return r.error();
+  co_return std::move(c).value();
+}
+
+/// next_request() of a listener on the pump's channel.
+/// \errors
+/// - errc::null_handle: the listener or pump is null, or the pump was closed.
+/// - errc::invalid_argument: the listener is not on the pump's channel.
+/// - as next_request().
+/// \mallocs As next_request().
+inline task<result<ConnectRequest>> next_request(EventPump &p, Listener &l, std::int64_t timeout_ms) {
+  if (!p || !l) co_return make_error_code(errc::null_handle);
+  if (l.fd() != p.channel()->fd()) co_return make_error_code(errc::invalid_argument);
+  co_return co_await detail::next_request_with(pump_access::of(p), l, timeout_ms);
+}
+
+/// accept() of a connection prepared on the pump's channel (ConnectRequest::prepare with
+/// conn_options::channel).
+/// \errors As accept() and wait_established(EventPump&, ...).
+/// \mallocs As advance(EventPump&, ...).
+inline task<result<void>> accept(EventPump &p, Connection &c, std::span<const std::byte> private_data = {}) {
+  if (auto r = c.accept(private_data); !r) co_return r.error();
+  co_return co_await wait_established(p, c);
+}
+
+/// watch() of a connection on the pump's channel.
+/// \errors As watch(); errc::null_handle / invalid_argument as advance(EventPump&, ...).
+/// \mallocs As advance(EventPump&, ...).
+inline task<std::error_code> watch(EventPump &p, Connection &c, CompletionRouter &r, const bool &stop,
+                                   std::int64_t poll_ms = 100) {
+  if (!p || !c) co_return make_error_code(errc::null_handle);
+  if (!c.shares_channel() || c.fd() != p.channel()->fd()) co_return make_error_code(errc::invalid_argument);
+  co_return co_await detail::watch_with(pump_access::of(p), c, r, stop, poll_ms);
 }
 
 } // namespace rdmaxx::asio

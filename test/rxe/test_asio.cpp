@@ -672,3 +672,169 @@ TEST_CASE("[asio] a listener accepting while other connections run traffic, all 
   }
   CHECK(kernel_resources() == before);
 }
+
+// A shared rdma_cm channel per end (one cm fd for every connection), each served by an
+// EventPump: 4 clients connect concurrently while the listener accepts, all on one thread; one
+// echo verified on each; then client 2 disconnects and only its server connection's watch()
+// reports it (failing that connection's waiting receive), the others stay established until
+// asked to stop. No fd per connection; fds and kernel objects back at the end.
+TEST_CASE("[asio] EventPump: 4 connections on one shared cm channel per end, connected, accepted and "
+          "watched concurrently on one thread", "[asio][shared-channel]") {
+  { auto l0 = Listener::listen(address::parse("192.0.2.1:0").value()); } // rdma_cm's first id
+  const std::string before = kernel_resources();
+  const long fds_before = open_fds();
+  constexpr int n = 4;
+  constexpr std::uint64_t listener_cookie = 99;
+  {
+    Context ctx = open_device();
+    auto pd = need(ProtectionDomain::alloc(ctx), "pd");
+    auto ch = need(CompletionChannel::create(ctx), "channel");
+    auto cq = need(CompletionQueue::create(ctx, 256, &ch), "cq");
+    auto sch = need(EventChannel::create(), "server cm channel");
+    auto cch = need(EventChannel::create(), "client cm channel");
+    auto l = need(Listener::listen(address::parse("192.0.2.1:0").value(),
+                                   {.backlog = 16, .channel = &sch, .cookie = listener_cookie}),
+                  "listen on the shared channel");
+    const address to = need(l.local_address(), "local_address");
+    static unsigned char rx[2][n][2][echo_len]; // [side][connection][slot]
+    std::memset(rx, 0, sizeof rx);
+    auto rxmr = need(MemoryRegion::reg(pd, rx, sizeof rx, access::local_write), "rx");
+    auto sge = [&](int side, int k, std::size_t slot) {
+      return rxmr.sge(std::uint32_t(((std::size_t(side) * n + std::size_t(k)) * 2 + slot) * echo_len),
+                      std::uint32_t(echo_len));
+    };
+    std::array<Connection, n> srv, cli;
+
+    net::io_context io{1};
+    auto router = need(ra::CompletionRouter::create(io.get_executor(), cq, ch), "router");
+    auto ps = need(ra::EventPump::create(io.get_executor(), sch), "server pump");
+    auto pc = need(ra::EventPump::create(io.get_executor(), cch), "client pump");
+    const long fds_fixed = open_fds();
+    bool stop = false;
+    int echoed = 0, watched = 0, replies_ok = 0;
+    long fds_connected = -1;
+    std::array<std::error_code, n> srv_err{}, cli_err{}, watch_ec{}, after_disc{};
+    std::array<int, n> requests_ok{};
+    std::error_code accept_err, wrong_channel, null_conn;
+    ra::pump_stats server_pump{}, client_pump{};
+
+    auto watcher = [&](int k) -> ra::task<void> {
+      watch_ec[std::size_t(k)] = co_await ra::watch(ps, srv[std::size_t(k)], router, stop, 50);
+      if (++watched == n) {
+        server_pump = ps.stats();
+        client_pump = pc.stats();
+        router.close();
+        ps.close();
+        pc.close();
+      }
+    };
+    auto serve = [&](ConnectRequest req) -> ra::task<void> {
+      const int k = int(req.private_data()[0]);
+      auto c = req.prepare({.pd = &pd, .send_cq = &cq, .recv_cq = &cq, .timeout_ms = 20000,
+                            .channel = &sch, .cookie = std::uint64_t(k)});
+      if (!c) co_return void(srv_err[std::size_t(k)] = c.error());
+      srv[std::size_t(k)] = std::move(c).value();
+      QueuePair &qp = srv[std::size_t(k)].qp();
+      ra::Waiter w(router, echo_wr(1, k, 0), qp.qp_num());
+      ra::Waiter w2(router, echo_wr(1, k, 1), qp.qp_num());
+      need(qp.post_recv(echo_wr(1, k, 0), sge(0, k, 0)), "server post_recv");
+      need(qp.post_recv(echo_wr(1, k, 1), sge(0, k, 1)), "server post_recv 2");
+      if (auto a = co_await ra::accept(ps, srv[std::size_t(k)]); !a) co_return void(srv_err[std::size_t(k)] = a.error());
+      net::co_spawn(io, watcher(k), net::detached);
+      auto r = co_await w.wait(ra::after_ms(20000));
+      if (!r) co_return void(srv_err[std::size_t(k)] = r.error());
+      const auto want = echo_request(k, 7);
+      if (r.value().status == IBV_WC_SUCCESS && r.value().byte_len == echo_len &&
+          std::memcmp(rx[0][k][0], want.data(), echo_len) == 0)
+        ++requests_ok[std::size_t(k)];
+      std::array<std::byte, echo_len> reply;
+      for (std::size_t j = 0; j < echo_len; ++j) reply[j] = std::byte(rx[0][k][0][j] ^ 0x5A);
+      auto b = qp.start_send();
+      b.send_inline({echo_wr(1, k, 0xff), {}}, reply);
+      need(b.submit(), "server reply");
+      // The second receive is never answered: a disconnect must end its wait.
+      auto r2 = co_await w2.wait(ra::after_ms(30000));
+      after_disc[std::size_t(k)] = r2 ? (r2.value().status == IBV_WC_SUCCESS ? std::error_code{} : wc_error(r2.value()))
+                                      : r2.error();
+    };
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      Connection none;
+      auto bad = co_await ra::advance(ps, none, ra::after_ms(10));
+      if (!bad) null_conn = bad.error();
+      for (int i = 0; i < n; ++i) {
+        auto req = co_await ra::next_request(ps, l, 20000);
+        if (!req) co_return void(accept_err = req.error());
+        net::co_spawn(io, serve(std::move(req).value()), net::detached);
+      }
+    }, net::detached);
+    auto client = [&](int k) -> ra::task<void> {
+      const std::byte idx{std::uint8_t(k)};
+      auto c = co_await ra::connect(pc, to, {.pd = &pd, .send_cq = &cq, .recv_cq = &cq, .timeout_ms = 20000,
+                                             .private_data = std::span(&idx, 1), .cookie = std::uint64_t(k)});
+      if (!c) co_return void(cli_err[std::size_t(k)] = c.error());
+      cli[std::size_t(k)] = std::move(c).value();
+      if (k == 0) { // a client connection is not the server pump's to advance
+        auto x = co_await ra::advance(ps, cli[0], ra::after_ms(10));
+        if (!x) wrong_channel = x.error();
+      }
+      QueuePair &qp = cli[std::size_t(k)].qp();
+      ra::Waiter w(router, echo_wr(2, k, 0), qp.qp_num());
+      need(qp.post_recv(echo_wr(2, k, 0), sge(1, k, 0)), "client post_recv");
+      auto b = qp.start_send();
+      b.send_inline({echo_wr(2, k, 0xff), {}}, echo_request(k, 7));
+      need(b.submit(), "client send");
+      auto r = co_await w.wait(ra::after_ms(20000));
+      if (!r) co_return void(cli_err[std::size_t(k)] = r.error());
+      auto want = echo_request(k, 7);
+      for (auto &x : want) x ^= std::byte{0x5A};
+      if (r.value().status == IBV_WC_SUCCESS && r.value().byte_len == echo_len &&
+          std::memcmp(rx[1][k][0], want.data(), echo_len) == 0)
+        ++replies_ok;
+      if (++echoed < n) co_return;
+      // Every echo done: client 2 leaves; once its server connection saw it, stop the others.
+      fds_connected = open_fds();
+      need(cli[2].disconnect(), "disconnect");
+      while (!watch_ec[2]) {
+        net::steady_timer t(io, std::chrono::milliseconds(5));
+        co_await t.async_wait(net::use_awaitable);
+      }
+      stop = true;
+    };
+    for (int k = 0; k < n; ++k) net::co_spawn(io, client(k), net::detached);
+    io.run_for(std::chrono::seconds(60));
+    INFO("accept: " << accept_err.message());
+    CHECK(!accept_err);
+    CHECK(null_conn == rdmaxx::errc::null_handle);
+    CHECK(wrong_channel == rdmaxx::errc::invalid_argument);
+    CHECK(echoed == n);
+    CHECK(replies_ok == n);
+    CHECK(watched == n);
+    CHECK(fds_connected == fds_fixed); // 8 connections, no fd of their own
+    for (int k = 0; k < n; ++k) {
+      INFO("connection " << k << ": server " << srv_err[std::size_t(k)].message() << ", client "
+                         << cli_err[std::size_t(k)].message() << ", watch " << watch_ec[std::size_t(k)].message()
+                         << ", second receive " << after_disc[std::size_t(k)].message());
+      CHECK(!srv_err[std::size_t(k)]);
+      CHECK(!cli_err[std::size_t(k)]);
+      CHECK(requests_ok[std::size_t(k)] == 1);
+      if (k == 2) {
+        CHECK(watch_ec[2] == std::errc::connection_reset); // DISCONNECTED, seen through the pump
+        CHECK(after_disc[2]);                               // failed by watch() (or flushed)
+      } else {
+        CHECK(watch_ec[std::size_t(k)] == rdmaxx::errc::timeout); // still established when stopped
+        CHECK(srv[std::size_t(k)].state() == conn_state::established);
+        CHECK(cli[std::size_t(k)].state() == conn_state::established);
+      }
+    }
+    CHECK(srv[2].state() == conn_state::disconnected);
+    CHECK(server_pump.readable >= 1); // one registration, events read when it turned readable
+    CHECK(server_pump.wakeups >= 1);
+    CHECK(client_pump.readable >= 1);
+    CHECK(client_pump.wakeups >= 1);
+    CHECK(ps.stats().readable == 0);  // closed: a null pump's counters
+    CHECK(cch.live_children() == n);
+    CHECK(sch.live_children() == n + 1);
+  }
+  CHECK(open_fds() == fds_before);
+  CHECK(kernel_resources() == before);
+}
