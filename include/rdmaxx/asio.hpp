@@ -18,7 +18,9 @@
 ///   - Waiter: `co_await w.wait(deadline)` for the completion of one work request;
 ///   - settled(): `co_await` until a GrantLease's revocation is confirmed (lease_state::ready);
 ///   - watch(): fails every waiter of a connection with the connection's error once it
-///     disconnects or fails.
+///     disconnects or fails;
+///   - EventPump: one shared rdma_cm EventChannel for many Connections and Listeners, its fd
+///     registered once; the steps above awaited through it.
 ///
 /// Cancellation: Boost 1.74 (Debian 12) has no per-operation cancellation slots, so every wait
 /// takes a deadline (the router's timer): when it passes the wait returns errc::timeout and the
@@ -31,8 +33,9 @@
 /// Threads: one io_context thread for a router, its waiters, the pools attached to it and the
 /// connections watched (like the CQ and QPs they use). One wait at a time on a Connection's or
 /// Listener's fd (two would register the fd twice with the reactor). Connections and Listeners
-/// on a shared EventChannel (conn_options::channel) have one fd between them: these awaitables
-/// are not for them (wait on EventChannel::fd() once and call dispatch()). An io_context that
+/// on a shared EventChannel (conn_options::channel) have one fd between them: serve the channel
+/// with an EventPump and use the overloads that take it (any number of steps wait at once).
+/// An io_context that
 /// only that thread touches can be made with BOOST_ASIO_CONCURRENCY_HINT_UNSAFE: its scheduler
 /// and reactor then take no mutex per handler (a hint of 1 still does).
 ///
