@@ -838,3 +838,42 @@ TEST_CASE("[asio] EventPump: 4 connections on one shared cm channel per end, con
   CHECK(open_fds() == fds_before);
   CHECK(kernel_resources() == before);
 }
+
+// EventPump's refusals, each with what the caller should fix; a closed pump fails its steps.
+TEST_CASE("[asio] EventPump: bad inputs and a closed pump", "[asio][shared-channel]") {
+  { auto l0 = Listener::listen(address::parse("192.0.2.1:0").value()); } // librdmacm's device fds
+  const long fds_before = open_fds();
+  {
+    net::io_context io{1};
+    EventChannel none;
+    auto np = ra::EventPump::create(io.get_executor(), none);
+    REQUIRE_FALSE(np.has_value());
+    CHECK(np.error() == rdmaxx::errc::null_handle);
+    auto ch = need(EventChannel::create(), "cm channel");
+    auto other = need(EventChannel::create(), "another cm channel");
+    auto pump = need(ra::EventPump::create(io.get_executor(), ch), "pump");
+    CHECK(pump.channel() == &ch);
+    auto own = need(Listener::listen(address::parse("192.0.2.1:0").value()), "listener, own channel");
+    std::optional<rdmaxx::result<ConnectRequest>> own_listener, null_listener, closed;
+    std::optional<rdmaxx::result<Connection>> mixed;
+    bool done = false;
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      Listener null;
+      null_listener = co_await ra::next_request(pump, null, 10);
+      own_listener = co_await ra::next_request(pump, own, 10); // its fd is not the pump's
+      mixed = co_await ra::connect(pump, address::parse("192.0.2.1:1").value(), {.channel = &other});
+      auto l = need(Listener::listen(address::parse("192.0.2.1:0").value(), {.channel = &ch}), "listener on ch");
+      pump.close();
+      closed = co_await ra::next_request(pump, l, 10);
+      done = true;
+    }, net::detached);
+    io.run_for(std::chrono::seconds(10));
+    REQUIRE(done);
+    CHECK(null_listener->error() == rdmaxx::errc::null_handle);
+    CHECK(own_listener->error() == rdmaxx::errc::invalid_argument);
+    CHECK(mixed->error() == rdmaxx::errc::invalid_argument);
+    CHECK(closed->error() == rdmaxx::errc::null_handle);
+    CHECK_FALSE(pump);
+  }
+  CHECK(open_fds() == fds_before);
+}
