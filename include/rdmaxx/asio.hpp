@@ -1064,6 +1064,7 @@ inline task<result<bool>> pump_wait(pump_core *p, deadline until) {
   co_return woken;
 }
 
+struct pump_access;
 struct pump_steps {
   static constexpr bool shared = true;
   pump_core *p;
@@ -1089,6 +1090,7 @@ struct pump_steps {
 class EventPump {
 public:
   EventPump() noexcept = default;
+  /// Takes over `o`'s channel and sleeping steps; `o` is left null.
   EventPump(EventPump &&o) noexcept : c_(std::exchange(o.c_, nullptr)) {}
   /// Closes this pump, then takes over `o`'s.
   EventPump &operator=(EventPump &&o) noexcept {
@@ -1148,14 +1150,16 @@ public:
   }
 
 private:
-  friend struct pump_access;
+  friend struct detail::pump_access;
   detail::pump_core *c_ = nullptr;
 };
 
-/// What the pump overloads reach of an EventPump.
+namespace detail {
+// What the pump overloads reach of an EventPump.
 struct pump_access {
-  [[nodiscard]] static detail::pump_steps of(const EventPump &p) noexcept { return {p.c_}; }
+  [[nodiscard]] static pump_steps of(const EventPump &p) noexcept { return {p.c_}; }
 };
+} // namespace detail
 
 /// advance() of a connection on the pump's channel. Takes what is queued for it first and
 /// returns at once if that changed its state; else sleeps until the pump reads an event or
@@ -1168,7 +1172,7 @@ struct pump_access {
 inline task<result<conn_state>> advance(EventPump &p, Connection &c, deadline until) {
   if (!p || !c) co_return make_error_code(errc::null_handle);
   if (!c.shares_channel() || c.fd() != p.channel()->fd()) co_return make_error_code(errc::invalid_argument);
-  co_return co_await detail::advance_with(pump_access::of(p), c, until);
+  co_return co_await detail::advance_with(detail::pump_access::of(p), c, until);
 }
 
 /// wait_established() through the pump.
@@ -1177,7 +1181,7 @@ inline task<result<conn_state>> advance(EventPump &p, Connection &c, deadline un
 inline task<result<void>> wait_established(EventPump &p, Connection &c, std::int64_t check_ms = 100) {
   if (!p || !c) co_return make_error_code(errc::null_handle);
   if (!c.shares_channel() || c.fd() != p.channel()->fd()) co_return make_error_code(errc::invalid_argument);
-  co_return co_await detail::wait_established_with(pump_access::of(p), c, check_ms);
+  co_return co_await detail::wait_established_with(detail::pump_access::of(p), c, check_ms);
 }
 
 /// connect() on the pump's channel: `o.channel` is set to it (another channel there:
@@ -1203,7 +1207,7 @@ inline task<result<Connection>> connect(EventPump &p, address to, conn_options o
 inline task<result<ConnectRequest>> next_request(EventPump &p, Listener &l, std::int64_t timeout_ms) {
   if (!p || !l) co_return make_error_code(errc::null_handle);
   if (l.fd() != p.channel()->fd()) co_return make_error_code(errc::invalid_argument);
-  co_return co_await detail::next_request_with(pump_access::of(p), l, timeout_ms);
+  co_return co_await detail::next_request_with(detail::pump_access::of(p), l, timeout_ms);
 }
 
 /// accept() of a connection prepared on the pump's channel (ConnectRequest::prepare with
@@ -1222,7 +1226,7 @@ inline task<std::error_code> watch(EventPump &p, Connection &c, CompletionRouter
                                    std::int64_t poll_ms = 100) {
   if (!p || !c) co_return make_error_code(errc::null_handle);
   if (!c.shares_channel() || c.fd() != p.channel()->fd()) co_return make_error_code(errc::invalid_argument);
-  co_return co_await detail::watch_with(pump_access::of(p), c, r, stop, poll_ms);
+  co_return co_await detail::watch_with(detail::pump_access::of(p), c, r, stop, poll_ms);
 }
 
 } // namespace rdmaxx::asio
