@@ -14,6 +14,9 @@
 #   difference), files in OUT (writable: RXE_VM_WRITABLE=OUT tools/rxe-vm env CALLGRIND=OUT ...);
 #   then on the host: callgrind_annotate OUT/07.c.400.cg (per function). CG_ONLY="07 ...": only
 #   those of 06, 07 and 07-base (BASE).
+# Each run prints the CPU (user+system, bash time) per request of server and client.
+# - SHIM=1: also 06 under bench/poll_epoll_ctl.cpp (LD_PRELOAD: one epoll_ctl before each
+#   poll, the call Asio's reactor makes per fd wait) in every round: "06-ctl".
 build=${1:-build}
 ip=192.0.2.1 # tools/rxe-vm gives the device this address
 N=${N:-1000}
@@ -58,14 +61,20 @@ run() { # name key port exe client-args...
   local name=$1 key=$2 port=$3 exe=$4; shift 4
   local pre_s=() pre_c=()
   if [ -n "$STRACE" ]; then pre_s=(strace -f -c -o /tmp/s.$port); pre_c=(strace -f -c -o /tmp/c.$port); fi
-  "${pre_s[@]}" $exe server $port > /tmp/srv.log 2>&1 & local sp=$!
+  local pre=()
+  [ "$key" = 06-ctl ] && pre=(env LD_PRELOAD="$PWD/$build/bench/poll_epoll_ctl.so")
+  local TIMEFORMAT='%U %S' # bash's time: user and system CPU seconds of the process
+  { time "${pre[@]}" "${pre_s[@]}" $exe server $port > /tmp/srv.log 2>&1; } 2> /tmp/srv.time & local sp=$!
   sleep 1
   local t0=$(date +%s%N)
-  "${pre_c[@]}" $exe client $ip:$port "$@" > /tmp/cli.log 2>&1; local rc=$?
+  { time "${pre[@]}" "${pre_c[@]}" $exe client $ip:$port "$@" > /tmp/cli.log 2>&1; } 2> /tmp/cli.time; local rc=$?
   local ms=$(( ($(date +%s%N)-t0)/1000000 ))
   wait $sp; local src=$?
-  echo "$name: client rc=$rc server rc=$src $ms ms for $N requests + 8 read-backs: $(( (N+8)*1000/ms )) req/s"
-  [ $rc = 0 ] && [ $src = 0 ] && rates+=("$rep $key $(( (N+8)*1000/ms ))")
+  echo "$name: client rc=$rc server rc=$src $ms ms for $N requests + 8 read-backs: $(( (N+8)*1000/ms )) req/s;" \
+    "CPU us per request (user+system, start-up included): server $(awk -v n=$((N+8)) '{printf "%.0f+%.0f", $1*1e6/n, $2*1e6/n}' /tmp/srv.time)," \
+    "client $(awk -v n=$((N+8)) '{printf "%.0f+%.0f", $1*1e6/n, $2*1e6/n}' /tmp/cli.time)"
+  [ $rc = 0 ] && [ $src = 0 ] && rates+=("$rep $key $(( (N+8)*1000/ms ))") &&
+    cpu+=("$key $(awk -v n=$((N+8)) '{printf "%.0f ", ($1+$2)*1e6/n}' /tmp/srv.time /tmp/cli.time)")
   grep -h "router:\|FAIL" /tmp/cli.log /tmp/srv.log; grep -ho "steady state: .*" /tmp/cli.log
   if [ -n "$STRACE" ]; then
     for side in s c; do
@@ -78,8 +87,10 @@ run() { # name key port exe client-args...
 }
 [ -n "$STRACE" ] && REPS=1
 rates=() # "round program req/s" of the runs that passed their checks
+cpu=()   # "program server-us client-us": CPU (user+system) per request of those runs
 for rep in $(seq $REPS); do
   run "06 (1 connection)" 06 $((7480+rep*10)) $build/examples/06_block_rpc --requests $N
+  [ -n "$SHIM" ] && run "06 + epoll_ctl per poll (SHIM)" 06-ctl $((7484+rep*10)) $build/examples/06_block_rpc --requests $N
   run "07 --connections 1" 07-c1 $((7481+rep*10)) $build/examples/07_asio_block_rpc --requests $N --connections 1
   [ -n "$BASE" ] && run "07 of $BASE --connections 1" 07-base-c1 $((7483+rep*10)) $BASE/examples/07_asio_block_rpc --requests $N --connections 1
   [ -n "$STRACE" ] || [ -n "$NO4" ] || run "07 --connections 4" 07-c4 $((7482+rep*10)) $build/examples/07_asio_block_rpc --requests $N --connections 4
@@ -99,4 +110,13 @@ for name, runs in r.items():
     if name != "06" and pairs:
         line += f"; / 06 round by round: median {st.median(pairs):.3f} ({pairs[0]:.3f}-{pairs[-1]:.3f}, {len(pairs)} rounds)"
     print(line)
+'
+printf '%s\n' "${cpu[@]}" | python3 -c '
+import sys, statistics as st
+c = {}
+for line in sys.stdin:
+    if line.strip():
+        name, s, k = line.split(); c.setdefault(name, []).append((int(s), int(k)))
+for name, v in c.items():
+    print(f"{name}: CPU per request, median: server {st.median(x[0] for x in v):.0f} us, client {st.median(x[1] for x in v):.0f} us")
 '
