@@ -1161,6 +1161,15 @@ struct pump_access {
 };
 } // namespace detail
 
+namespace detail {
+// The one check of the pump overloads: a live pump, a live connection on the pump's channel.
+[[nodiscard]] inline std::error_code pump_mismatch(const EventPump &p, const Connection &c) noexcept {
+  if (!p || !c) return make_error_code(errc::null_handle);
+  if (!c.shares_channel() || c.fd() != p.channel()->fd()) return make_error_code(errc::invalid_argument);
+  return {};
+}
+} // namespace detail
+
 /// advance() of a connection on the pump's channel. Takes what is queued for it first and
 /// returns at once if that changed its state; else sleeps until the pump reads an event or
 /// `until` passes, then Connection::advance().
@@ -1170,8 +1179,7 @@ struct pump_access {
 /// - those of Connection::advance(); the errno of rdma_get_cm_event (the pump stopped).
 /// \mallocs As advance(), and a timer operation per sleep (Asio's, recycled per thread).
 inline task<result<conn_state>> advance(EventPump &p, Connection &c, deadline until) {
-  if (!p || !c) co_return make_error_code(errc::null_handle);
-  if (!c.shares_channel() || c.fd() != p.channel()->fd()) co_return make_error_code(errc::invalid_argument);
+  if (auto e = detail::pump_mismatch(p, c)) co_return e;
   co_return co_await detail::advance_with(detail::pump_access::of(p), c, until);
 }
 
@@ -1179,8 +1187,7 @@ inline task<result<conn_state>> advance(EventPump &p, Connection &c, deadline un
 /// \errors As advance(EventPump&, ...) and wait_established().
 /// \mallocs As advance(EventPump&, ...).
 inline task<result<void>> wait_established(EventPump &p, Connection &c, std::int64_t check_ms = 100) {
-  if (!p || !c) co_return make_error_code(errc::null_handle);
-  if (!c.shares_channel() || c.fd() != p.channel()->fd()) co_return make_error_code(errc::invalid_argument);
+  if (auto e = detail::pump_mismatch(p, c)) co_return e;
   co_return co_await detail::wait_established_with(detail::pump_access::of(p), c, check_ms);
 }
 
@@ -1212,9 +1219,12 @@ inline task<result<ConnectRequest>> next_request(EventPump &p, Listener &l, std:
 
 /// accept() of a connection prepared on the pump's channel (ConnectRequest::prepare with
 /// conn_options::channel).
-/// \errors As accept() and wait_established(EventPump&, ...).
+/// \errors As accept() and wait_established(EventPump&, ...); a null pump or connection, or one
+/// of another channel, is refused before Connection::accept() (nothing sent).
 /// \mallocs As advance(EventPump&, ...).
 inline task<result<void>> accept(EventPump &p, Connection &c, std::span<const std::byte> private_data = {}) {
+  // Checked before the accept goes out: a refused pump leaves the request unanswered, not accepted.
+  if (auto e = detail::pump_mismatch(p, c)) co_return e;
   if (auto r = c.accept(private_data); !r) co_return r.error();
   co_return co_await wait_established(p, c);
 }
@@ -1224,8 +1234,7 @@ inline task<result<void>> accept(EventPump &p, Connection &c, std::span<const st
 /// \mallocs As advance(EventPump&, ...).
 inline task<std::error_code> watch(EventPump &p, Connection &c, CompletionRouter &r, const bool &stop,
                                    std::int64_t poll_ms = 100) {
-  if (!p || !c) co_return make_error_code(errc::null_handle);
-  if (!c.shares_channel() || c.fd() != p.channel()->fd()) co_return make_error_code(errc::invalid_argument);
+  if (auto e = detail::pump_mismatch(p, c)) co_return e;
   co_return co_await detail::watch_with(detail::pump_access::of(p), c, r, stop, poll_ms);
 }
 
