@@ -615,15 +615,26 @@ struct router_core {
                   [this, hold = ref(this)](const boost::system::error_code &e) mutable {
                     hold.ran = true;
                     waiting = false;
+                    // The fd is waited for again only after the woken coroutines ran (also
+                    // when one throws): the reactor's registration (epoll_ctl) is then not
+                    // between a completion and the work request its coroutine posts next.
+                    struct again {
+                      router_core *c;
+                      bool on = false;
+                      ~again() {
+                        if (on) c->wait();
+                      }
+                    } g{this};
                     dispatching = true; // wakes queue up for the dispatch() below
-                    if (open && !e) on_readable();
+                    if (open && !e) g.on = on_readable();
                     else if (open && e != net::error::operation_aborted) stop(from_asio(e));
                     dispatching = false;
                     dispatch();
                   });
   }
-  // Route what the channel announced; the caller resumes the ready waiters (dispatch()).
-  void on_readable() noexcept {
+  // Route what the channel announced; the caller resumes the ready waiters (dispatch()), then
+  // waits for the fd again if this returns true (false: the router stopped).
+  bool on_readable() noexcept {
     // One read: the channel serves only this CQ, armed at most once between events, so at most one
     // event is pending (and Asio's next wait re-checks the fd's level: EPOLL_CTL_MOD). The fd is
     // non-blocking: a spurious wake-up reads EAGAIN instead of blocking the thread.
@@ -636,20 +647,22 @@ struct router_core {
         // than swallow another owner's events.
         ::ibv_ack_cq_events(ev_cq, 1);
         ++stats.foreign_events;
-        return stop(make_error_code(errc::invalid_argument));
+        stop(make_error_code(errc::invalid_argument));
+        return false;
       }
       armed = false; // the event disarmed it
       ++stats.events;
       if (++unacked >= ack_batch) ack();
     } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      return stop(last_errno());
+      stop(last_errno());
+      return false;
     }
     // Route what is there; arm again only if a wait is still suspended (a wait that begins
     // later arms before it suspends).
-    if (auto ec = drain(false)) return stop(ec);
-    if (susp)
-      if (auto ec = drain(true)) return stop(ec);
-    wait();
+    std::error_code ec = drain(false);
+    if (!ec && susp) ec = drain(true);
+    if (ec) stop(ec);
+    return !ec;
   }
 
   void ack() noexcept {
