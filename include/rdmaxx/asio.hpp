@@ -683,6 +683,19 @@ inline auto suspend_on(router_core &c, waiter_node &n, deadline until) {
       [&c, &n](auto h) { c.suspend(n, std::move(h)); }, net::use_awaitable);
 }
 
+// What a Waiter's wait gives once it is not suspended (routed, failed, or past its deadline).
+inline result<ibv_wc> wait_result(const waiter_node &n) noexcept {
+  if (n.done) return n.wc;
+  if (n.failed) return n.failed;
+  return make_error_code(errc::timeout);
+}
+
+// An awaitable already holding its value (a wait that found its completion by polling).
+template <class T>
+task<T> ready_value(T v) {
+  co_return v;
+}
+
 } // namespace detail
 
 class Waiter;
@@ -867,17 +880,22 @@ public:
   /// watch() or CompletionRouter::fail() gave for the QP, or a failed channel/poll:
   /// errc::invalid_argument when the channel delivered another CQ's event (it must serve only
   /// the router's CQ: give the other CQ a channel of its own; the router has stopped).
-  /// Polls the CQ first (and arms it, polling again, if it was not armed): a completion that
-  /// is already there returns without suspending.
-  /// \mallocs Asio's coroutine frames (recycled per thread).
+  /// Polls the CQ first, at the call (and arms it, polling again, if it was not armed): a
+  /// completion that is already there returns without suspending. co_await the result at once.
+  /// \mallocs Asio's coroutine frames (recycled per thread): one per call, the frame of the
+  ///   Asio operation a suspending wait is (its handler is handed the result) or of the ready value.
   task<result<ibv_wc>> wait(deadline until) {
     if (!n_.done && !n_.failed) n_.core->poll_now([this] { return n_.done || bool(n_.failed); });
-    if (!n_.done && !n_.failed) { // nothing yet: suspend until routed, failed or `until`
-      co_await detail::suspend_on(*n_.core, n_, until);
-    }
-    if (n_.done) co_return n_.wc;
-    if (n_.failed) co_return n_.failed;
-    co_return make_error_code(errc::timeout);
+    if (n_.done || n_.failed) return detail::ready_value(detail::wait_result(n_));
+    // Nothing yet: suspend until routed, failed or `until` (suspend() re-checks: the state may
+    // have changed before the caller's co_await ran the initiation).
+    return net::async_initiate<decltype(net::use_awaitable), void(result<ibv_wc>)>(
+        [this, until](auto h) {
+          n_.until = until;
+          n_.expired = false;
+          n_.core->suspend(n_, [h = std::move(h), n = &n_]() mutable { std::move(h)(detail::wait_result(*n)); });
+        },
+        net::use_awaitable);
   }
 
 private:
