@@ -331,6 +331,7 @@ struct router_core {
   std::size_t max_pools = 0, n_pools = 0;
   unsigned ack_batch = 16, unacked = 0;
   bool armed = false; // ibv_req_notify_cq since the last event: the next completion raises one
+  bool event_pending = false; // the fd turned readable: an event to take (take_event())
   int fd_flags = -1; // the channel fd's flags before create() made it non-blocking
   std::size_t refs = 1; // the router, every linked waiter, each pending handler (fd, timer, flush)
   bool open = true;
@@ -528,6 +529,8 @@ struct router_core {
   // Poll until the CQ is empty; with `arm`, until it is empty and armed (the drain-after-event
   // rule: CompletionQueue::poll_and_arm).
   std::error_code drain(bool arm) noexcept {
+    if (arm && event_pending)
+      if (auto ec = take_event()) return ec;
     ibv_wc wc[16];
     for (;;) {
       auto n = arm ? cq->poll_and_arm(wc) : cq->poll(wc);
@@ -622,7 +625,7 @@ struct router_core {
                       router_core *c;
                       bool on = false;
                       ~again() {
-                        if (on) c->wait();
+                        if (on && c->after_dispatch()) c->wait();
                       }
                     } g{this};
                     dispatching = true; // wakes queue up for the dispatch() below
@@ -632,12 +635,37 @@ struct router_core {
                     dispatch();
                   });
   }
-  // Route what the channel announced; the caller resumes the ready waiters (dispatch()), then
-  // waits for the fd again if this returns true (false: the router stopped).
+  // The fd is readable: the CQ's event fired (it disarmed the CQ). Route what is there; the
+  // caller resumes the ready waiters (dispatch()), then after_dispatch(), then waits for the fd
+  // again if that returns true (false: the router stopped). The event itself is taken later
+  // (take_event()): its read is then not between a completion and the work request that the
+  // completion's coroutine posts next.
   bool on_readable() noexcept {
-    // One read: the channel serves only this CQ, armed at most once between events, so at most one
-    // event is pending (and Asio's next wait re-checks the fd's level: EPOLL_CTL_MOD). The fd is
-    // non-blocking: a spurious wake-up reads EAGAIN instead of blocking the thread.
+    event_pending = true;
+    armed = false;
+    if (auto ec = drain(false)) {
+      stop(ec);
+      return false;
+    }
+    return true;
+  }
+  // After the woken coroutines ran: take the event if none of them did (arming takes it first),
+  // and arm again if a wait is still suspended (a wait that begins later arms before it suspends).
+  bool after_dispatch() noexcept {
+    std::error_code ec;
+    if (event_pending) ec = take_event();
+    if (!ec && open && !error && susp && !armed) ec = drain(true);
+    if (ec) stop(ec);
+    return open && !error;
+  }
+  // Take the event the fd announced: one non-blocking read (ibv_get_cq_event). Always before
+  // the CQ is armed again (drain(true)): mlx4 and mlx5 count their arm sequence in its cq_event
+  // hook. The channel serves only this CQ, armed at most once between events, so at most one
+  // event is pending (and Asio's next wait re-checks the fd's level: EPOLL_CTL_MOD); a spurious
+  // wake-up reads EAGAIN instead of blocking the thread.
+  std::error_code take_event() noexcept {
+    event_pending = false;
+    if (!open) return {}; // closed meanwhile (by a woken coroutine): an event never read needs no ack
     ibv_cq *ev_cq = nullptr;
     void *ev_ctx = nullptr;
     if (::ibv_get_cq_event(ch->native_handle(), &ev_cq, &ev_ctx) == 0) {
@@ -647,22 +675,14 @@ struct router_core {
         // than swallow another owner's events.
         ::ibv_ack_cq_events(ev_cq, 1);
         ++stats.foreign_events;
-        stop(make_error_code(errc::invalid_argument));
-        return false;
+        return make_error_code(errc::invalid_argument);
       }
-      armed = false; // the event disarmed it
       ++stats.events;
       if (++unacked >= ack_batch) ack();
-    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      stop(last_errno());
-      return false;
+      return {};
     }
-    // Route what is there; arm again only if a wait is still suspended (a wait that begins
-    // later arms before it suspends).
-    std::error_code ec = drain(false);
-    if (!ec && susp) ec = drain(true);
-    if (ec) stop(ec);
-    return !ec;
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return {};
+    return last_errno();
   }
 
   void ack() noexcept {
