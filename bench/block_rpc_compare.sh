@@ -6,9 +6,9 @@
 # and range, and its rate over 06's round by round (runs that failed their checks left out).
 # - STRACE=1: one run of each under strace -c -f instead: the system calls of server and client
 #   (the calls per request are load-independent).
-# - BASE=DIR: also DIR/examples/07_asio_block_rpc --connections 1 in every round (a build before
-#   a change, measured in the same boot; DIR inside the worktree: the VM sees the host's /tmp
-#   only through RXE_VM_WRITABLE). NO4=1: without the 4-connection runs.
+# - BASE=DIR: also DIR/examples/07_asio_block_rpc --connections 1 and DIR/examples/06_block_rpc
+#   in every round (a build before a change, measured in the same boot; DIR inside the worktree:
+#   the VM sees the host's /tmp only through RXE_VM_WRITABLE). NO4=1: without the 4-connection runs.
 # - CALLGRIND=OUT: instead, user-space instructions per request of 06 and 07 --connections 1
 #   (both sides under callgrind, N1=200 and N2=400 requests, start-up cancelled by the
 #   difference), files in OUT (writable: RXE_VM_WRITABLE=OUT tools/rxe-vm env CALLGRIND=OUT ...);
@@ -93,6 +93,7 @@ for rep in $(seq $REPS); do
   [ -n "$SHIM" ] && run "06 + epoll_ctl per poll (SHIM)" 06-ctl $((7484+rep*10)) $build/examples/06_block_rpc --requests $N
   run "07 --connections 1" 07-c1 $((7481+rep*10)) $build/examples/07_asio_block_rpc --requests $N --connections 1
   [ -n "$BASE" ] && run "07 of $BASE --connections 1" 07-base-c1 $((7483+rep*10)) $BASE/examples/07_asio_block_rpc --requests $N --connections 1
+  [ -n "$BASE" ] && run "06 of $BASE (1 connection)" 06-base $((7485+rep*10)) $BASE/examples/06_block_rpc --requests $N
   [ -n "$STRACE" ] || [ -n "$NO4" ] || run "07 --connections 4" 07-c4 $((7482+rep*10)) $build/examples/07_asio_block_rpc --requests $N --connections 4
 done
 # Medians over the rounds, and 07 / 06 round by round (rounds where both passed).
