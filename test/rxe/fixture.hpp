@@ -8,10 +8,12 @@
 
 #include <dirent.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -208,5 +210,21 @@ struct device_pd {
 struct loopback : device_pd, qp_pair {
   loopback() : qp_pair(ctx, pd) {}
 };
+
+// Destroy `cq` on a thread of its own and report whether ibv_destroy_cq returned within
+// `ms`: it waits until every event read from the CQ's channel was acknowledged, so a missing
+// acknowledgement hangs it. A stuck CQ stays with its (detached) thread.
+inline bool destroyed_within(CompletionQueue cq, int ms) {
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread t([q = std::move(cq), done]() mutable {
+    q = CompletionQueue{};
+    *done = true;
+  });
+  for (int i = 0; i < ms / 10 && !*done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const bool in_time = *done;
+  if (in_time) t.join();
+  else t.detach();
+  return in_time;
+}
 
 } // namespace rxe
