@@ -180,15 +180,24 @@ public:
 
   /// ibv_req_notify_cq: arm the CQ so that the next completion (with `solicited_only`, the next
   /// completion of a work request with send_flag::solicited, or any error completion) raises one
-  /// event on its channel. One arm gives at most one event.
+  /// event on its channel. One arm gives at most one event. An event that wait() saw on the
+  /// channel and left there is taken first (ibv_get_cq_event + ibv_ack_cq_events): mlx4 and
+  /// mlx5 count their arm sequence in ibv_get_cq_event.
   /// \errors
   /// - errc::null_handle: the CQ is null.
   /// - errc::wrong_state: the CQ has no channel.
-  /// - the errno of ibv_req_notify_cq.
+  /// - the errno of ibv_get_cq_event or ibv_req_notify_cq.
   /// \mallocs None.
   result<void> arm(bool solicited_only = false) noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     if (!h_.get()->channel) return make_error_code(errc::wrong_state);
+    if (event_pending_) {
+      event_pending_ = false;
+      ibv_cq *ev_cq = nullptr;
+      void *ev_ctx = nullptr;
+      if (::ibv_get_cq_event(h_.get()->channel, &ev_cq, &ev_ctx)) return last_errno();
+      ::ibv_ack_cq_events(ev_cq, 1);
+    }
     if (const int rc = ::ibv_req_notify_cq(h_.get(), solicited_only ? 1 : 0)) return errno_code(rc);
     return success();
   }
@@ -204,7 +213,8 @@ public:
   /// - errc::null_handle: the CQ is null.
   /// - errc::zero_length: `out` is empty.
   /// - errc::wrong_state: the CQ has no channel.
-  /// - the errno of ibv_poll_cq / ibv_req_notify_cq.
+  /// - the errno of ibv_poll_cq / ibv_get_cq_event (an event wait() left, see arm()) /
+  ///   ibv_req_notify_cq.
   /// \mallocs None.
   [[nodiscard]] result<std::size_t> poll_and_arm(std::span<ibv_wc> out, bool solicited_only = false) noexcept {
     if (!h_) return make_error_code(errc::null_handle);
@@ -231,7 +241,11 @@ public:
   /// Wait up to `timeout_ms` milliseconds for completions and poll them into `out`. Returns the
   /// number written (>= 1).
   /// - With a channel: poll; if empty, arm (ibv_req_notify_cq), poll again to close the race,
-  ///   then wait on the channel fd (poll(2)), ibv_get_cq_event + ibv_ack_cq_events, and poll.
+  ///   then wait on the channel fd (poll(2)) and poll. The event is left on the channel and
+  ///   taken (ibv_get_cq_event + ibv_ack_cq_events) by the next arm of this CQ (arm(), the next
+  ///   wait() or poll_and_arm()): its read is then not between the completion and what the
+  ///   caller does with it. Take the channel's events with CompletionChannel::get_event() or with
+  ///   wait(), not both.
   ///   Do not use it on a channel shared by several CQs: it may take another CQ's event (it
   ///   acknowledges it, so nothing hangs, but that CQ's owner never sees the event). Use
   ///   CompletionChannel::get_event() there.
@@ -261,7 +275,7 @@ public:
     for (;;) {
       RDMAXX_TRY(n, poll(out));
       if (n) return n;
-      if (const int rc = ::ibv_req_notify_cq(h_.get(), 0)) return errno_code(rc);
+      RDMAXX_TRYV(arm());
       RDMAXX_TRY(m, poll(out));
       if (m) return m;
       const std::int64_t left = deadline - detail::monotonic_ms();
@@ -270,10 +284,7 @@ public:
       const int pr = ::poll(&p, 1, int(left));
       if (pr < 0 && errno != EINTR) return last_errno();
       if (pr <= 0) continue; // timeout or EINTR: the loop re-checks the deadline
-      ibv_cq *ev_cq = nullptr;
-      void *ev_ctx = nullptr;
-      if (::ibv_get_cq_event(ch, &ev_cq, &ev_ctx)) return last_errno();
-      ::ibv_ack_cq_events(ev_cq, 1);
+      event_pending_ = true;  // taken by the next arm(), after the completions went to the caller
     }
   }
 
@@ -348,6 +359,7 @@ public:
   result<void> destroy() noexcept {
     RDMAXX_TRYV(h_.destroy());
     poll_.reset(nullptr);
+    event_pending_ = false; // an event never read needs no acknowledgement
     return success();
   }
 
@@ -371,6 +383,7 @@ private:
   friend struct detail::test_access;
   detail::handle<traits> h_; // parents: Context, completion channel
   detail::poll_entry poll_;  // h_'s provider poll_cq, or the null stand-in
+  bool event_pending_ = false; // wait() saw the channel readable: arm() takes that event first
 };
 
 } // namespace rdmaxx

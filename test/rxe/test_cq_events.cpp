@@ -1,7 +1,15 @@
 // [cq-events]: CompletionQueue::wait without a channel (bounded busy poll), and the channel's
 // separate steps: arm (incl. solicited-only), get_event, batched ack, one channel for several
-// CQs, the drain-after-event rule (poll_and_arm). On a real rxe device.
+// CQs, the drain-after-event rule (poll_and_arm); wait() with a channel leaves the event it woke
+// on for the next arm. On a real rxe device.
 #include "fixture.hpp"
+
+#include <poll.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
 
 namespace {
 using namespace rxe;
@@ -179,4 +187,68 @@ TEST_CASE("wait_for(wr_id): the one completion, the others handed over in order,
   CompletionQueue null_cq;
   CHECK(null_cq.wait_for(1, 10).error() == errc::null_handle);
   CHECK(null_cq.wait_for(1, 10, keep).error() == errc::null_handle);
+}
+
+// wait() with a channel: the event that woke it stays on the channel until the next arm of the
+// CQ (the next wait() that finds the CQ empty, arm(), poll_and_arm()) takes and acknowledges
+// it. Every event taken must be acknowledged before ibv_destroy_cq returns: the destroy runs on
+// a thread of its own and is given 10 s.
+TEST_CASE("wait() with a channel: the event it woke on is taken by the next arm, then acknowledged", "[cq-events]") {
+  device_pd d;
+  auto ch = need(CompletionChannel::create(d.ctx), "channel");
+  auto cq = need(CompletionQueue::create(d.ctx, 16, &ch), "cq");
+  auto cq_b = need(CompletionQueue::create(d.ctx, 16), "cq b");
+  auto a = need(QueuePair::create(d.pd, cq, cq), "qp a");
+  auto b = need(QueuePair::create(d.pd, cq_b, cq_b), "qp b");
+  need(connect_loopback(a, b), "connect");
+  alignas(64) static unsigned char src[64], dst[64];
+  fill(src, sizeof src, 7);
+  std::memset(dst, 0, sizeof dst);
+  auto smr = need(MemoryRegion::reg(d.pd, src, sizeof src, access::local_write), "src");
+  auto dmr = need(MemoryRegion::reg(d.pd, dst, sizeof dst, remote_rw), "dst");
+  const auto readable = [&] {
+    pollfd p{ch.fd(), POLLIN, 0};
+    return ::poll(&p, 1, 0) == 1;
+  };
+  ibv_wc wc[4];
+  for (std::uint64_t id = 1; id <= 3; ++id) {
+    // Posted 100 ms into the wait: the completion comes while wait() sleeps on the channel.
+    std::atomic<bool> posted_ok{false};
+    std::thread t([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      auto bt = a.start_send();
+      bt.write({.id = id, .flags = send_flag::signaled}, {dmr.iova(), dmr.rkey()}, smr.sge());
+      posted_ok = bool(bt.submit());
+    });
+    auto n = cq.wait(wc, 10000);
+    t.join();
+    REQUIRE(posted_ok);
+    REQUIRE(n);
+    REQUIRE(n.value() == 1);
+    CHECK(wc[0].wr_id == id);
+    CHECK(wc[0].status == IBV_WC_SUCCESS);
+    CHECK(readable()); // the event is still on the channel
+  }
+  CHECK(std::memcmp(src, dst, sizeof src) == 0);
+  need(cq.arm(), "arm"); // takes the last wait's event, then arms
+  CHECK_FALSE(readable());
+  // Armed, nothing posted: a wait that sleeps and times out; no event comes.
+  CHECK(cq.wait(wc, 50).error() == errc::timeout);
+  CHECK_FALSE(readable());
+  // The same, the event this time taken by the next wait before it arms.
+  std::thread t2([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto bt = a.start_send();
+    bt.write({.id = 9, .flags = send_flag::signaled}, {dmr.iova(), dmr.rkey()}, smr.sge());
+    (void)bt.submit(); // checked by the wait below
+  });
+  auto n9 = cq.wait(wc, 10000);
+  t2.join();
+  REQUIRE(n9);
+  CHECK(wc[0].wr_id == 9);
+  CHECK(readable());
+  CHECK(cq.wait(wc, 50).error() == errc::timeout);
+  CHECK_FALSE(readable());
+  a = QueuePair{};
+  REQUIRE(destroyed_within(std::move(cq), 10000)); // every event taken was acknowledged
 }
