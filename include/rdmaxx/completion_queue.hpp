@@ -182,7 +182,10 @@ public:
   /// completion of a work request with send_flag::solicited, or any error completion) raises one
   /// event on its channel. One arm gives at most one event. An event that wait() saw on the
   /// channel and left there is taken first (ibv_get_cq_event + ibv_ack_cq_events): mlx4 and
-  /// mlx5 count their arm sequence in ibv_get_cq_event.
+  /// mlx5 count their arm sequence in ibv_get_cq_event. If another reader took that event
+  /// (CompletionChannel::get_event(), an asio router) the read finds none: on a non-blocking
+  /// fd (a router makes it so) arm() goes on; on a blocking one the read would wait for the
+  /// next event, so take one CQ's events either through wait() or through get_event().
   /// \errors
   /// - errc::null_handle: the CQ is null.
   /// - errc::wrong_state: the CQ has no channel.
@@ -195,8 +198,9 @@ public:
       event_pending_ = false;
       ibv_cq *ev_cq = nullptr;
       void *ev_ctx = nullptr;
-      if (::ibv_get_cq_event(h_.get()->channel, &ev_cq, &ev_ctx)) return last_errno();
-      ::ibv_ack_cq_events(ev_cq, 1);
+      if (::ibv_get_cq_event(h_.get()->channel, &ev_cq, &ev_ctx) == 0) ::ibv_ack_cq_events(ev_cq, 1);
+      else if (errno != EAGAIN && errno != EWOULDBLOCK) return last_errno();
+      // EAGAIN: a non-blocking channel (a router's) whose event another reader took already.
     }
     if (const int rc = ::ibv_req_notify_cq(h_.get(), solicited_only ? 1 : 0)) return errno_code(rc);
     return success();

@@ -4,6 +4,7 @@
 // on for the next arm. On a real rxe device.
 #include "fixture.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
 
 #include <atomic>
@@ -249,6 +250,63 @@ TEST_CASE("wait() with a channel: the event it woke on is taken by the next arm,
   CHECK(readable());
   CHECK(cq.wait(wc, 50).error() == errc::timeout);
   CHECK_FALSE(readable());
+  a = QueuePair{};
+  REQUIRE(destroyed_within(std::move(cq), 10000)); // every event taken was acknowledged
+}
+
+// The event wait() left is taken by another reader first (the channel's get_event(), as a
+// router would on its non-blocking fd): the CQ's next arm finds none, goes on, and arms. It
+// neither fails with EAGAIN nor blocks, and the next completion raises an event.
+TEST_CASE("wait() left an event another reader took: the next arm goes on (non-blocking channel)", "[cq-events]") {
+  device_pd d;
+  auto ch = need(CompletionChannel::create(d.ctx), "channel");
+  auto cq = need(CompletionQueue::create(d.ctx, 16, &ch), "cq");
+  auto cq_b = need(CompletionQueue::create(d.ctx, 16), "cq b");
+  auto a = need(QueuePair::create(d.pd, cq, cq), "qp a");
+  auto b = need(QueuePair::create(d.pd, cq_b, cq_b), "qp b");
+  need(connect_loopback(a, b), "connect");
+  alignas(64) static unsigned char src[64], dst[64];
+  fill(src, sizeof src, 5);
+  std::memset(dst, 0, sizeof dst);
+  auto smr = need(MemoryRegion::reg(d.pd, src, sizeof src, access::local_write), "src");
+  auto dmr = need(MemoryRegion::reg(d.pd, dst, sizeof dst, remote_rw), "dst");
+  const int fl = ::fcntl(ch.fd(), F_GETFL);
+  REQUIRE(fl >= 0);
+  REQUIRE(::fcntl(ch.fd(), F_SETFL, fl | O_NONBLOCK) == 0);
+  const auto write_after = [&](std::uint64_t id, int ms) {
+    return std::thread([&a, &dmr, &smr, id, ms] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      auto bt = a.start_send();
+      bt.write({.id = id, .flags = send_flag::signaled}, {dmr.iova(), dmr.rkey()}, smr.sge());
+      (void)bt.submit(); // checked by the completion it gives
+    });
+  };
+  ibv_wc wc[4];
+  std::thread t = write_after(1, 100);
+  auto n = cq.wait(wc, 10000);
+  t.join();
+  REQUIRE(n);
+  CHECK(wc[0].wr_id == 1);
+  CHECK(wc[0].status == IBV_WC_SUCCESS);
+  // The other reader takes the event wait() left, and acknowledges it.
+  auto ev = ch.get_event(0);
+  REQUIRE(ev);
+  CHECK(ev.value() == cq.native_handle());
+  need(cq.ack_events(1), "ack");
+  auto armed = cq.arm(); // its pending event is gone: EAGAIN on this fd, taken as nothing left
+  REQUIRE(armed);
+  std::thread t2 = write_after(2, 0);
+  t2.join();
+  auto ev2 = ch.get_event(5000); // armed: the completion raised an event
+  REQUIRE(ev2);
+  CHECK(ev2.value() == cq.native_handle());
+  need(cq.ack_events(1), "ack 2");
+  auto p2 = cq.poll(wc);
+  REQUIRE(p2);
+  REQUIRE(p2.value() == 1);
+  CHECK(wc[0].wr_id == 2);
+  CHECK(wc[0].status == IBV_WC_SUCCESS);
+  CHECK(std::memcmp(src, dst, sizeof src) == 0);
   a = QueuePair{};
   REQUIRE(destroyed_within(std::move(cq), 10000)); // every event taken was acknowledged
 }
