@@ -15,6 +15,8 @@
 #   then on the host: callgrind_annotate OUT/07.c.400.cg (per function). CG_ONLY="07 ...": only
 #   those of 06, 07 and 07-base (BASE).
 # Each run prints the CPU (user+system, bash time) per request of server and client.
+# - MIX=1: also 06's client against 07's server ("mix-s07") and 07's client (--connections 1)
+#   against 06's server ("mix-s06") in every round (the same wire): what each side costs alone.
 # - SHIM=1: also 06 under bench/poll_epoll_ctl.cpp (LD_PRELOAD: one epoll_ctl before each
 #   poll, the call Asio's reactor makes per fd wait) in every round: "06-ctl".
 build=${1:-build}
@@ -64,7 +66,8 @@ run() { # name key port exe client-args...
   local pre=()
   [ "$key" = 06-ctl ] && pre=(env LD_PRELOAD="$PWD/$build/bench/poll_epoll_ctl.so")
   local TIMEFORMAT='%U %S' # bash's time: user and system CPU seconds of the process
-  { time "${pre[@]}" "${pre_s[@]}" $exe server $port > /tmp/srv.log 2>&1; } 2> /tmp/srv.time & local sp=$!
+  local sexe=${srv_exe:-$exe} # MIX: the other example's server
+  { time "${pre[@]}" "${pre_s[@]}" $sexe server $port > /tmp/srv.log 2>&1; } 2> /tmp/srv.time & local sp=$!
   sleep 1
   local t0=$(date +%s%N)
   { time "${pre[@]}" "${pre_c[@]}" $exe client $ip:$port "$@" > /tmp/cli.log 2>&1; } 2> /tmp/cli.time; local rc=$?
@@ -75,7 +78,7 @@ run() { # name key port exe client-args...
     "client $(awk -v n=$((N+8)) '{printf "%.0f+%.0f", $1*1e6/n, $2*1e6/n}' /tmp/cli.time)"
   [ $rc = 0 ] && [ $src = 0 ] && rates+=("$rep $key $(( (N+8)*1000/ms ))") &&
     cpu+=("$key $(awk -v n=$((N+8)) '{printf "%.0f ", ($1+$2)*1e6/n}' /tmp/srv.time /tmp/cli.time)")
-  grep -h "router:\|FAIL" /tmp/cli.log /tmp/srv.log; grep -ho "steady state: .*" /tmp/cli.log
+  grep -h "router:\|FAIL\|broke its" /tmp/cli.log /tmp/srv.log; grep -ho "steady state: .*" /tmp/cli.log
   if [ -n "$STRACE" ]; then
     for side in s c; do
       local who=server; [ $side = c ] && who=client
@@ -94,6 +97,8 @@ for rep in $(seq $REPS); do
   run "07 --connections 1" 07-c1 $((7481+rep*10)) $build/examples/07_asio_block_rpc --requests $N --connections 1
   [ -n "$BASE" ] && run "07 of $BASE --connections 1" 07-base-c1 $((7483+rep*10)) $BASE/examples/07_asio_block_rpc --requests $N --connections 1
   [ -n "$BASE" ] && run "06 of $BASE (1 connection)" 06-base $((7485+rep*10)) $BASE/examples/06_block_rpc --requests $N
+  [ -n "$MIX" ] && srv_exe=$build/examples/07_asio_block_rpc run "06 client, 07 server" mix-s07 $((7486+rep*10)) $build/examples/06_block_rpc --requests $N
+  [ -n "$MIX" ] && srv_exe=$build/examples/06_block_rpc run "07 client, 06 server" mix-s06 $((7487+rep*10)) $build/examples/07_asio_block_rpc --requests $N --connections 1
   [ -n "$STRACE" ] || [ -n "$NO4" ] || run "07 --connections 4" 07-c4 $((7482+rep*10)) $build/examples/07_asio_block_rpc --requests $N --connections 4
 done
 # Medians over the rounds, and 07 / 06 round by round (rounds where both passed).

@@ -89,7 +89,7 @@ std::uint64_t get(const std::byte *p, int n) {
   return v;
 }
 // op(1) flags(1) stall_ms(2) block(4) id(8), then the grant_list. A bye's block field: the
-// number of byes the server is to expect (the client's connections).
+// number of byes the server is to expect (the client's connections; 0, as 06's client sends: 1).
 struct request {
   static constexpr std::size_t head = 16;
   op what = op::bye;
@@ -289,7 +289,7 @@ private:
       auto r = request::decode(rx.bytes(w.value()));
       if (!r || !rx.repost(conn.qp())) co_return count_error("request", r ? std::error_code{} : r.error());
       if (r.value().what == op::bye) {
-        st_.byes_expected = r.value().block;
+        st_.byes_expected = r.value().block ? r.value().block : 1; // 06's client sends 0: one
         ++st_.byes;
         (void)reply(conn, rx, r.value(), id, false);
         co_return;
@@ -594,20 +594,31 @@ private:
     if (j.what == op::bye) co_return replied ? outcome::done : outcome::broken;
     if (broken) { // recover() settles every lease (revoke_all)
       finish(k, lease, j, version, false);
-      co_return outcome::broken;
+      co_return broke(j, "reply", why(w));
     }
     if (!replied)
       std::printf("client: request %llu (%s block %u) timed out after %d ms: revoking, slot %u reused\n",
                   ull(j.id), j.what == op::write ? "WRITE" : "READ", j.block, timeout_ms, lease.slot());
-    if (auto v = k.pool.revoke(qp, lease); !v) co_return outcome::broken;
+    if (auto v = k.pool.revoke(qp, lease); !v) co_return broke(j, "revoke", v.error());
     if (auto s = co_await ra::settled(router_, k.pool, lease, qp.qp_num(), ra::after_ms(step_ms)); !s) {
       finish(k, lease, j, version, false);
-      co_return outcome::broken;
+      co_return broke(j, "the revoke's completion", s.error());
     }
     finish(k, lease, j, version, replied);
     co_return replied ? outcome::done : outcome::timed_out;
   }
   // snippet-end: handler
+
+  // A request broke its connection: say why (the run's checks count the reconnect).
+  outcome broke(const job &j, const char *what, std::error_code ec) {
+    std::printf("client: request %llu broke its connection (%s): %s\n", ull(j.id), what, ec.message().c_str());
+    return outcome::broken;
+  }
+  static std::error_code why(const result<ibv_wc> &w) {
+    if (!w) return w.error();
+    if (auto ec = wc_error(w.value())) return ec;
+    return make_error_code(errc::unexpected_completion); // another size, or another request's id
+  }
 
   // The lease is ready (or the connection is gone and recover() will make it so): check its
   // bytes, record what the slot holds, give it back.
