@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <dirent.h>
+#include <poll.h>
 
 #include <atomic>
 #include <chrono>
@@ -209,6 +210,44 @@ struct device_pd {
 /// A device with two RC QPs connected to each other (loopback). `a` initiates, `b` is the target.
 struct loopback : device_pd, qp_pair {
   loopback() : qp_pair(ctx, pd) {}
+};
+
+/// The CQ-event tests' setup: QP a's CQ `cq` has the channel `ch`, b has a CQ of its own; `src`
+/// (filled with `pattern`) and `dst` (zeroed) registered for a write of `bytes` from a to b.
+struct channel_pair : device_pd {
+  CompletionChannel ch = need(CompletionChannel::create(ctx), "channel");
+  CompletionQueue cq = need(CompletionQueue::create(ctx, 16, &ch), "cq");
+  CompletionQueue cq_b = need(CompletionQueue::create(ctx, 16), "cq b");
+  QueuePair a = need(QueuePair::create(pd, cq, cq), "qp a");
+  QueuePair b = need(QueuePair::create(pd, cq_b, cq_b), "qp b");
+  std::vector<unsigned char> src, dst;
+  MemoryRegion smr, dmr;
+  channel_pair(std::size_t bytes, unsigned char pattern) : src(bytes), dst(bytes, 0) {
+    need(connect_loopback(a, b), "connect");
+    fill(src.data(), bytes, pattern);
+    smr = need(MemoryRegion::reg(pd, src.data(), bytes, access::local_write), "src");
+    dmr = need(MemoryRegion::reg(pd, dst.data(), bytes, remote_rw), "dst");
+  }
+  /// Post one signaled RDMA write of every byte of `src` to `dst` with `id` (true: posted).
+  bool post_write(std::uint64_t id) {
+    auto bt = a.start_send();
+    bt.write({.id = id, .flags = send_flag::signaled}, {dmr.iova(), dmr.rkey()}, smr.sge());
+    return bool(bt.submit());
+  }
+  /// post_write(id) on a thread of its own after `ms` milliseconds (a completion that comes while
+  /// the caller sleeps on the channel); its result in `*posted` when given. Join it.
+  std::thread post_write_after(std::uint64_t id, int ms, std::atomic<bool> *posted = nullptr) {
+    return std::thread([this, id, ms, posted] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      const bool ok = post_write(id);
+      if (posted) *posted = ok;
+    });
+  }
+  /// The channel's fd holds an event (poll(2), no wait).
+  bool readable() const {
+    pollfd p{ch.fd(), POLLIN, 0};
+    return ::poll(&p, 1, 0) == 1;
+  }
 };
 
 // Destroy `cq` on a thread of its own and report whether ibv_destroy_cq returned within

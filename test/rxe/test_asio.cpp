@@ -260,42 +260,29 @@ TEST_CASE("[asio] a channel shared with another CQ: its event is acknowledged on
 TEST_CASE("[asio] the router closed by the coroutine its event woke: every event taken was acknowledged", "[asio]") {
   const std::string before = kernel_resources();
   {
-    device_pd d;
-    auto ch = need(CompletionChannel::create(d.ctx), "channel");
-    auto cq = need(CompletionQueue::create(d.ctx, 16, &ch), "cq");
-    auto cq_b = need(CompletionQueue::create(d.ctx, 16), "cq b");
-    QueuePair a = need(QueuePair::create(d.pd, cq, cq), "qp a");
-    QueuePair b = need(QueuePair::create(d.pd, cq_b, cq_b), "qp b");
-    need(connect_loopback(a, b), "connect");
-    static unsigned char src[chunk], dst[chunk];
-    fill(src, sizeof src, 5);
-    std::memset(dst, 0, sizeof dst);
-    auto smr = need(MemoryRegion::reg(d.pd, src, sizeof src, access::local_write), "src");
-    auto dmr = need(MemoryRegion::reg(d.pd, dst, sizeof dst, remote_rw), "dst");
+    channel_pair f(chunk, 5);
     net::io_context io;
-    auto router = need(ra::CompletionRouter::create(io.get_executor(), cq, ch), "router");
+    auto router = need(ra::CompletionRouter::create(io.get_executor(), f.cq, f.ch), "router");
     std::optional<rdmaxx::result<ibv_wc>> got;
     std::uint64_t events = 0;
     net::co_spawn(io, [&]() -> ra::task<void> {
-      ra::Waiter w(router, 3, a.qp_num());
+      ra::Waiter w(router, 3, f.a.qp_num());
       got = co_await w.wait(ra::after_ms(20000));
       events = router.stats().events;
       router.close(); // from inside the channel's handler that woke this coroutine
     }, net::detached);
     net::co_spawn(io, [&]() -> ra::task<void> {
       while (router.stats().suspended == 0) co_await net::post(io, net::use_awaitable);
-      auto bt = a.start_send(); // posted once the wait suspended: its completion raises the event
-      bt.write({3, send_flag::signaled}, {dmr.iova(), dmr.rkey()}, smr.sge(0, std::uint32_t(chunk)));
-      need(bt.submit(), "write");
+      CHECK(f.post_write(3)); // once the wait suspended: its completion raises the event
     }, net::detached);
     io.run_for(std::chrono::seconds(30));
     REQUIRE(got.has_value());
     REQUIRE(got->has_value());
     CHECK(got->value().status == IBV_WC_SUCCESS);
-    CHECK(std::memcmp(dst, src, chunk) == 0);
+    CHECK(f.dst == f.src);
     CHECK(events <= 1); // the wake-up's event is taken after the woken coroutine ran, or never
-    a = QueuePair{};
-    REQUIRE(destroyed_within(std::move(cq), 10000)); // every event taken was acknowledged
+    f.a = QueuePair{};
+    REQUIRE(destroyed_within(std::move(f.cq), 10000)); // every event taken was acknowledged
   }
   CHECK(kernel_resources() == before);
 }

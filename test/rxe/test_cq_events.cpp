@@ -5,11 +5,9 @@
 #include "fixture.hpp"
 
 #include <fcntl.h>
-#include <poll.h>
 
 #include <atomic>
 #include <chrono>
-#include <memory>
 #include <thread>
 
 namespace {
@@ -195,118 +193,72 @@ TEST_CASE("wait_for(wr_id): the one completion, the others handed over in order,
 // it. Every event taken must be acknowledged before ibv_destroy_cq returns: the destroy runs on
 // a thread of its own and is given 10 s.
 TEST_CASE("wait() with a channel: the event it woke on is taken by the next arm, then acknowledged", "[cq-events]") {
-  device_pd d;
-  auto ch = need(CompletionChannel::create(d.ctx), "channel");
-  auto cq = need(CompletionQueue::create(d.ctx, 16, &ch), "cq");
-  auto cq_b = need(CompletionQueue::create(d.ctx, 16), "cq b");
-  auto a = need(QueuePair::create(d.pd, cq, cq), "qp a");
-  auto b = need(QueuePair::create(d.pd, cq_b, cq_b), "qp b");
-  need(connect_loopback(a, b), "connect");
-  alignas(64) static unsigned char src[64], dst[64];
-  fill(src, sizeof src, 7);
-  std::memset(dst, 0, sizeof dst);
-  auto smr = need(MemoryRegion::reg(d.pd, src, sizeof src, access::local_write), "src");
-  auto dmr = need(MemoryRegion::reg(d.pd, dst, sizeof dst, remote_rw), "dst");
-  const auto readable = [&] {
-    pollfd p{ch.fd(), POLLIN, 0};
-    return ::poll(&p, 1, 0) == 1;
-  };
+  channel_pair f(64, 7);
   ibv_wc wc[4];
   for (std::uint64_t id = 1; id <= 3; ++id) {
-    // Posted 100 ms into the wait: the completion comes while wait() sleeps on the channel.
     std::atomic<bool> posted_ok{false};
-    std::thread t([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      auto bt = a.start_send();
-      bt.write({.id = id, .flags = send_flag::signaled}, {dmr.iova(), dmr.rkey()}, smr.sge());
-      posted_ok = bool(bt.submit());
-    });
-    auto n = cq.wait(wc, 10000);
+    std::thread t = f.post_write_after(id, 100, &posted_ok); // comes while wait() sleeps
+    auto n = f.cq.wait(wc, 10000);
     t.join();
     REQUIRE(posted_ok);
     REQUIRE(n);
     REQUIRE(n.value() == 1);
     CHECK(wc[0].wr_id == id);
     CHECK(wc[0].status == IBV_WC_SUCCESS);
-    CHECK(readable()); // the event is still on the channel
+    CHECK(f.readable()); // the event is still on the channel
   }
-  CHECK(std::memcmp(src, dst, sizeof src) == 0);
-  need(cq.arm(), "arm"); // takes the last wait's event, then arms
-  CHECK_FALSE(readable());
+  CHECK(f.src == f.dst);
+  need(f.cq.arm(), "arm"); // takes the last wait's event, then arms
+  CHECK_FALSE(f.readable());
   // Armed, nothing posted: a wait that sleeps and times out; no event comes.
-  CHECK(cq.wait(wc, 50).error() == errc::timeout);
-  CHECK_FALSE(readable());
+  CHECK(f.cq.wait(wc, 50).error() == errc::timeout);
+  CHECK_FALSE(f.readable());
   // The same, the event this time taken by the next wait before it arms.
-  std::thread t2([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    auto bt = a.start_send();
-    bt.write({.id = 9, .flags = send_flag::signaled}, {dmr.iova(), dmr.rkey()}, smr.sge());
-    (void)bt.submit(); // checked by the wait below
-  });
-  auto n9 = cq.wait(wc, 10000);
+  std::thread t2 = f.post_write_after(9, 100); // checked by the wait below
+  auto n9 = f.cq.wait(wc, 10000);
   t2.join();
   REQUIRE(n9);
   CHECK(wc[0].wr_id == 9);
-  CHECK(readable());
-  CHECK(cq.wait(wc, 50).error() == errc::timeout);
-  CHECK_FALSE(readable());
-  a = QueuePair{};
-  REQUIRE(destroyed_within(std::move(cq), 10000)); // every event taken was acknowledged
+  CHECK(f.readable());
+  CHECK(f.cq.wait(wc, 50).error() == errc::timeout);
+  CHECK_FALSE(f.readable());
+  f.a = QueuePair{};
+  REQUIRE(destroyed_within(std::move(f.cq), 10000)); // every event taken was acknowledged
 }
 
 // The event wait() left is taken by another reader first (the channel's get_event(), as a
 // router would on its non-blocking fd): the CQ's next arm finds none, goes on, and arms. It
 // neither fails with EAGAIN nor blocks, and the next completion raises an event.
 TEST_CASE("wait() left an event another reader took: the next arm goes on (non-blocking channel)", "[cq-events]") {
-  device_pd d;
-  auto ch = need(CompletionChannel::create(d.ctx), "channel");
-  auto cq = need(CompletionQueue::create(d.ctx, 16, &ch), "cq");
-  auto cq_b = need(CompletionQueue::create(d.ctx, 16), "cq b");
-  auto a = need(QueuePair::create(d.pd, cq, cq), "qp a");
-  auto b = need(QueuePair::create(d.pd, cq_b, cq_b), "qp b");
-  need(connect_loopback(a, b), "connect");
-  alignas(64) static unsigned char src[64], dst[64];
-  fill(src, sizeof src, 5);
-  std::memset(dst, 0, sizeof dst);
-  auto smr = need(MemoryRegion::reg(d.pd, src, sizeof src, access::local_write), "src");
-  auto dmr = need(MemoryRegion::reg(d.pd, dst, sizeof dst, remote_rw), "dst");
-  const int fl = ::fcntl(ch.fd(), F_GETFL);
+  channel_pair f(64, 5);
+  const int fl = ::fcntl(f.ch.fd(), F_GETFL);
   REQUIRE(fl >= 0);
-  REQUIRE(::fcntl(ch.fd(), F_SETFL, fl | O_NONBLOCK) == 0);
-  const auto write_after = [&](std::uint64_t id, int ms) {
-    return std::thread([&a, &dmr, &smr, id, ms] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-      auto bt = a.start_send();
-      bt.write({.id = id, .flags = send_flag::signaled}, {dmr.iova(), dmr.rkey()}, smr.sge());
-      (void)bt.submit(); // checked by the completion it gives
-    });
-  };
+  REQUIRE(::fcntl(f.ch.fd(), F_SETFL, fl | O_NONBLOCK) == 0);
   ibv_wc wc[4];
-  std::thread t = write_after(1, 100);
-  auto n = cq.wait(wc, 10000);
+  std::thread t = f.post_write_after(1, 100); // checked by the completion it gives
+  auto n = f.cq.wait(wc, 10000);
   t.join();
   REQUIRE(n);
   CHECK(wc[0].wr_id == 1);
   CHECK(wc[0].status == IBV_WC_SUCCESS);
   // The other reader takes the event wait() left, and acknowledges it.
-  auto ev = ch.get_event(0);
+  auto ev = f.ch.get_event(0);
   REQUIRE(ev);
-  CHECK(ev.value() == cq.native_handle());
-  need(cq.ack_events(1), "ack");
-  auto armed = cq.arm(); // its pending event is gone: EAGAIN on this fd, taken as nothing left
+  CHECK(ev.value() == f.cq.native_handle());
+  need(f.cq.ack_events(1), "ack");
+  auto armed = f.cq.arm(); // its pending event is gone: EAGAIN on this fd, taken as nothing left
   REQUIRE(armed);
-  std::thread t2 = write_after(2, 0);
-  t2.join();
-  auto ev2 = ch.get_event(5000); // armed: the completion raised an event
+  REQUIRE(f.post_write(2));
+  auto ev2 = f.ch.get_event(5000); // armed: the completion raised an event
   REQUIRE(ev2);
-  CHECK(ev2.value() == cq.native_handle());
-  need(cq.ack_events(1), "ack 2");
-  auto p2 = cq.poll(wc);
+  CHECK(ev2.value() == f.cq.native_handle());
+  need(f.cq.ack_events(1), "ack 2");
+  auto p2 = f.cq.poll(wc);
   REQUIRE(p2);
   REQUIRE(p2.value() == 1);
   CHECK(wc[0].wr_id == 2);
   CHECK(wc[0].status == IBV_WC_SUCCESS);
-  CHECK(std::memcmp(src, dst, sizeof src) == 0);
-  a = QueuePair{};
-  REQUIRE(destroyed_within(std::move(cq), 10000)); // every event taken was acknowledged
+  CHECK(f.src == f.dst);
+  f.a = QueuePair{};
+  REQUIRE(destroyed_within(std::move(f.cq), 10000)); // every event taken was acknowledged
 }
