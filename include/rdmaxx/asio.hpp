@@ -114,30 +114,96 @@ struct borrowed_fd {
   }
 };
 
-// Wait until `fd` is readable (true) or `until` passed (false), without blocking the thread.
-// The fd is borrowed: registered with the reactor for this wait only, released before return.
-// The timer's handler cancels the descriptor; the coroutine returns only once that handler ran
-// (pending == 0), so neither handler ever sees a destroyed frame.
-inline task<result<bool>> wait_readable(int fd, deadline until) {
+// Where a stoppable wait (watch()) keeps what stop() cancels: set while it waits, cleared when
+// the wait ends or its frame is destroyed.
+struct stop_hook {
+  void (*cancel)(void *) noexcept = nullptr;
+  void *target = nullptr;
+};
+struct stop_access;
+} // namespace detail
+
+/// Ends a watch() at once, from any coroutine or handler of its io_context thread: Boost 1.74 has
+/// no per-operation cancellation slots. stop() cancels the watch's wait (its fd wait, or its sleep
+/// on an EventPump), and the watch returns an empty error_code. One watch per object; the
+/// object must outlive the watch. Not copyable.
+class watch_stop {
+public:
+  watch_stop() noexcept = default;
+  watch_stop(const watch_stop &) = delete;
+  watch_stop &operator=(const watch_stop &) = delete;
+  /// Wake the watch now (or, if it is not waiting yet, make it return before it waits).
+  void stop() noexcept {
+    stopped_ = true;
+    if (hook_.cancel) hook_.cancel(hook_.target);
+  }
+  /// stop() was called.
+  [[nodiscard]] bool stopped() const noexcept { return stopped_; }
+  /// The watch using this object has returned (or none started).
+  [[nodiscard]] bool idle() const noexcept { return !running_; }
+
+private:
+  friend struct detail::stop_access;
+  bool stopped_ = false, running_ = false;
+  detail::stop_hook hook_;
+};
+
+namespace detail {
+struct stop_access {
+  static stop_hook *hook(watch_stop *s) noexcept { return s ? &s->hook_ : nullptr; }
+  static bool stopped(const watch_stop &s) noexcept { return s.stopped_; }
+  static void running(watch_stop &s, bool on) noexcept { s.running_ = on; }
+};
+// Sets a stop hook for one wait; clears it when the wait ends or its frame goes.
+struct hook_guard {
+  stop_hook *h;
+  hook_guard(stop_hook *hk, void (*cancel)(void *) noexcept, void *target) noexcept : h(hk) {
+    if (h) *h = {cancel, target};
+  }
+  hook_guard(const hook_guard &) = delete;
+  hook_guard &operator=(const hook_guard &) = delete;
+  ~hook_guard() {
+    if (h) *h = {};
+  }
+};
+
+// Wait until `fd` is readable (true) or `until` passed (false), without blocking the thread;
+// until == deadline::max(): no timer. The fd is borrowed: registered with the reactor for this
+// wait only, released before return. The timer's handler cancels the descriptor; the coroutine
+// returns only once that handler ran (pending == 0), so neither handler ever sees a destroyed
+// frame. With `stop`, watch_stop::stop() cancels the descriptor too (then true: the caller checks
+// the stop itself).
+inline task<result<bool>> wait_readable(int fd, deadline until, watch_stop *stop = nullptr) {
   auto ex = co_await net::this_coro::executor;
   boost::system::error_code ec;
   borrowed_fd b{net::posix::stream_descriptor(ex)};
   net::posix::stream_descriptor &sd = b.sd;
   sd.assign(fd, ec);
   if (ec) co_return from_asio(ec);
-  net::steady_timer t(ex, until);
-  int pending = 1;
+  if (stop && stop_access::stopped(*stop)) co_return true;
+  net::steady_timer t(ex);
+  int pending = 0;
   bool expired = false;
-  t.async_wait([&](const boost::system::error_code &e) {
-    if (!e) {
-      expired = true;
+  if (until != deadline::max()) {
+    pending = 1;
+    t.expires_at(until);
+    t.async_wait([&](const boost::system::error_code &e) {
+      if (!e) {
+        expired = true;
+        boost::system::error_code ignored;
+        sd.cancel(ignored);
+      }
+      --pending;
+    });
+  }
+  {
+    hook_guard g(stop_access::hook(stop), [](void *p) noexcept {
       boost::system::error_code ignored;
-      sd.cancel(ignored);
-    }
-    --pending;
-  });
-  co_await sd.async_wait(net::posix::stream_descriptor::wait_read, net::redirect_error(net::use_awaitable, ec));
-  t.cancel();
+      static_cast<net::posix::stream_descriptor *>(p)->cancel(ignored);
+    }, &sd);
+    co_await sd.async_wait(net::posix::stream_descriptor::wait_read, net::redirect_error(net::use_awaitable, ec));
+  }
+  if (pending) t.cancel();
   while (pending) co_await net::post(ex, net::use_awaitable);
   if (ec && ec != net::error::operation_aborted) co_return from_asio(ec);
   co_return !ec || !expired;
@@ -155,12 +221,14 @@ namespace detail {
 // when `until` passed; after(): once the id's handle has read events.
 struct own_channel {
   static constexpr bool shared = false;
-  task<result<bool>> wait(int fd, deadline until) const { return wait_readable(fd, until); }
+  task<result<bool>> wait(int fd, deadline until, watch_stop *stop = nullptr) const {
+    return wait_readable(fd, until, stop);
+  }
   void after() const noexcept {}
 };
 
 template <class W>
-task<result<conn_state>> advance_with(W w, Connection &c, deadline until) {
+task<result<conn_state>> advance_with(W w, Connection &c, deadline until, watch_stop *stop = nullptr) {
   if (!c) co_return make_error_code(errc::null_handle);
   if constexpr (W::shared) {
     // Its events may be queued already (the pump read them while nobody waited): take them
@@ -170,7 +238,7 @@ task<result<conn_state>> advance_with(W w, Connection &c, deadline until) {
     w.after();
     if (!s || s.value() != before) co_return s;
   }
-  auto r = co_await w.wait(c.fd(), until);
+  auto r = co_await w.wait(c.fd(), until, stop);
   if (!r) co_return r.error();
   auto s = c.advance();
   w.after();
@@ -952,10 +1020,16 @@ inline task<result<void>> settled(CompletionRouter &r, const GrantPool &pool, co
 
 namespace detail {
 template <class W>
-task<std::error_code> watch_with(W w, Connection &c, CompletionRouter &r, const bool &stop, std::int64_t poll_ms) {
+task<std::error_code> watch_with(W w, Connection &c, CompletionRouter &r, watch_stop &stop) {
+  struct running { // idle() again once this frame is gone, also when destroyed unrun
+    watch_stop &s;
+    explicit running(watch_stop &x) noexcept : s(x) { stop_access::running(s, true); }
+    ~running() { stop_access::running(s, false); }
+  } on{stop};
   const std::uint32_t qpn = c.qp().qp_num();
   for (;;) {
-    auto s = co_await advance_with(w, c, after_ms(poll_ms));
+    // No deadline: woken by the connection's next event or by stop() (no timer, no polling).
+    auto s = stop_access::stopped(stop) ? c.advance() : co_await advance_with(w, c, deadline::max(), &stop);
     std::error_code ec;
     if (!s) ec = s.error();
     else if (s.value() == conn_state::disconnected) ec = cm_error(RDMA_CM_EVENT_DISCONNECTED, 0);
@@ -963,18 +1037,20 @@ task<std::error_code> watch_with(W w, Connection &c, CompletionRouter &r, const 
       r.fail(qpn, ec);
       co_return ec;
     }
-    if (stop) co_return make_error_code(errc::timeout);
+    if (stop_access::stopped(stop)) co_return std::error_code{};
   }
 }
 } // namespace detail
 
 /// Watch `c` until it disconnects or fails, then fail every waiter of its QP on `r` with the
-/// connection's error (DISCONNECTED: a cm code equal to std::errc::connection_reset). Returns
-/// that error. Run it as its own coroutine (co_spawn) per connection; it returns early with
-/// errc::timeout when `stop` is set and the fd stays quiet for `poll_ms`.
-/// \mallocs As advance().
-inline task<std::error_code> watch(Connection &c, CompletionRouter &r, const bool &stop, std::int64_t poll_ms = 100) {
-  return detail::watch_with(detail::own_channel{}, c, r, stop, poll_ms);
+/// connection's error (DISCONNECTED: a cm code equal to std::errc::connection_reset), and return
+/// that error. Run it as its own coroutine (co_spawn) per connection; it waits on the
+/// connection's fd with no timer. `stop.stop()` ends it at once: it then returns an empty
+/// error_code (`stop.idle()` turns true when it has returned: await that before destroying `c`).
+/// \errors The connection's, as above; those of advance().
+/// \mallocs As advance(), per rdma_cm event.
+inline task<std::error_code> watch(Connection &c, CompletionRouter &r, watch_stop &stop) {
+  return detail::watch_with(detail::own_channel{}, c, r, stop);
 }
 
 // ---------------------------------------------------------------- a shared rdma_cm channel
@@ -1095,17 +1171,22 @@ inline pump_waiter::~pump_waiter() {
   if (core) core->unlink(*this);
 }
 
-// Sleep until the pump wakes every sleeper (true) or `until` passes (false).
-inline task<result<bool>> pump_wait(pump_core *p, deadline until) {
+// Sleep until the pump wakes every sleeper (true) or `until` passes (false); with `stop`,
+// watch_stop::stop() ends the sleep too (false: the caller checks the stop itself).
+inline task<result<bool>> pump_wait(pump_core *p, deadline until, watch_stop *stop = nullptr) {
   if (!p || !p->open) co_return make_error_code(errc::null_handle);
   if (p->error) co_return p->error;
+  if (stop && stop_access::stopped(*stop)) co_return false;
   net::steady_timer t(co_await net::this_coro::executor, until);
   pump_waiter w;
   w.timer = &t;
   p->link(w);
   ++p->stats.waits;
   boost::system::error_code ec;
-  co_await t.async_wait(net::redirect_error(net::use_awaitable, ec));
+  {
+    hook_guard g(stop_access::hook(stop), [](void *x) noexcept { static_cast<net::steady_timer *>(x)->cancel(); }, &t);
+    co_await t.async_wait(net::redirect_error(net::use_awaitable, ec));
+  }
   const bool woken = w.woken, open = p->open;
   const std::error_code err = p->error;
   p->unlink(w); // may drop the last reference to the core (a closed pump)
@@ -1119,7 +1200,7 @@ struct pump_access;
 struct pump_steps {
   static constexpr bool shared = true;
   pump_core *p;
-  task<result<bool>> wait(int, deadline until) const { return pump_wait(p, until); }
+  task<result<bool>> wait(int, deadline until, watch_stop *stop = nullptr) const { return pump_wait(p, until, stop); }
   void after() const noexcept {
     if (p) p->kick();
   }
@@ -1283,10 +1364,9 @@ inline task<result<void>> accept(EventPump &p, Connection &c, std::span<const st
 /// watch() of a connection on the pump's channel.
 /// \errors As watch(); errc::null_handle / invalid_argument as advance(EventPump&, ...).
 /// \mallocs As advance(EventPump&, ...).
-inline task<std::error_code> watch(EventPump &p, Connection &c, CompletionRouter &r, const bool &stop,
-                                   std::int64_t poll_ms = 100) {
+inline task<std::error_code> watch(EventPump &p, Connection &c, CompletionRouter &r, watch_stop &stop) {
   if (auto e = detail::pump_mismatch(p, c)) co_return e;
-  co_return co_await detail::watch_with(detail::pump_access::of(p), c, r, stop, poll_ms);
+  co_return co_await detail::watch_with(detail::pump_access::of(p), c, r, stop);
 }
 
 } // namespace rdmaxx::asio

@@ -446,7 +446,8 @@ TEST_CASE("[asio] a peer killed mid-request: every waiter of it fails with the c
 
     net::io_context io;
     auto router = need(ra::CompletionRouter::create(io.get_executor(), cq, ch), "router");
-    bool first_ok = false, stop = false;
+    bool first_ok = false;
+    ra::watch_stop stop;
     std::error_code second_err, third_err, other_err, watch_err;
     std::int64_t failed_after = -1;
     bool other_done = false; // the other QP's wait ended after this connection's had failed
@@ -488,7 +489,7 @@ TEST_CASE("[asio] a peer killed mid-request: every waiter of it fails with the c
       failed_after = now_ms() - t0;
       if (!w1) second_err = w1.error();
       else if (w1.value().status != IBV_WC_SUCCESS) second_err = wc_error(w1.value());
-      stop = true;
+      stop.stop();
     }, net::detached);
     io.run_for(std::chrono::seconds(40));
     int st = 0;
@@ -535,6 +536,72 @@ std::uint64_t echo_wr(int side, int conn, std::size_t slot) {
 }
 
 } // namespace
+
+// watch() on a connection's own fd has no timer: it sleeps until the connection's next event
+// or its watch_stop, and a stop ends it within the next round of handlers (not at a poll
+// interval), leaving the connection established. A watch stopped before it starts returns
+// without waiting. Nothing left registered: the connection's fd is advanced afterwards.
+TEST_CASE("[asio] watch_stop: a watch on the connection's own fd ends at once when stopped", "[asio]") {
+  auto l = need(Listener::listen(address::parse("192.0.2.1:0").value()), "listen");
+  const address to = need(l.local_address(), "local_address");
+  Context ctx = open_device();
+  auto pd = need(ProtectionDomain::alloc(ctx), "pd");
+  auto ch = need(CompletionChannel::create(ctx), "channel");
+  auto cq = need(CompletionQueue::create(ctx, 64, &ch), "cq");
+  const conn_options co{.pd = &pd, .send_cq = &cq, .recv_cq = &cq, .timeout_ms = 20000};
+  net::io_context io{1};
+  auto router = need(ra::CompletionRouter::create(io.get_executor(), cq, ch), "router");
+  Connection srv, cli;
+  ra::watch_stop stop, early;
+  std::error_code setup_err, watch_ec = make_error_code(errc::wrong_state), early_ec = watch_ec;
+  bool srv_up = false, idle_while_waiting = true, early_idle = false;
+  int rounds = -1, early_rounds = -1;
+  net::co_spawn(io, [&]() -> ra::task<void> {
+    auto req = co_await ra::next_request(l, 20000);
+    if (!req) co_return void(setup_err = req.error());
+    auto c = req.value().prepare(co);
+    if (!c) co_return void(setup_err = c.error());
+    srv = std::move(c).value();
+    if (auto a = co_await ra::accept(srv); !a) co_return void(setup_err = a.error());
+    srv_up = true;
+  }, net::detached);
+  net::co_spawn(io, [&]() -> ra::task<void> {
+    auto c = co_await ra::connect(to, co);
+    if (!c) co_return void(setup_err = c.error());
+    cli = std::move(c).value();
+    while (!srv_up && !setup_err) {
+      net::steady_timer t(io, std::chrono::milliseconds(2));
+      co_await t.async_wait(net::use_awaitable);
+    }
+    if (setup_err) co_return;
+    net::co_spawn(io, [&]() -> ra::task<void> { watch_ec = co_await ra::watch(srv, router, stop); }, net::detached);
+    for (int i = 0; i < 3; ++i) co_await net::post(io, net::use_awaitable); // it sleeps on the fd now
+    idle_while_waiting = stop.idle();
+    stop.stop();
+    for (rounds = 0; rounds < 10 && !stop.idle(); ++rounds) co_await net::post(io, net::use_awaitable);
+    early.stop();
+    net::co_spawn(io, [&]() -> ra::task<void> { early_ec = co_await ra::watch(srv, router, early); }, net::detached);
+    for (early_rounds = 0; early_rounds < 10 && !early.idle(); ++early_rounds) co_await net::post(io, net::use_awaitable);
+    early_idle = early.idle();
+    router.close();
+  }, net::detached);
+  io.run_for(std::chrono::seconds(40));
+  INFO("setup: " << setup_err.message() << "; watch: " << watch_ec.message() << "; early: " << early_ec.message());
+  REQUIRE(!setup_err);
+  CHECK(!idle_while_waiting);
+  CHECK(rounds >= 0);
+  CHECK(rounds <= 1);
+  CHECK(!watch_ec);
+  CHECK(stop.idle());
+  CHECK(early_idle);
+  CHECK(!early_ec);
+  CHECK(srv.state() == conn_state::established);
+  CHECK(cli.state() == conn_state::established);
+  // The fd is no longer registered with any reactor: the blocking form works on it.
+  auto st = srv.advance();
+  CHECK(st);
+  CHECK(srv.fd() >= 0);
+}
 
 TEST_CASE("[asio] a listener accepting while other connections run traffic, all on one thread", "[asio]") {
   { auto l0 = Listener::listen(address::parse("192.0.2.1:0").value()); } // rdma_cm's first id
@@ -746,8 +813,8 @@ TEST_CASE("[asio] EventPump: 4 connections on one shared cm channel per end, con
     auto ps = need(ra::EventPump::create(io.get_executor(), sch), "server pump");
     auto pc = need(ra::EventPump::create(io.get_executor(), cch), "client pump");
     const long fds_fixed = open_fds();
-    bool stop = false;
-    int echoed = 0, watched = 0, replies_ok = 0;
+    std::array<ra::watch_stop, n> stops;
+    int echoed = 0, watched = 0, replies_ok = 0, stop_rounds = -1;
     long fds_connected = -1;
     std::array<std::error_code, n> srv_err{}, cli_err{}, watch_ec{}, after_disc{};
     std::array<int, n> requests_ok{};
@@ -755,7 +822,7 @@ TEST_CASE("[asio] EventPump: 4 connections on one shared cm channel per end, con
     ra::pump_stats server_pump{}, client_pump{};
 
     auto watcher = [&](int k) -> ra::task<void> {
-      watch_ec[std::size_t(k)] = co_await ra::watch(ps, srv[std::size_t(k)], router, stop, 50);
+      watch_ec[std::size_t(k)] = co_await ra::watch(ps, srv[std::size_t(k)], router, stops[std::size_t(k)]);
       if (++watched == n) {
         server_pump = ps.stats();
         client_pump = pc.stats();
@@ -834,7 +901,11 @@ TEST_CASE("[asio] EventPump: 4 connections on one shared cm channel per end, con
         net::steady_timer t(io, std::chrono::milliseconds(5));
         co_await t.async_wait(net::use_awaitable);
       }
-      stop = true;
+      // Each sleeping watch (no timer of its own) wakes and returns at once: within the next
+      // round of handlers, not at a poll interval.
+      for (auto &st : stops) st.stop();
+      for (stop_rounds = 0; stop_rounds < 10 && watched < n; ++stop_rounds)
+        co_await net::post(io, net::use_awaitable);
     };
     for (int k = 0; k < n; ++k) net::co_spawn(io, client(k), net::detached);
     io.run_for(std::chrono::seconds(60));
@@ -845,6 +916,8 @@ TEST_CASE("[asio] EventPump: 4 connections on one shared cm channel per end, con
     CHECK(echoed == n);
     CHECK(replies_ok == n);
     CHECK(watched == n);
+    CHECK(stop_rounds >= 0);
+    CHECK(stop_rounds <= 1);
     CHECK(fds_connected == fds_fixed); // 8 connections, no fd of their own
     for (int k = 0; k < n; ++k) {
       INFO("connection " << k << ": server " << srv_err[std::size_t(k)].message() << ", client "
@@ -857,7 +930,8 @@ TEST_CASE("[asio] EventPump: 4 connections on one shared cm channel per end, con
         CHECK(watch_ec[2] == std::errc::connection_reset); // DISCONNECTED, seen through the pump
         CHECK(after_disc[2]);                               // failed by watch() (or flushed)
       } else {
-        CHECK(watch_ec[std::size_t(k)] == rdmaxx::errc::timeout); // still established when stopped
+        CHECK(!watch_ec[std::size_t(k)]); // still established when stopped: no error
+        CHECK(stops[std::size_t(k)].idle());
         CHECK(srv[std::size_t(k)].state() == conn_state::established);
         CHECK(cli[std::size_t(k)].state() == conn_state::established);
       }
