@@ -17,6 +17,8 @@
 # Each run prints the CPU (user+system, bash time) per request of server and client.
 # - MIX=1: also 06's client against 07's server ("mix-s07") and 07's client (--connections 1)
 #   against 06's server ("mix-s06") in every round (the same wire): what each side costs alone.
+# - AA=1: 06 a second time in every round ("06-again"): the ratio an unchanged program gets.
+# - The programs' order turns by one each round (ORDER=fixed keeps it).
 # - SHIM=1: also 06 under bench/poll_epoll_ctl.cpp (LD_PRELOAD: one epoll_ctl before each
 #   poll, the call Asio's reactor makes per fd wait) in every round: "06-ctl".
 build=${1:-build}
@@ -92,14 +94,21 @@ run() { # name key port exe client-args...
 rates=() # "round program req/s" of the runs that passed their checks
 cpu=()   # "program server-us client-us": CPU (user+system) per request of those runs
 for rep in $(seq $REPS); do
-  run "06 (1 connection)" 06 $((7480+rep*10)) $build/examples/06_block_rpc --requests $N
-  [ -n "$SHIM" ] && run "06 + epoll_ctl per poll (SHIM)" 06-ctl $((7484+rep*10)) $build/examples/06_block_rpc --requests $N
-  run "07 --connections 1" 07-c1 $((7481+rep*10)) $build/examples/07_asio_block_rpc --requests $N --connections 1
-  [ -n "$BASE" ] && run "07 of $BASE --connections 1" 07-base-c1 $((7483+rep*10)) $BASE/examples/07_asio_block_rpc --requests $N --connections 1
-  [ -n "$BASE" ] && run "06 of $BASE (1 connection)" 06-base $((7485+rep*10)) $BASE/examples/06_block_rpc --requests $N
-  [ -n "$MIX" ] && srv_exe=$build/examples/07_asio_block_rpc run "06 client, 07 server" mix-s07 $((7486+rep*10)) $build/examples/06_block_rpc --requests $N
-  [ -n "$MIX" ] && srv_exe=$build/examples/06_block_rpc run "07 client, 06 server" mix-s06 $((7487+rep*10)) $build/examples/07_asio_block_rpc --requests $N --connections 1
-  [ -n "$STRACE" ] || [ -n "$NO4" ] || run "07 --connections 4" 07-c4 $((7482+rep*10)) $build/examples/07_asio_block_rpc --requests $N --connections 4
+  p=$((7480+rep*10))
+  steps=("run '06 (1 connection)' 06 $p $build/examples/06_block_rpc --requests $N")
+  [ -n "$AA" ] && steps+=("run '06 again (A/A: the noise floor)' 06-again $((p+8)) $build/examples/06_block_rpc --requests $N")
+  [ -n "$SHIM" ] && steps+=("run '06 + epoll_ctl per poll (SHIM)' 06-ctl $((p+4)) $build/examples/06_block_rpc --requests $N")
+  steps+=("run '07 --connections 1' 07-c1 $((p+1)) $build/examples/07_asio_block_rpc --requests $N --connections 1")
+  [ -n "$BASE" ] && steps+=("run '07 of $BASE --connections 1' 07-base-c1 $((p+3)) $BASE/examples/07_asio_block_rpc --requests $N --connections 1")
+  [ -n "$BASE" ] && steps+=("run '06 of $BASE (1 connection)' 06-base $((p+5)) $BASE/examples/06_block_rpc --requests $N")
+  [ -n "$MIX" ] && steps+=("srv_exe=$build/examples/07_asio_block_rpc run '06 client, 07 server' mix-s07 $((p+6)) $build/examples/06_block_rpc --requests $N")
+  [ -n "$MIX" ] && steps+=("srv_exe=$build/examples/06_block_rpc run '07 client, 06 server' mix-s06 $((p+7)) $build/examples/07_asio_block_rpc --requests $N --connections 1")
+  [ -n "$STRACE" ] || [ -n "$NO4" ] || steps+=("run '07 --connections 4' 07-c4 $((p+2)) $build/examples/07_asio_block_rpc --requests $N --connections 4")
+  # The order turns by one program per round (ORDER=fixed: as listed). A program's place in the
+  # round biased it: on 2026-12-03 an unchanged 06 run fourth of four gave 0.821 of 06 run first.
+  off=0
+  [ "${ORDER:-rotate}" = rotate ] && off=$(( (rep - 1) % ${#steps[@]} ))
+  for ((i = 0; i < ${#steps[@]}; i++)); do eval "${steps[$(( (i + off) % ${#steps[@]} ))]}"; done
 done
 # Medians over the rounds, and 07 / 06 round by round (rounds where both passed).
 printf '%s\n' "${rates[@]}" | python3 -c '
