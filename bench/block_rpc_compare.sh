@@ -19,6 +19,8 @@
 #   against 06's server ("mix-s06") in every round (the same wire): what each side costs alone.
 # - AA=1: 06 a second time in every round ("06-again"): the ratio an unchanged program gets.
 # - The programs' order turns by one each round (ORDER=fixed keeps it).
+# - PIN=1: the server on the guest's CPU 0, the client on CPU 1 (taskset), every program alike:
+#   no run gains or loses by where the guest's scheduler placed the two.
 # - SHIM=1: also 06 under bench/poll_epoll_ctl.cpp (LD_PRELOAD: one epoll_ctl before each
 #   poll, the call Asio's reactor makes per fd wait) in every round: "06-ctl".
 build=${1:-build}
@@ -65,14 +67,15 @@ run() { # name key port exe client-args...
   local name=$1 key=$2 port=$3 exe=$4; shift 4
   local pre_s=() pre_c=()
   if [ -n "$STRACE" ]; then pre_s=(strace -f -c -o /tmp/s.$port); pre_c=(strace -f -c -o /tmp/c.$port); fi
-  local pre=()
+  local pre=() pin_s=() pin_c=()
+  [ -n "$PIN" ] && pin_s=(taskset -c 0) && pin_c=(taskset -c 1)
   [ "$key" = 06-ctl ] && pre=(env LD_PRELOAD="$PWD/$build/bench/poll_epoll_ctl.so")
   local TIMEFORMAT='%U %S' # bash's time: user and system CPU seconds of the process
   local sexe=${srv_exe:-$exe} # MIX: the other example's server
-  { time "${pre[@]}" "${pre_s[@]}" $sexe server $port > /tmp/srv.log 2>&1; } 2> /tmp/srv.time & local sp=$!
+  { time "${pin_s[@]}" "${pre[@]}" "${pre_s[@]}" $sexe server $port > /tmp/srv.log 2>&1; } 2> /tmp/srv.time & local sp=$!
   sleep 1
   local t0=$(date +%s%N)
-  { time "${pre[@]}" "${pre_c[@]}" $exe client $ip:$port "$@" > /tmp/cli.log 2>&1; } 2> /tmp/cli.time; local rc=$?
+  { time "${pin_c[@]}" "${pre[@]}" "${pre_c[@]}" $exe client $ip:$port "$@" > /tmp/cli.log 2>&1; } 2> /tmp/cli.time; local rc=$?
   local ms=$(( ($(date +%s%N)-t0)/1000000 ))
   wait $sp; local src=$?
   echo "$name: client rc=$rc server rc=$src $ms ms for $N requests + 8 read-backs: $(( (N+8)*1000/ms )) req/s;" \

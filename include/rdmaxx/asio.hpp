@@ -114,12 +114,6 @@ struct borrowed_fd {
   }
 };
 
-// Where a stoppable wait (watch()) keeps what stop() cancels: set while it waits, cleared when
-// the wait ends or its frame is destroyed.
-struct stop_hook {
-  void (*cancel)(void *) noexcept = nullptr;
-  void *target = nullptr;
-};
 struct stop_access;
 } // namespace detail
 
@@ -135,7 +129,7 @@ public:
   /// Wake the watch now (or, if it is not waiting yet, make it return before it waits).
   void stop() noexcept {
     stopped_ = true;
-    if (hook_.cancel) hook_.cancel(hook_.target);
+    if (cancel_) cancel_(target_);
   }
   /// stop() was called.
   [[nodiscard]] bool stopped() const noexcept { return stopped_; }
@@ -145,26 +139,35 @@ public:
 private:
   friend struct detail::stop_access;
   bool stopped_ = false, running_ = false;
-  detail::stop_hook hook_;
+  // What stop() cancels: the current wait of the watch, set while it waits.
+  void (*cancel_)(void *) noexcept = nullptr;
+  void *target_ = nullptr;
 };
 
 namespace detail {
+// How a watch marks its watch_stop: each a guard, undone when its scope ends or its frame is
+// destroyed unrun.
 struct stop_access {
-  static stop_hook *hook(watch_stop *s) noexcept { return s ? &s->hook_ : nullptr; }
-  static bool stopped(const watch_stop &s) noexcept { return s.stopped_; }
-  static void running(watch_stop &s, bool on) noexcept { s.running_ = on; }
-};
-// Sets a stop hook for one wait; clears it when the wait ends or its frame goes.
-struct hook_guard {
-  stop_hook *h;
-  hook_guard(stop_hook *hk, void (*cancel)(void *) noexcept, void *target) noexcept : h(hk) {
-    if (h) *h = {cancel, target};
-  }
-  hook_guard(const hook_guard &) = delete;
-  hook_guard &operator=(const hook_guard &) = delete;
-  ~hook_guard() {
-    if (h) *h = {};
-  }
+  // The watch runs (idle() false).
+  struct running {
+    watch_stop &s;
+    explicit running(watch_stop &x) noexcept : s(x) { s.running_ = true; }
+    running(const running &) = delete;
+    running &operator=(const running &) = delete;
+    ~running() { s.running_ = false; }
+  };
+  // One wait that stop() cancels (null `s`: a wait without a stop).
+  struct hook {
+    watch_stop *s;
+    hook(watch_stop *x, void (*cancel)(void *) noexcept, void *target) noexcept : s(x) {
+      if (s) s->cancel_ = cancel, s->target_ = target;
+    }
+    hook(const hook &) = delete;
+    hook &operator=(const hook &) = delete;
+    ~hook() {
+      if (s) s->cancel_ = nullptr, s->target_ = nullptr;
+    }
+  };
 };
 
 // Wait until `fd` is readable (true) or `until` passed (false), without blocking the thread;
@@ -180,7 +183,7 @@ inline task<result<bool>> wait_readable(int fd, deadline until, watch_stop *stop
   net::posix::stream_descriptor &sd = b.sd;
   sd.assign(fd, ec);
   if (ec) co_return from_asio(ec);
-  if (stop && stop_access::stopped(*stop)) co_return true;
+  if (stop && stop->stopped()) co_return true;
   net::steady_timer t(ex);
   int pending = 0;
   bool expired = false;
@@ -197,7 +200,7 @@ inline task<result<bool>> wait_readable(int fd, deadline until, watch_stop *stop
     });
   }
   {
-    hook_guard g(stop_access::hook(stop), [](void *p) noexcept {
+    stop_access::hook g(stop, [](void *p) noexcept {
       boost::system::error_code ignored;
       static_cast<net::posix::stream_descriptor *>(p)->cancel(ignored);
     }, &sd);
@@ -1021,15 +1024,11 @@ inline task<result<void>> settled(CompletionRouter &r, const GrantPool &pool, co
 namespace detail {
 template <class W>
 task<std::error_code> watch_with(W w, Connection &c, CompletionRouter &r, watch_stop &stop) {
-  struct running { // idle() again once this frame is gone, also when destroyed unrun
-    watch_stop &s;
-    explicit running(watch_stop &x) noexcept : s(x) { stop_access::running(s, true); }
-    ~running() { stop_access::running(s, false); }
-  } on{stop};
+  stop_access::running on{stop}; // idle() again once this frame is gone
   const std::uint32_t qpn = c.qp().qp_num();
   for (;;) {
     // No deadline: woken by the connection's next event or by stop() (no timer, no polling).
-    auto s = stop_access::stopped(stop) ? c.advance() : co_await advance_with(w, c, deadline::max(), &stop);
+    auto s = stop.stopped() ? c.advance() : co_await advance_with(w, c, deadline::max(), &stop);
     std::error_code ec;
     if (!s) ec = s.error();
     else if (s.value() == conn_state::disconnected) ec = cm_error(RDMA_CM_EVENT_DISCONNECTED, 0);
@@ -1037,7 +1036,7 @@ task<std::error_code> watch_with(W w, Connection &c, CompletionRouter &r, watch_
       r.fail(qpn, ec);
       co_return ec;
     }
-    if (stop_access::stopped(stop)) co_return std::error_code{};
+    if (stop.stopped()) co_return std::error_code{};
   }
 }
 } // namespace detail
@@ -1176,7 +1175,7 @@ inline pump_waiter::~pump_waiter() {
 inline task<result<bool>> pump_wait(pump_core *p, deadline until, watch_stop *stop = nullptr) {
   if (!p || !p->open) co_return make_error_code(errc::null_handle);
   if (p->error) co_return p->error;
-  if (stop && stop_access::stopped(*stop)) co_return false;
+  if (stop && stop->stopped()) co_return false;
   net::steady_timer t(co_await net::this_coro::executor, until);
   pump_waiter w;
   w.timer = &t;
@@ -1184,7 +1183,7 @@ inline task<result<bool>> pump_wait(pump_core *p, deadline until, watch_stop *st
   ++p->stats.waits;
   boost::system::error_code ec;
   {
-    hook_guard g(stop_access::hook(stop), [](void *x) noexcept { static_cast<net::steady_timer *>(x)->cancel(); }, &t);
+    stop_access::hook g(stop, [](void *x) noexcept { static_cast<net::steady_timer *>(x)->cancel(); }, &t);
     co_await t.async_wait(net::redirect_error(net::use_awaitable, ec));
   }
   const bool woken = w.woken, open = p->open;
