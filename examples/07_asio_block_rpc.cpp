@@ -563,28 +563,29 @@ private:
   task<result<outcome>> one(link &k, const job &j, bool stall) {
     QueuePair &qp = k.conn.qp();
     GrantLease lease;
-    auto batch = qp.start_send();
-    request r{j.what, std::uint16_t(stall ? stall_ms : 0), j.block, j.id, {}};
     std::uint32_t version = 0;
-    if (j.what != op::bye) {
-      auto l = k.pool.acquire();
-      if (!l) co_return l.error();
-      lease = std::move(l).value();
-      version = j.what == op::write ? k.versions[j.block] + 1 : 0;
-      const auto buf = lease.buffer(); // just acquired: ready
-      if (!buf) co_return buf.error();
-      if (j.what == op::write) fill_block(buf.value(), j.block, version);
-      else std::fill(buf.value().begin(), buf.value().end(), sentinel);
-      std::copy(buf.value().begin(), buf.value().end(), k.expect_now.begin());
-      auto d = k.pool.grant(batch, qp, lease, j.what == op::write ? access::remote_read : access::remote_write);
-      if (!d) co_return d.error();
-      if (auto p = r.grants.push(d.value()); !p) co_return p.error();
-    }
-    std::array<std::byte, request::head + grant_list::encoded_size(1)> h{};
-    auto len = r.encode(h);
-    if (!len) co_return len.error();
-    batch.send_inline({wr(k.index, k_send), send_flag::fence}, std::span(h).first(len.value()));
-    if (auto s = batch.submit(); !s) co_return s.error();
+    // Acquire, grant in the request's batch, send. A plain call: the batch and the request stay
+    // off the coroutine's frame (Asio recycles frames of up to 1 KiB; a bigger one is malloc'ed).
+    auto sent = [&]() -> result<void> {
+      auto batch = qp.start_send();
+      request r{j.what, std::uint16_t(stall ? stall_ms : 0), j.block, j.id, {}};
+      if (j.what != op::bye) {
+        RDMAXX_TRY(l, k.pool.acquire());
+        lease = std::move(l);
+        version = j.what == op::write ? k.versions[j.block] + 1 : 0;
+        RDMAXX_TRY(buf, lease.buffer()); // just acquired: ready
+        if (j.what == op::write) fill_block(buf, j.block, version);
+        else std::fill(buf.begin(), buf.end(), sentinel);
+        std::copy(buf.begin(), buf.end(), k.expect_now.begin());
+        RDMAXX_TRY(d, k.pool.grant(batch, qp, lease, j.what == op::write ? access::remote_read : access::remote_write));
+        RDMAXX_TRYV(r.grants.push(d));
+      }
+      std::array<std::byte, request::head + grant_list::encoded_size(1)> h{};
+      RDMAXX_TRY(len, r.encode(h));
+      batch.send_inline({wr(k.index, k_send), send_flag::fence}, std::span(h).first(len));
+      return batch.submit();
+    }();
+    if (!sent) co_return sent.error();
     if (stall) ++st_.stalls;
     auto w = co_await k.rx.take(j.what == op::bye ? step_ms : timeout_ms);
     const bool replied = w && w.value().status == IBV_WC_SUCCESS && w.value().byte_len == reply_size &&
