@@ -28,7 +28,9 @@
 /// late-access rule holds: once settled() returns, the peer's access with the old key is refused.
 ///
 /// Errors: every coroutine returns result<T>; Asio's error codes are converted in one place
-/// (from_asio). Nothing here throws; Asio's own frame allocation can throw std::bad_alloc.
+/// (from_asio). Nothing here throws, except that Asio's own frame allocation at a co_await can
+/// throw std::bad_alloc; an allocation that fails inside the router's noexcept handlers (the
+/// Asio operation of its fd wait, its timer or its flush post) terminates instead.
 ///
 /// Threads: one io_context thread for a router, its waiters, the pools attached to it and the
 /// connections watched (like the CQ and QPs they use). One wait at a time on a Connection's or
@@ -250,7 +252,8 @@ task<result<conn_state>> advance_with(W w, Connection &c, deadline until, watch_
 
 template <class W>
 task<result<void>> wait_established_with(W w, Connection &c, std::int64_t check_ms) {
-  if (c && c.state() == conn_state::prepared) co_return make_error_code(errc::wrong_state);
+  if (c && (c.state() == conn_state::prepared || c.state() == conn_state::resolved))
+    co_return make_error_code(errc::wrong_state);
   auto s = c.advance();
   w.after();
   for (;; s = co_await advance_with(w, c, after_ms(check_ms))) {
@@ -290,7 +293,8 @@ inline task<result<conn_state>> advance(Connection &c, deadline until) {
 /// Advance `c` until established. The Connection bounds each step (conn_options::timeout_ms);
 /// its deadline is checked at least every `check_ms`.
 /// \errors
-/// - errc::wrong_state: prepared (accept first), or disconnected before established.
+/// - errc::wrong_state: prepared (accept first), resolved (connect_with() first), or disconnected
+///   before established.
 /// - those of advance().
 /// \mallocs As advance().
 inline task<result<void>> wait_established(Connection &c, std::int64_t check_ms = 100) {
@@ -441,7 +445,7 @@ struct router_core {
   }
   template <class F>
   void each(F &&f) noexcept {
-    for (std::size_t b = 0; b <= mask; ++b)
+    for (std::size_t b = 0; buckets && b <= mask; ++b) // none: create() could not allocate them
       for (waiter_node *n = buckets[b], *nx; n; n = nx) {
         nx = n->next;
         f(*n);
@@ -598,16 +602,21 @@ struct router_core {
     if (unclaimed) unclaimed(unclaimed_ctx, wc);
   }
   // Poll until the CQ is empty; with `arm`, until it is empty and armed (the drain-after-event
-  // rule: CompletionQueue::poll_and_arm).
+  // rule of CompletionQueue::poll_and_arm): armed once, when first found empty, then polled
+  // until empty again. Never armed twice: an event the first arm raised is taken first.
   std::error_code drain(bool arm) noexcept {
     if (arm && event_pending)
       if (auto ec = take_event()) return ec;
     ibv_wc wc[16];
+    bool did_arm = false;
     for (;;) {
-      auto n = arm ? cq->poll_and_arm(wc) : cq->poll(wc);
+      auto n = cq->poll(wc);
       if (!n) return n.error();
       for (std::size_t i = 0; i < n.value(); ++i) route(wc[i]);
-      if (n.value() < std::size(wc)) break;
+      if (n.value() == std::size(wc)) continue;
+      if (!arm || did_arm) break;
+      if (auto a = cq->arm(); !a) return a.error();
+      did_arm = true; // and poll again: a completion before the arm raised no event
     }
     if (arm) armed = true;
     return {};
@@ -813,13 +822,14 @@ public:
   ~CompletionRouter() { close(); }
 
   /// Serve `cq` (attached to `ch`) on `ex`: makes the channel's fd non-blocking (fcntl, undone by
-  /// close()), registers it with the reactor, drains the CQ (routing what is there), then waits
-  /// for the channel. The CQ is armed by the first wait that may suspend.
+  /// close()), registers it with the reactor, then waits for the channel. Completions already in
+  /// the CQ stay there until the first wait polls it (after the Waiters and pools are registered
+  /// for them); the CQ is armed by the first wait that may suspend.
   /// \errors
   /// - errc::null_handle: `cq` or `ch` is null.
   /// - errc::invalid_argument: `cq` is not attached to `ch`, ack_batch 0 or above 1024, no bucket.
   /// - ENOMEM when the core cannot be allocated; the errno of fcntl or of registering the fd
-  ///   (epoll_ctl); those of CompletionQueue::poll_and_arm.
+  ///   (epoll_ctl).
   /// \mallocs The core, its buckets and pool table (new(nothrow)); the reactor's descriptor state.
   [[nodiscard]] static result<CompletionRouter> create(const net::any_io_executor &ex, CompletionQueue &cq,
                                                        CompletionChannel &ch, router_options o = {}) noexcept {
@@ -847,7 +857,6 @@ public:
     boost::system::error_code ec;
     c.sd.assign(ch.fd(), ec);
     if (ec) return from_asio(ec);
-    if (auto e = c.drain(false)) return e;
     c.wait();
     return r;
   }
@@ -970,12 +979,17 @@ public:
   /// `until` (the work request is still outstanding: revoke what it was granted), the error
   /// watch() or CompletionRouter::fail() gave for the QP, or a failed channel/poll:
   /// errc::invalid_argument when the channel delivered another CQ's event (it must serve only
-  /// the router's CQ: give the other CQ a channel of its own; the router has stopped).
+  /// the router's CQ: give the other CQ a channel of its own; the router has stopped), or
+  /// errc::null_handle once the router is closed (also for a wait after rearm()).
   /// Polls the CQ first, at the call (and arms it, polling again, if it was not armed): a
   /// completion that is already there returns without suspending. co_await the result at once.
   /// \mallocs Asio's coroutine frames (recycled per thread): one per call, the frame of the
   ///   Asio operation a suspending wait is (its handler is handed the result) or of the ready value.
   task<result<ibv_wc>> wait(deadline until) {
+    // Closed or stopped after this Waiter took a completion (and rearm()): nothing will route
+    // another, and fail() passed it by.
+    if (!n_.done && !n_.failed && (!n_.core->open || n_.core->error))
+      n_.failed = n_.core->open ? n_.core->error : make_error_code(errc::null_handle);
     if (!n_.done && !n_.failed) n_.core->poll_now([this] { return n_.done || bool(n_.failed); });
     if (n_.done || n_.failed) return detail::ready_value(detail::wait_result(n_));
     // Nothing yet: suspend until routed, failed or `until` (suspend() re-checks: the state may
@@ -1000,6 +1014,8 @@ private:
 /// - errc::timeout: not confirmed by `until`.
 /// - the connection's error (watch(), CompletionRouter::fail()): the lease may stay unready:
 ///   call GrantPool::revoke_all() once the QP's completions were polled.
+/// - the router's error once it stopped: errc::invalid_argument (the channel delivered another
+///   CQ's event), or the errno of a failed poll, arm or event read.
 /// \mallocs Asio's coroutine frames.
 inline task<result<void>> settled(CompletionRouter &r, const GrantPool &pool, const GrantLease &lease,
                                   std::uint32_t qp_num, deadline until) {
@@ -1014,8 +1030,12 @@ inline task<result<void>> settled(CompletionRouter &r, const GrantPool &pool, co
   n.core = r.c_;
   detail::router_core *core = r.c_;
   core->link(n);
+  struct unlink_at_end { // also when the frame is destroyed suspended (the io_context destroyed)
+    detail::router_core *c;
+    detail::waiter_node &n;
+    ~unlink_at_end() { c->unlink(n); }
+  } g{core, n};
   co_await detail::suspend_on(*core, n, until);
-  core->unlink(n);
   if (n.done || lease.state() == lease_state::ready) co_return success();
   if (n.failed) co_return n.failed;
   co_return make_error_code(errc::timeout);
@@ -1028,7 +1048,10 @@ task<std::error_code> watch_with(W w, Connection &c, CompletionRouter &r, watch_
   const std::uint32_t qpn = c.qp().qp_num();
   for (;;) {
     // No deadline: woken by the connection's next event or by stop() (no timer, no polling).
-    auto s = stop.stopped() ? c.advance() : co_await advance_with(w, c, deadline::max(), &stop);
+    // Disconnected already (another advance() took the event): no event will wake a wait.
+    auto s = stop.stopped() || c.state() == conn_state::disconnected
+                 ? c.advance()
+                 : co_await advance_with(w, c, deadline::max(), &stop);
     std::error_code ec;
     if (!s) ec = s.error();
     else if (s.value() == conn_state::disconnected) ec = cm_error(RDMA_CM_EVENT_DISCONNECTED, 0);
@@ -1046,7 +1069,10 @@ task<std::error_code> watch_with(W w, Connection &c, CompletionRouter &r, watch_
 /// that error. Run it as its own coroutine (co_spawn) per connection; it waits on the
 /// connection's fd with no timer. `stop.stop()` ends it at once: it then returns an empty
 /// error_code (`stop.idle()` turns true when it has returned: await that before destroying `c`).
-/// \errors The connection's, as above; those of advance().
+/// A connection disconnected already when the watch starts fails its waiters at once.
+/// \errors The connection's, as above; those of advance(). When the watch's own wait fails (the
+/// fd cannot be registered: another wait on it), the waiters are failed with that error too:
+/// nothing would report the disconnect any more.
 /// \mallocs As advance(), per rdma_cm event.
 inline task<std::error_code> watch(Connection &c, CompletionRouter &r, watch_stop &stop) {
   return detail::watch_with(detail::own_channel{}, c, r, stop);
