@@ -631,6 +631,9 @@ std::uint64_t echo_wr(int side, int conn, std::size_t slot) {
 // or its watch_stop, and a stop ends it within the next round of handlers (not at a poll
 // interval), leaving the connection established. A watch stopped before it starts returns
 // without waiting. Nothing left registered: the connection's fd is advanced afterwards.
+// Then: wait_established of a resolved connection is refused (it once waited forever), and a
+// watch that starts on a connection disconnected already fails its waiters at once (it once
+// slept on the fd, where no event would come).
 TEST_CASE("[asio] watch_stop: a watch on the connection's own fd ends at once when stopped", "[asio]") {
   auto l = need(Listener::listen(address::parse("192.0.2.1:0").value()), "listen");
   const address to = need(l.local_address(), "local_address");
@@ -642,10 +645,13 @@ TEST_CASE("[asio] watch_stop: a watch on the connection's own fd ends at once wh
   net::io_context io{1};
   auto router = need(ra::CompletionRouter::create(io.get_executor(), cq, ch), "router");
   Connection srv, cli;
-  ra::watch_stop stop, early;
+  ra::watch_stop stop, early, late;
   std::error_code setup_err, watch_ec = make_error_code(errc::wrong_state), early_ec = watch_ec;
-  bool srv_up = false, idle_while_waiting = true, early_idle = false;
+  std::error_code late_ec, waiter_ec;
+  bool srv_up = false, idle_while_waiting = true, early_idle = false, resolved_refused = false;
+  bool srv_disconnected = false, waiter_done = false;
   int rounds = -1, early_rounds = -1;
+  std::int64_t waiter_waited = -1;
   net::co_spawn(io, [&]() -> ra::task<void> {
     auto req = co_await ra::next_request(l, 20000);
     if (!req) co_return void(setup_err = req.error());
@@ -671,8 +677,31 @@ TEST_CASE("[asio] watch_stop: a watch on the connection's own fd ends at once wh
     for (rounds = 0; rounds < 10 && !stop.idle(); ++rounds) co_await net::post(io, net::use_awaitable);
     early.stop();
     net::co_spawn(io, [&]() -> ra::task<void> { early_ec = co_await ra::watch(srv, router, early); }, net::detached);
-    for (early_rounds = 0; early_rounds < 10 && !early.idle(); ++early_rounds) co_await net::post(io, net::use_awaitable);
+    // (idle() is true also before the watch's coroutine starts: wait for its result.)
+    for (early_rounds = 0; early_rounds < 10 && early_ec == errc::wrong_state; ++early_rounds)
+      co_await net::post(io, net::use_awaitable);
     early_idle = early.idle();
+    {
+      auto rs = Connection::resolve(to, co);
+      if (!rs) co_return void(setup_err = rs.error());
+      auto we = co_await ra::wait_established(rs.value());
+      resolved_refused = !we && we.error() == errc::wrong_state;
+    }
+    if (auto d = cli.disconnect(); !d) co_return void(setup_err = d.error());
+    for (int i = 0; i < 200 && srv.state() != conn_state::disconnected; ++i)
+      (void)co_await ra::advance(srv, ra::after_ms(100)); // the DISCONNECTED event taken here
+    srv_disconnected = srv.state() == conn_state::disconnected;
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      ra::Waiter w(router, 99, srv.qp().qp_num());
+      const auto t0 = now_ms();
+      auto r = co_await w.wait(ra::after_ms(10000));
+      waiter_waited = now_ms() - t0;
+      if (!r) waiter_ec = r.error();
+      waiter_done = true;
+    }, net::detached);
+    co_await net::post(io, net::use_awaitable); // the waiter suspends
+    late_ec = co_await ra::watch(srv, router, late);
+    for (int i = 0; i < 10 && !waiter_done; ++i) co_await net::post(io, net::use_awaitable);
     router.close();
   }, net::detached);
   io.run_for(std::chrono::seconds(40));
@@ -685,8 +714,14 @@ TEST_CASE("[asio] watch_stop: a watch on the connection's own fd ends at once wh
   CHECK(stop.idle());
   CHECK(early_idle);
   CHECK(!early_ec);
-  CHECK(srv.state() == conn_state::established);
-  CHECK(cli.state() == conn_state::established);
+  CHECK(resolved_refused);
+  REQUIRE(srv_disconnected);
+  CHECK(late_ec == std::errc::connection_reset); // DISCONNECTED
+  CHECK(late.idle());
+  CHECK(waiter_done);
+  CHECK(waiter_ec == std::errc::connection_reset);
+  CHECK(waiter_waited >= 0);
+  CHECK(waiter_waited < 2000); // failed by the watch, not at its 10 s deadline
   // The fd is no longer registered with any reactor: the blocking form works on it.
   auto st = srv.advance();
   CHECK(st);
