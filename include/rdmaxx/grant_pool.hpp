@@ -164,7 +164,14 @@ struct grant_pool_stats {
 };
 
 /// The top 16 bits of every work request id a GrantPool posts ("RG"): keep them out of yours.
+/// Below them: the pool's id (16 bits), then bit 31 set for a revoke, then the slot (31 bits).
 inline constexpr std::uint64_t grant_pool_wr_tag = 0x5247ull << 48;
+/// The bit of a GrantPool work request id that marks a revoke (unbind or local invalidate): a
+/// grant's bind and its revoke never share an id, so a failed revoke's completion undoes the
+/// revoke alone. (With one id, the flush of a revoke posted to a QP the device had moved to ERR
+/// also undid the grant before it, which had executed unsignaled: the slot read ready while the
+/// grant's key still worked.)
+inline constexpr std::uint64_t grant_pool_revoke_bit = 0x80000000ull;
 
 class GrantPool;
 
@@ -512,8 +519,10 @@ public:
   /// \errors
   /// - errc::null_handle: a null pool, lease or QP.
   /// - errc::pool_mismatch: a lease of another pool.
-  /// - errc::wrong_state: the QP is in ERR (a disconnect, a remote error the QP was moved to ERR
-  ///   for): the revoke would be flushed; use revoke_all().
+  /// - errc::wrong_state: the QP is in ERR as verbs last recorded it (ibv_modify_qp,
+  ///   ibv_query_qp): the revoke would be flushed; use revoke_all(). A QP the device moved to ERR
+  ///   by itself (a remote error) still reads RTS there: its revoke is posted and flushed, and the
+  ///   flush leaves the grant live (the lease stays granted): then revoke_all() as well.
   /// - those of MemoryWindow::unbind / invalidate (posting forms): wrong_state (the QP is not at
   ///   RTS: after a disconnect use revoke_all()), qp_mismatch (type 2: another QP than the one
   ///   bound through), too_many_pending, the errno of the post.
@@ -524,7 +533,7 @@ public:
     // A revoke posted to a QP in ERR would be flushed, and the flush would roll it back: the key
     // would stay live while the caller was told it is revoking.
     if (qp && qp.native_handle()->state == IBV_QPS_ERR) return make_error_code(errc::wrong_state);
-    RDMAXX_TRYV(s->unbind(qp, {st_->tag | l.slot_, send_flag::signaled}));
+    RDMAXX_TRYV(s->unbind(qp, {st_->tag | grant_pool_revoke_bit | l.slot_, send_flag::signaled}));
     ++st_->stats.revokes;
     return success();
   }
@@ -538,7 +547,7 @@ public:
     RDMAXX_TRY(s, slot_of(l));
     if (s->window.state() != mw_state::bound) return success();
     if (qp && qp.native_handle()->state == IBV_QPS_ERR) return make_error_code(errc::wrong_state);
-    RDMAXX_TRYV(s->unbind(batch, qp, {st_->tag | l.slot_, send_flag::signaled}));
+    RDMAXX_TRYV(s->unbind(batch, qp, {st_->tag | grant_pool_revoke_bit | l.slot_, send_flag::signaled}));
     ++st_->stats.revokes;
     return success();
   }
@@ -613,16 +622,19 @@ public:
       detail::grant_slot &s = st_->slots[i];
       if (!s.window) continue;
       if (s.window.state() != mw_state::bound && s.window.pending() == 0) continue;
+      // The replacement first, as grant_slot::renew(): while the old window is allocated the
+      // device cannot give its index (and with it the old keys) to the new one.
+      auto fresh = detail::mw_access::alloc_on(st_->pd_link.parent(), st_->pd, st_->type);
       if (auto r = s.window.dealloc(); !r) {
         if (!first) first = r.error();
-        continue; // still allocated, key perhaps alive: the slot stays out of use
+        continue; // still allocated, key perhaps alive: the slot stays out of use (`fresh` freed)
       }
       ++st_->stats.revoked_by_dealloc;
       s.key_changes = 0;
-      if (auto w = detail::mw_access::alloc_on(st_->pd_link.parent(), st_->pd, st_->type)) {
-        s.window = std::move(w).value();
+      if (fresh) {
+        s.window = std::move(fresh).value();
       } else if (!first) {
-        first = w.error();
+        first = fresh.error();
       }
       st_->settle(i);
     }

@@ -269,6 +269,37 @@ TEMPLATE_TEST_CASE(GRANT_CONTRACT_ROLLBACK, "[grant-contract]", GRANT_FORMS) {
   revoke_confirmed(f, x.lb, 34);
 }
 
+// A revoke posted after a peer's bad access moved the owner's QP to ERR on the device (verbs
+// still records RTS, so the revoke is posted) is flushed. The grant before it executed (the
+// pool's bind silently: unsignaled), so its key still works: the form must not report its
+// memory reusable. It once did for the pool lease (bind and revoke shared a wr_id, and the flush
+// undid both). Revoked on the reconnected QP, the key is refused.
+TEMPLATE_TEST_CASE("grant contract: a revoke flushed after its grant executed leaves the grant live", "[grant-contract]",
+                   GRANT_FORMS) {
+  fixture x;
+  TestType f(x.lb, x.mem);
+  INFO(TestType::name);
+  if constexpr (TestType::revoke_is_posted) {
+    const remote_descriptor d = grant_confirmed(f, x.lb, 41);
+    REQUIRE(peer_write(x.lb, x.src_mr, d.addr, d.rkey) == IBV_WC_SUCCESS);
+    std::memset(x.mem.data() + owner_memory::off, 0, 64);
+    // The peer's access one byte past the grant: refused, both QPs to ERR on the device.
+    REQUIRE(is_denial(peer_write(x.lb, x.src_mr, d.addr + d.length - 63, d.rkey)));
+    REQUIRE(x.lb.b.native_handle()->state == IBV_QPS_RTS); // what verbs still records
+    f.post_revoke(42);
+    const ibv_wc wc = wait_wc(x.lb.cq_b, 1).front();
+    CHECK(wc.status == IBV_WC_WR_FLUSH_ERR);
+    f.complete(wc);
+    CHECK_FALSE(f.idle()); // the grant is live: not reusable
+    x.lb.recover();
+    // Live indeed: the key still writes (through the reconnected QP of the same PD).
+    CHECK(peer_write(x.lb, x.src_mr, d.addr, d.rkey) == IBV_WC_SUCCESS);
+    std::memset(x.mem.data() + owner_memory::off, 0, 64);
+    revoke_confirmed(f, x.lb, 43);
+    CHECK(x.refused(d.addr, d.rkey));
+  }
+}
+
 TEMPLATE_TEST_CASE(GRANT_CONTRACT_REUSE, "[grant-contract]", GRANT_FORMS) {
   fixture x;
   TestType f(x.lb, x.mem);
