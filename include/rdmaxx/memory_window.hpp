@@ -359,9 +359,8 @@ private:
   }
   // Record an operation added to `batch`: the current binding (with its counted MR/QP) moves into
   // the log, and the batch gets an undo for it in case nothing of it is posted.
-  void push(std::uint64_t wr_id, const QueuePair &qp, SendBatch &batch,
-            ibv_wc_opcode op = IBV_WC_BIND_MW) noexcept {
-    detail::batch_access::undo(batch).add(&undo_op, this, push(wr_id, qp, op));
+  void push(const wr &w, const QueuePair &qp, SendBatch &batch, ibv_wc_opcode op = IBV_WC_BIND_MW) noexcept {
+    detail::batch_access::undo(batch).add(&undo_op, this, push(w, qp, op));
   }
   // The batch's undo: roll back the operation named `seq` and any later one (all in that batch:
   // one open batch per QP, and a window's unconfirmed operations share one QP). Gone already
@@ -371,8 +370,8 @@ private:
     if (self->log_.undo(std::uint32_t(seq), self->cur_, self->h_)) self->restore_key();
   }
   // Record a posted operation: the current binding (with its counted MR/QP) moves into the log.
-  std::uint32_t push(std::uint64_t wr_id, const QueuePair &qp, ibv_wc_opcode op = IBV_WC_BIND_MW) noexcept {
-    return log_.push(wr_id, qp.qp_num(), op, cur_, h_);
+  std::uint32_t push(const wr &w, const QueuePair &qp, ibv_wc_opcode op = IBV_WC_BIND_MW) noexcept {
+    return log_.push(w.id, qp.qp_num(), op, cur_, h_, w.flags.has(send_flag::signaled));
   }
   void set_bound(const QueuePair &qp, const MemoryRegion &mr, window_range r, access_flags rights,
                  std::uint32_t key) noexcept {
@@ -452,7 +451,7 @@ inline result<remote_descriptor> MemoryWindow::bind(SendBatch &batch, QueuePair 
   const ibv_mw_bind_info info{mr.native_handle(), mr.iova() + r.offset, r.length,
                               static_cast<unsigned>(rights.native())};
   batch.bind_mw(w, h_.get(), key, info);
-  push(w.id, qp, batch);
+  push(w, qp, batch);
   h_.get()->rkey = key; // what the kernel will hold once the bind executes
   set_bound(qp, mr, r, rights, key);
   return descriptor();
@@ -475,7 +474,7 @@ inline result<remote_descriptor> MemoryWindow::bind(QueuePair &qp, const MemoryR
   b.bind_info = {mr.native_handle(), mr.iova() + r.offset, r.length,
                  static_cast<unsigned>(rights.native())};
   if (const int rc = ::ibv_bind_mw(qp.native_handle(), h_.get(), &b)) return errno_code(rc);
-  push(w.id, qp);
+  push(w, qp);
   set_bound(qp, mr, r, rights, h_.get()->rkey); // the provider advanced mw->rkey
   return descriptor();
 }
@@ -488,7 +487,7 @@ inline result<void> MemoryWindow::unbind(QueuePair &qp, wr w) noexcept {
   b.send_flags = w.flags.native();
   b.bind_info = {cur_.mr, 0, 0, 0};
   if (const int rc = ::ibv_bind_mw(qp.native_handle(), h_.get(), &b)) return errno_code(rc);
-  push(w.id, qp);
+  push(w, qp);
   set_unbound(mw_state::unbound, h_.get()->rkey);
   return success();
 }
@@ -499,7 +498,7 @@ inline result<void> MemoryWindow::unbind(SendBatch &batch, QueuePair &qp, wr w) 
   const std::uint32_t key = ::ibv_inc_rkey(cur_.rkey);
   const ibv_mw_bind_info info{cur_.mr, 0, 0, 0};
   batch.bind_mw(w, h_.get(), key, info);
-  push(w.id, qp, batch);
+  push(w, qp, batch);
   h_.get()->rkey = key;
   set_unbound(mw_state::unbound, key);
   return success();
@@ -510,7 +509,7 @@ inline result<void> MemoryWindow::invalidate(SendBatch &batch, QueuePair &qp, wr
   if (auto ec = check_batch(batch, qp)) return ec;
   const std::uint32_t key = cur_.rkey;
   batch.local_inv(w, key);
-  push(w.id, qp, batch, IBV_WC_LOCAL_INV);
+  push(w, qp, batch, IBV_WC_LOCAL_INV);
   set_unbound(mw_state::invalidated, key); // the key stays; the next bind advances it
   return success();
 }
@@ -622,7 +621,7 @@ inline void MemoryWindow::bind_segment(SendBatch &batch, QueuePair &qp, ibv_mr *
   const std::uint32_t key = ::ibv_inc_rkey(cur_.rkey);
   const ibv_mw_bind_info info{mr, addr, length, static_cast<unsigned>(rights.native())};
   batch.bind_mw(w, h_.get(), key, info);
-  push(w.id, qp);
+  push(w, qp);
   h_.get()->rkey = key;
   set_bound(qp, mr, mr_node, addr, length, rights, key);
 }

@@ -60,8 +60,8 @@ struct window {
   }
   // What MemoryWindow does for a posted operation: push, then apply the new binding.
   void bind(std::uint64_t wr_id, detail::handle<traits<1>> &mr, std::uint32_t key, bool type2 = true,
-            std::uint32_t on_qp = qpn) {
-    log.push(wr_id, on_qp, IBV_WC_BIND_MW, cur, h);
+            std::uint32_t on_qp = qpn, bool signaled = true) {
+    log.push(wr_id, on_qp, IBV_WC_BIND_MW, cur, h, signaled);
     cur.state = mw_state::bound;
     cur.rkey = key;
     cur.length = 64;
@@ -72,8 +72,8 @@ struct window {
     }
   }
   void unbind(std::uint64_t wr_id, std::uint32_t key, mw_state s = mw_state::unbound,
-              ibv_wc_opcode op = IBV_WC_BIND_MW) {
-    log.push(wr_id, qpn, op, cur, h);
+              ibv_wc_opcode op = IBV_WC_BIND_MW, bool signaled = true) {
+    log.push(wr_id, qpn, op, cur, h, signaled);
     cur.state = s;
     cur.rkey = key;
     h.set_parent<parent_slot::second>(nullptr);
@@ -149,7 +149,7 @@ TEST_CASE("mw_log: push moves the binding and its links into the log, up to capa
   CHECK(w.cur.state == mw_state::invalidated);
 }
 
-TEST_CASE("mw_log: successes confirm in order, and the newest match confirms earlier ones", "[unit][mw]") {
+TEST_CASE("mw_log: successes confirm in order, and a match confirms the unsignaled ones before it", "[unit][mw]") {
   SECTION("in order") {
     window w;
     three_ops(w);
@@ -176,15 +176,30 @@ TEST_CASE("mw_log: successes confirm in order, and the newest match confirms ear
     CHECK(w.cur.rkey == 0x102);
     CHECK(w.h.parent<parent_slot::second>() == w.mr_b.node());
   }
-  SECTION("one wr_id for every operation (window_wr_id): a success confirms all") {
+  SECTION("one wr_id for every operation (window_wr_id), only the last signaled: its success confirms all") {
     window w;
     w.cur.rkey = 0x100;
-    w.bind(window_wr_id, w.mr_a, 0x101);
-    w.unbind(window_wr_id, 0x101, mw_state::invalidated, IBV_WC_LOCAL_INV);
+    w.bind(window_wr_id, w.mr_a, 0x101, true, qpn, false);
+    w.unbind(window_wr_id, 0x101, mw_state::invalidated, IBV_WC_LOCAL_INV, false);
     w.bind(window_wr_id, w.mr_b, 0x102);
     CHECK(w.complete(wc_of(window_wr_id)) == mw_outcome::confirmed);
     CHECK(w.log.empty());
     CHECK((w.a() == 0 && w.b() == 1 && w.q() == 1));
+  }
+  SECTION("one wr_id, every operation signaled: each success confirms the oldest, not a later one") {
+    // A bind's success once confirmed the (type 1) unbind after it too, before that had run: a
+    // flush of the unbind was then ignored and the window read unbound with its key live.
+    window w;
+    w.cur.rkey = 0x100;
+    w.bind(window_wr_id, w.mr_a, 0x101, false);
+    w.unbind(window_wr_id, 0x102); // a type-1 unbind completes as IBV_WC_BIND_MW too
+    CHECK(w.complete(wc_of(window_wr_id)) == mw_outcome::confirmed);
+    REQUIRE(w.log.size() == 1);
+    CHECK(w.cur.state == mw_state::unbound);
+    CHECK(w.complete(wc_of(window_wr_id, IBV_WC_WR_FLUSH_ERR)) == mw_outcome::rolled_back);
+    CHECK(w.log.empty());
+    CHECK((w.cur.state == mw_state::bound && w.cur.rkey == 0x101)); // live: the unbind never ran
+    CHECK(w.a() == 1);
   }
   SECTION("same wr_id, different opcodes: the newest entry of the completion's opcode") {
     window w;
@@ -240,16 +255,30 @@ TEST_CASE("mw_log: flushed completions of unsignaled operations", "[unit][mw]") 
     CHECK((w.cur.state == mw_state::unbound && w.cur.rkey == 0x100));
     CHECK((w.a() == 0 && w.b() == 0 && w.q() == 0));
   }
-  SECTION("one wr_id for all: a flush undoes from the oldest") {
+  SECTION("one wr_id for all: each flush undoes the newest; exact once every flush is handed over") {
     window w;
     w.cur.rkey = 0x100;
     w.bind(window_wr_id, w.mr_a, 0x101);
     w.unbind(window_wr_id, 0x101, mw_state::invalidated, IBV_WC_LOCAL_INV);
     w.bind(window_wr_id, w.mr_b, 0x102);
     CHECK(w.complete(wc_of(window_wr_id, IBV_WC_WR_FLUSH_ERR)) == mw_outcome::rolled_back);
+    CHECK((w.cur.state == mw_state::invalidated && w.log.size() == 2));
+    CHECK(w.complete(wc_of(window_wr_id, IBV_WC_WR_FLUSH_ERR)) == mw_outcome::rolled_back);
+    CHECK((w.cur.state == mw_state::bound && w.cur.rkey == 0x101 && w.log.size() == 1));
+    CHECK(w.complete(wc_of(window_wr_id, IBV_WC_WR_FLUSH_ERR)) == mw_outcome::rolled_back);
     CHECK(w.log.empty());
     CHECK((w.cur.state == mw_state::unbound && w.cur.rkey == 0x100));
     CHECK((w.a() == 0 && w.b() == 0 && w.q() == 0));
+  }
+  SECTION("one wr_id, an unsignaled bind that ran, then its unbind flushed: the bind stays live") {
+    window w;
+    w.cur.rkey = 0x100;
+    w.bind(window_wr_id, w.mr_a, 0x101, false, qpn, false);
+    w.unbind(window_wr_id, 0x102);
+    CHECK(w.complete(wc_of(window_wr_id, IBV_WC_WR_FLUSH_ERR)) == mw_outcome::rolled_back);
+    REQUIRE(w.log.size() == 1); // the bind: unconfirmed, its binding current
+    CHECK((w.cur.state == mw_state::bound && w.cur.rkey == 0x101));
+    CHECK(w.a() == 1);
   }
   SECTION("an operation that executed silently stays unconfirmed when a later one flushes") {
     window w;

@@ -27,7 +27,7 @@ namespace rdmaxx::detail {
 enum class mw_outcome : std::uint8_t {
   ignored,     ///< not one of the log's operations: nothing changed
   confirmed,   ///< a success: the matching entry and every earlier one are dropped
-  rolled_back, ///< a failure: the binding before the oldest match is current again
+  rolled_back, ///< a failure: the binding before the newest match is current again
   invalidated, ///< the peer invalidated the current binding: every entry is dropped
 };
 
@@ -41,6 +41,7 @@ public:
     std::uint32_t qp_num = 0;
     ibv_wc_opcode opcode = IBV_WC_BIND_MW; // what a successful completion of it reports
     std::uint32_t seq = 0; // names it for the undo of its batch (indexes shift on confirm)
+    bool signaled = true;  // a success reports it (an unsignaled one completes silently)
     Binding before;
   };
 
@@ -59,11 +60,12 @@ public:
   /// Returns the entry's sequence number (for undo()).
   template <class H>
   std::uint32_t push(std::uint64_t wr_id, std::uint32_t qp_num, ibv_wc_opcode op, Binding &cur,
-                     H &h) noexcept {
+                     H &h, bool signaled = true) noexcept {
     entry &p = e_[n_++];
     p.wr_id = wr_id;
     p.qp_num = qp_num;
     p.opcode = op;
+    p.signaled = signaled;
     p.seq = ++seq_;
     p.before = std::move(cur);
     p.before.mr_link = h.template take_link<parent_slot::second>();
@@ -87,10 +89,15 @@ public:
   /// Hand a completion to the log. `peer_invalidated`: the owner found that `wc` is a receive
   /// whose sender invalidated the current binding; then every entry is dropped (the operations
   /// before it executed) and the owner ends the binding itself (its links are still in `h`).
-  /// Otherwise, only an entry with wc's wr_id and qp_num counts: a success whose opcode is the
-  /// entry's confirms the newest such entry and every earlier one (a send queue completes in
-  /// order, and unsignaled operations complete silently); a failure (flushed included: its
-  /// opcode is not reliable) undoes the oldest such entry and every later one (see rollback).
+  /// Otherwise, only an entry with wc's wr_id and qp_num counts. A success is the oldest
+  /// signaled such entry whose opcode it reports: it and every earlier one are confirmed (a send
+  /// queue completes in order; unsignaled operations complete silently). A failure (flushed
+  /// included: its opcode is not reliable) undoes the newest such entry and every later one (see
+  /// rollback). Entries that share a wr_id cannot be told apart by a failure: an unsignaled one
+  /// may have executed silently before a later one failed. Taking the newest keeps such an entry
+  /// (its binding stays counted as possibly live), and as a queue in ERR flushes every
+  /// outstanding request, each in order, the log is exact again once every failure was handed
+  /// over. Entries with wr_ids of their own (GrantPool's) are exact at every completion.
   template <class H>
   [[nodiscard]] mw_outcome complete(const ibv_wc &wc, bool peer_invalidated, Binding &cur, H &h) noexcept {
     if (peer_invalidated) {
@@ -99,14 +106,14 @@ public:
     }
     if (n_ == 0) return mw_outcome::ignored;
     if (wc.status == IBV_WC_SUCCESS) {
-      for (std::size_t i = n_; i-- > 0;) // newest match: confirms it and all before it
-        if (matches(e_[i], wc) && wc.opcode == e_[i].opcode) {
+      for (std::size_t i = 0; i < n_; ++i) // oldest signaled match: confirms it and all before it
+        if (e_[i].signaled && matches(e_[i], wc) && wc.opcode == e_[i].opcode) {
           confirm(i + 1);
           return mw_outcome::confirmed;
         }
       return mw_outcome::ignored;
     }
-    for (std::size_t i = 0; i < n_; ++i) // oldest match: undo it and all after it
+    for (std::size_t i = n_; i-- > 0;) // newest match: undo it and all after it
       if (matches(e_[i], wc)) {
         rollback(i, cur, h);
         return mw_outcome::rolled_back;
