@@ -42,8 +42,9 @@
 /// and reactor then take no mutex per handler (a hint of 1 still does).
 ///
 /// Lifetimes: a Waiter must not outlive its router's CQ (it keeps the router's core alive, not
-/// the CQ); the router must be destroyed (or closed) before its CQ and channel. Destroying a
-/// router fails its waiters with errc::null_handle.
+/// the CQ); the router must be destroyed (or closed) before its CQ and channel, and before its
+/// io_context (it holds a descriptor and a timer of that io_context). Destroying a router fails
+/// its waiters with errc::null_handle.
 ///
 /// Allocation: CompletionRouter::create allocates its core (the bucket array, the pool table);
 /// per completion nothing is allocated beyond Asio's own coroutine frames (recycled per thread,
@@ -1242,8 +1243,10 @@ struct pump_steps {
 ///
 /// Every user of the channel on this thread goes through the pump: a plain advance() or
 /// get_request() of one of them may read the others' events from the fd (call kick() after
-/// it). Lifetime: close (or destroy) the pump before its channel; its sleeping steps then fail
-/// with errc::null_handle.
+/// it). Lifetime: close (or destroy) the pump before its channel and before its io_context (it
+/// holds a descriptor of that io_context's reactor); its sleeping steps then fail with
+/// errc::null_handle. The pump keeps the channel object's address: do not move the
+/// EventChannel while a pump serves it (the channel does not know its pumps).
 class EventPump {
 public:
   EventPump() noexcept = default;
