@@ -131,18 +131,32 @@ inline constexpr access_flags window_rights =
   return {};
 }
 
-/// The rkey a receive completion says the peer invalidated (send-with-invalidate), if any.
-/// rxe does not set IBV_WC_WITH_INV: it copies the kernel's IB_WC_WITH_INVALIDATE (1 << 2), which
-/// reads as IBV_WC_IP_CSUM_OK (measured: wc_flags 5 = GRH | bit 2). So a receive without
-/// immediate data whose invalidated_rkey equals `expected` counts too.
-[[nodiscard]] inline std::optional<std::uint32_t> invalidated_rkey(const ibv_wc &wc,
-                                                                   std::uint32_t expected) noexcept {
+/// The rkey a receive completion says the peer invalidated (send-with-invalidate), if any: one
+/// flagged IBV_WC_WITH_INV. rxe does not set that flag: it copies the kernel's
+/// IB_WC_WITH_INVALIDATE (1 << 2), which reads as IBV_WC_IP_CSUM_OK (measured: wc_flags 5 = GRH |
+/// bit 2). With `device_omits_with_inv` (rxe's windows: MemoryWindow knows it from the vendor id)
+/// a receive without immediate data whose invalidated_rkey equals `expected` counts too. Only
+/// there: elsewhere (mlx5) a plain send's completion does not write that field, so it can still
+/// hold the immediate data of an earlier completion in the same ibv_wc, which the peer chose.
+[[nodiscard]] inline std::optional<std::uint32_t> invalidated_rkey(const ibv_wc &wc, std::uint32_t expected,
+                                                                   bool device_omits_with_inv = false) noexcept {
   if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RECV) return std::nullopt;
   if (wc.wc_flags & IBV_WC_WITH_INV) return wc.invalidated_rkey;
-  if (!(wc.wc_flags & IBV_WC_WITH_IMM) && expected != 0 && wc.invalidated_rkey == expected)
+  if (device_omits_with_inv && !(wc.wc_flags & IBV_WC_WITH_IMM) && expected != 0 && wc.invalidated_rkey == expected)
     return wc.invalidated_rkey;
   return std::nullopt;
 }
+
+namespace detail {
+// Whether `ctx`'s device reports a peer's invalidation without IBV_WC_WITH_INV (rxe): one
+// ibv_query_device, on the cold path of a type-2 window's allocation. A failed query answers
+// false: the flag is then required, and an unflagged invalidation is not taken for one (the
+// window stays bound as far as it knows: revoked again, never reused early).
+[[nodiscard]] inline bool device_omits_with_inv(ibv_context *ctx) noexcept {
+  ibv_device_attr a{};
+  return ctx && ::ibv_query_device(ctx, &a) == 0 && a.vendor_id == rxe_vendor_id;
+}
+} // namespace detail
 
 namespace detail {
 // What a window is bound to; the links keep the MR and (type 2) QP counted while bound.
@@ -417,6 +431,7 @@ private:
   detail::mw_binding cur_;
   detail::mw_log<detail::mw_binding, max_pending> log_; // the unconfirmed operations
   mw_type type_ = mw_type::type1;
+  bool omits_with_inv_ = false; // type 2 on rxe: see invalidated_rkey()
   detail::handle<traits> h_;
 };
 
@@ -429,6 +444,7 @@ inline MemoryWindow &MemoryWindow::operator=(MemoryWindow &&o) noexcept {
     cur_ = std::move(o.cur_);
     log_ = std::move(o.log_);
     type_ = o.type_;
+    omits_with_inv_ = o.omits_with_inv_;
     h_ = std::move(o.h_);
     o.forget();
   }
@@ -523,7 +539,7 @@ inline result<void> MemoryWindow::invalidate(QueuePair &qp, wr w) noexcept {
 
 inline bool MemoryWindow::complete(const ibv_wc &wc) noexcept {
   const bool peer_invalidated = type_ == mw_type::type2 && cur_.state == mw_state::bound &&
-                                invalidated_rkey(wc, cur_.rkey) == cur_.rkey;
+                                invalidated_rkey(wc, cur_.rkey, omits_with_inv_) == cur_.rkey;
   switch (log_.complete(wc, peer_invalidated, cur_, h_)) {
   case detail::mw_outcome::ignored: return false;
   case detail::mw_outcome::confirmed: return true;
@@ -633,6 +649,7 @@ inline result<MemoryWindow> MemoryWindow::alloc_on(detail::parent_node *pd_node,
   MemoryWindow w;
   w.h_ = detail::handle<traits>(mw, pd_node, nullptr);
   w.type_ = type;
+  w.omits_with_inv_ = type == mw_type::type2 && detail::device_omits_with_inv(pd->context);
   w.cur_.rkey = mw->rkey;
   return w;
 }

@@ -78,15 +78,18 @@ TEST_CASE("invalidated_rkey: flagged and rxe-style (unflagged) remote invalidati
   wc.status = IBV_WC_SUCCESS;
   wc.opcode = IBV_WC_RECV;
   wc.invalidated_rkey = 0x1234;
-  // rxe: no IBV_WC_WITH_INV, but the key is there.
-  CHECK(invalidated_rkey(wc, 0x1234) == 0x1234u);
-  CHECK_FALSE(invalidated_rkey(wc, 0x1235).has_value());
+  // rxe: no IBV_WC_WITH_INV, but the key is there; counted only for a device known to omit the
+  // flag (elsewhere the field can hold an earlier completion's immediate data, the peer's choice).
+  CHECK(invalidated_rkey(wc, 0x1234, true) == 0x1234u);
+  CHECK_FALSE(invalidated_rkey(wc, 0x1235, true).has_value());
+  CHECK_FALSE(invalidated_rkey(wc, 0x1234).has_value());
+  CHECK_FALSE(invalidated_rkey(wc, 0x1234, false).has_value());
   // Standard: flagged.
   wc.wc_flags = IBV_WC_WITH_INV;
   CHECK(invalidated_rkey(wc, 0x9999) == 0x1234u);
   // Immediate data shares the field: never read as a key.
   wc.wc_flags = IBV_WC_WITH_IMM;
-  CHECK_FALSE(invalidated_rkey(wc, 0x1234).has_value());
+  CHECK_FALSE(invalidated_rkey(wc, 0x1234, true).has_value());
   // Failed completions and other opcodes carry no invalidation.
   wc.wc_flags = IBV_WC_WITH_INV;
   wc.status = IBV_WC_WR_FLUSH_ERR;
