@@ -318,6 +318,11 @@ inline void known_invalidate_defect(std::uint32_t vendor_id, bool mlx5dv, trista
     measured_on = "";
   }
 }
+/// Whether a device's receive completions of a peer's send-with-invalidate lack IBV_WC_WITH_INV
+/// (rxe copies the kernel's flag bit, which reads as IBV_WC_IP_CSUM_OK; see invalidated_rkey).
+[[nodiscard]] constexpr bool known_omits_with_inv(std::uint32_t vendor_id) noexcept {
+  return vendor_id == rxe_vendor_id;
+}
 } // namespace detail
 
 /// FAULT INJECTION, for tests only: rxe's ibv_query_device_ex does not fail, so the rule that a

@@ -359,7 +359,7 @@ public:
   /// and, with the exact-region mechanism, one region per segment whose bytes changed since the
   /// last configure (ibv_reg_mr_iova2, inside verbs, and its node).
   [[nodiscard]] result<void> configure(SendBatch &batch, QueuePair &qp, const layout &l,
-                                       access_flags acc, wr w = {}) noexcept;
+                                       access_flags acc, wr w = {window_wr_id}) noexcept;
 
   /// Invalidate: the key stops working. mlx5: a local invalidate of the mkey added to `batch`
   /// (ibv_wr_local_inv), posted signaled whatever w.flags says; the key stays configured() (it
@@ -378,7 +378,7 @@ public:
   /// - errc::send_queue_full: mlx5: the QP's counted send queue has no room.
   /// - the errno of ibv_dealloc_mw (the key is invalid regardless).
   /// \mallocs None.
-  [[nodiscard]] result<void> invalidate(SendBatch &batch, wr w = {}) noexcept;
+  [[nodiscard]] result<void> invalidate(SendBatch &batch, wr w = {window_wr_id}) noexcept;
   /// Software only: invalidate now, without a work request (as above).
   /// \errors
   /// - errc::null_handle: the key is null.
@@ -486,7 +486,7 @@ public:
   /// takes (batch, qp, ...): MemoryWindow::bind, StrictGrant::grant, GrantPool::grant.
   [[deprecated("IndirectKey::configure takes (batch, qp, layout, rights, wr), as bind() does")]]
   [[nodiscard]] result<void> configure(QueuePair &qp, SendBatch &batch, const layout &l,
-                                       access_flags acc, wr w = {}) noexcept {
+                                       access_flags acc, wr w = {window_wr_id}) noexcept {
     return configure(batch, qp, l, acc, w);
   }
 
@@ -502,7 +502,7 @@ public:
   /// - the errno of ibv_wr_complete.
   /// \mallocs As the batch form.
   [[nodiscard]] result<void> configure(QueuePair &qp, const layout &l, access_flags acc,
-                                       wr w = {0, send_flag::signaled}) noexcept {
+                                       wr w = {window_wr_id, send_flag::signaled}) noexcept {
     auto batch = qp.start_send();
     RDMAXX_TRYV(configure(batch, qp, l, acc, w));
     return batch.submit(); // a failed submit undid the configure
@@ -516,7 +516,7 @@ public:
   /// - errc::wrong_state: also when the QP has not reached RTS.
   /// - the errno of ibv_wr_complete.
   /// \mallocs None.
-  [[nodiscard]] result<void> invalidate(QueuePair &qp, wr w = {0, send_flag::signaled}) noexcept {
+  [[nodiscard]] result<void> invalidate(QueuePair &qp, wr w = {window_wr_id, send_flag::signaled}) noexcept {
     if (backend() != umr_backend::mlx5) return invalidate();
     auto batch = qp.start_send();
     RDMAXX_TRYV(invalidate(batch, w));

@@ -84,8 +84,9 @@ enum class mw_state : std::uint8_t {
   invalidated, ///< type 2, invalidated locally or by the peer; can be bound again
 };
 
-/// The wr_id of window operations posted by the convenience forms unless the caller gives one;
-/// chosen so as not to collide with the 0 that other work requests often use.
+/// The wr_id of window and key operations (MemoryWindow, StrictGrant, IndirectKey; posting and
+/// batch forms) unless the caller gives one: chosen so as not to collide with the 0 that other
+/// work requests often use, whose failed completion would otherwise roll a window back.
 inline constexpr std::uint64_t window_wr_id = 0x5244584D57000000ull; // "RDXMW"
 
 /// A range of a MemoryRegion, as an offset from its start and a length.
@@ -149,12 +150,15 @@ inline constexpr access_flags window_rights =
 
 namespace detail {
 // Whether `ctx`'s device reports a peer's invalidation without IBV_WC_WITH_INV (rxe): one
-// ibv_query_device, on the cold path of a type-2 window's allocation. A failed query answers
-// false: the flag is then required, and an unflagged invalidation is not taken for one (the
-// window stays bound as far as it knows: revoked again, never reused early).
+// query (query_defect, so the fault-injection override applies), on the cold path of a type-2
+// window's allocation. A failed query answers false: the flag is then required, and an unflagged
+// invalidation is not taken for one (the window stays bound as far as it knows: revoked again,
+// never reused early).
 [[nodiscard]] inline bool device_omits_with_inv(ibv_context *ctx) noexcept {
-  ibv_device_attr a{};
-  return ctx && ::ibv_query_device(ctx, &a) == 0 && a.vendor_id == rxe_vendor_id;
+  if (!ctx) return false;
+  ibv_device_attr_ex ax{};
+  tristate panics = tristate::unknown;
+  return query_defect(ctx, ax, panics) == 0 && known_omits_with_inv(ax.orig_attr.vendor_id);
 }
 } // namespace detail
 
@@ -248,7 +252,7 @@ public:
   ///   SendBatch::max_undo window and key operations.
   /// \mallocs None.
   [[nodiscard]] result<remote_descriptor> bind(SendBatch &batch, QueuePair &qp, const MemoryRegion &mr,
-                                               window_range r, access_flags rights, wr w = {}) noexcept;
+                                               window_range r, access_flags rights, wr w = {window_wr_id}) noexcept;
 
   /// Bind and post now: type 1 through ibv_bind_mw (the provider picks the key), type 2 through
   /// a batch of its own. The work request is signaled unless `w.flags` says otherwise: hand its
@@ -285,7 +289,7 @@ public:
   /// - errc::too_many_pending: also when the batch carries SendBatch::max_undo window and key
   ///   operations.
   /// \mallocs None.
-  result<void> unbind(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept;
+  result<void> unbind(SendBatch &batch, QueuePair &qp, wr w = {window_wr_id}) noexcept;
 
   /// Type 2: add a local invalidate of the current key to an open batch (ibv_wr_local_inv) of the
   /// QP the window was bound through. Posted only when the window is bound: invalidating an
@@ -300,7 +304,7 @@ public:
   /// - errc::wrong_state: the batch is not open.
   /// - errc::too_many_pending: see bind.
   /// \mallocs None.
-  result<void> invalidate(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept;
+  result<void> invalidate(SendBatch &batch, QueuePair &qp, wr w = {window_wr_id}) noexcept;
   /// Type 2: local invalidate posted now in a batch of its own (signaled unless `w` says
   /// otherwise).
   /// \errors

@@ -124,7 +124,7 @@ public:
   /// - as the posting form, with those of the batch form of MemoryWindow::bind.
   /// \mallocs None (what ibv_alloc_mw allocates when the window is replaced).
   [[nodiscard]] result<remote_descriptor> grant(SendBatch &batch, QueuePair &qp, access_flags rights,
-                                                wr w = {}) noexcept {
+                                                wr w = {window_wr_id}) noexcept {
     if (auto ec = renew_if_used_up()) return ec;
     return slot_.bind(batch, qp, rights, w);
   }
@@ -141,7 +141,7 @@ public:
   /// \errors
   /// - those of the batch forms of MemoryWindow::unbind / invalidate.
   /// \mallocs None.
-  result<void> revoke(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept {
+  result<void> revoke(SendBatch &batch, QueuePair &qp, wr w = {window_wr_id}) noexcept {
     return slot_.unbind(batch, qp, w);
   }
 
@@ -154,7 +154,7 @@ public:
   }
   /// 0.1's name of grant(batch, qp, ...). Deprecated (see above).
   [[deprecated("StrictGrant::bind is now grant()")]] [[nodiscard]] result<remote_descriptor>
-  bind(SendBatch &batch, QueuePair &qp, access_flags rights, wr w = {}) noexcept {
+  bind(SendBatch &batch, QueuePair &qp, access_flags rights, wr w = {window_wr_id}) noexcept {
     return grant(batch, qp, rights, w);
   }
   /// 0.1's name of revoke(qp, ...). Deprecated (see above).
@@ -164,7 +164,7 @@ public:
   }
   /// 0.1's name of revoke(batch, qp, ...). Deprecated (see above).
   [[deprecated("StrictGrant::unbind is now revoke(batch, qp)")]] result<void>
-  unbind(SendBatch &batch, QueuePair &qp, wr w = {}) noexcept {
+  unbind(SendBatch &batch, QueuePair &qp, wr w = {window_wr_id}) noexcept {
     return revoke(batch, qp, w);
   }
   /// Grants one window makes before grant() replaces it (127 type 1, whose unbind takes a key

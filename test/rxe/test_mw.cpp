@@ -203,6 +203,34 @@ TEST_CASE("type 2: bind and invalidate chained in one batch with one completion"
   invalidate_wait(mw, lb.b, lb.cq_b);
 }
 
+TEST_CASE("batch forms default to window_wr_id: the caller's own failed id-0 request leaves the window bound",
+          "[mw][undo]") {
+  // A bind added to a batch without a wr used id 0, the id most other work requests carry: the
+  // failed completion of the caller's own write then rolled the window back to unbound while its
+  // bind had executed, and the key was never revoked.
+  loopback lb;
+  std::vector<unsigned char> mem(4096, 0), src(64, 0x5A);
+  auto mr = need(MemoryRegion::reg(lb.pd, mem.data(), mem.size(), owner_access), "reg owner");
+  auto ms = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "reg src");
+  auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type2, accept_risk), "alloc_mw");
+  {
+    auto batch = lb.b.start_send();
+    REQUIRE(mw.bind(batch, lb.b, mr, {0, 4096}, rw_rights).has_value());
+    // The caller's own write, id 0, signaled: to the region's key, which has no remote rights.
+    batch.write({0, send_flag::signaled}, {mr.iova(), mr.rkey()}, ms.sge());
+    need(batch.submit(), "submit");
+  }
+  const ibv_wc wc = wait_wc(lb.cq_b, 1).front();
+  INFO("write completion: " << ibv_wc_status_str(wc.status));
+  REQUIRE(wc.status != IBV_WC_SUCCESS);
+  CHECK(wc.wr_id == 0);
+  CHECK_FALSE(mw.complete(wc)); // not the window's
+  CHECK(mw.state() == mw_state::bound);
+  CHECK(mw.pending() == 1);
+  CHECK(mr.bound_windows() == 1);
+  CHECK(all_equal(mem.data(), mem.size(), 0));
+}
+
 TEST_CASE("a bind that completes with an error rolls state, key and counts back", "[mw]") {
   loopback lb;
   std::vector<unsigned char> mem(4096, 0), src(64, 0x3C);
