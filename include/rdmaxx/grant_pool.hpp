@@ -77,6 +77,7 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <optional>
 #include <span>
 #include <utility>
 
@@ -164,7 +165,8 @@ struct grant_pool_stats {
 };
 
 /// The top 16 bits of every work request id a GrantPool posts ("RG"): keep them out of yours.
-/// Below them: the pool's id (16 bits), then bit 31 set for a revoke, then the slot (31 bits).
+/// Below them: the pool's id (16 bits, unique among the live pools of the process), then bit 31
+/// set for a revoke, then the slot (31 bits).
 inline constexpr std::uint64_t grant_pool_wr_tag = 0x5247ull << 48;
 /// The bit of a GrantPool work request id that marks a revoke (unbind or local invalidate): a
 /// grant's bind and its revoke never share an id, so a failed revoke's completion undoes the
@@ -220,9 +222,51 @@ private:
   std::size_t cap_ = 0, n_ = 0;
 };
 
+// The 16-bit ids of the pools alive in this process: a pool's work request ids carry its id, so
+// two live pools never share one (a counter masked to 16 bits gave a live pool's id to the
+// 65,537th pool after it). Ids are handed out round-robin from a moving start, so a recently freed
+// id is the last to come back (a late completion of a gone pool meets no new pool of its id).
+class pool_ids {
+public:
+  static constexpr std::uint32_t count = 1u << 16;
+  // A free id, or nullopt when `count` pools are alive.
+  [[nodiscard]] static std::optional<std::uint16_t> acquire() noexcept {
+    const std::uint32_t start = cursor().fetch_add(1, std::memory_order_relaxed);
+    for (std::uint32_t k = 0; k < count; ++k) {
+      const std::uint32_t id = (start + k) % count;
+      const std::uint64_t bit = std::uint64_t(1) << (id % 64);
+      std::atomic<std::uint64_t> &w = words()[id / 64];
+      if ((w.load(std::memory_order_relaxed) & bit) == 0 && (w.fetch_or(bit, std::memory_order_acq_rel) & bit) == 0)
+        return std::uint16_t(id);
+    }
+    return std::nullopt;
+  }
+  static void release(std::uint16_t id) noexcept {
+    words()[id / 64].fetch_and(~(std::uint64_t(1) << (id % 64)), std::memory_order_acq_rel);
+  }
+
+private:
+  static std::atomic<std::uint32_t> &cursor() noexcept {
+    static std::atomic<std::uint32_t> c{0};
+    return c;
+  }
+  static std::array<std::atomic<std::uint64_t>, count / 64> &words() noexcept {
+    static std::array<std::atomic<std::uint64_t>, count / 64> w{};
+    return w;
+  }
+};
+
 // The pool's state lives apart from the GrantPool object so that moving the pool keeps its
 // leases valid, and a lease that outlives its pool finds it closed instead of dangling.
 struct grant_pool_state {
+  grant_pool_state() = default;
+  grant_pool_state(const grant_pool_state &) = delete;
+  grant_pool_state &operator=(const grant_pool_state &) = delete;
+  ~grant_pool_state() {
+    if (id) pool_ids::release(*id);
+  }
+  std::optional<std::uint16_t> id; // held while the state lives (leases included)
+
   fixed_vector<grant_slot> slots;
   fixed_vector<std::uint32_t> free;                            // capacity slots.size()
   fixed_vector<std::pair<std::uint32_t, std::uint32_t>> index; // (rkey >> 8, slot), sorted
@@ -388,6 +432,8 @@ public:
   /// - errc::context_mismatch: `pd` of another device, or o.grant.caps of another device.
   /// - errc::zero_length: o.slot_size is 0, or no slot fits.
   /// - errc::out_of_range: o.slot_size of 2^32 or more, or o.slots slots do not fit `buffers`.
+  /// - errc::too_many_entries: 65,536 pools are alive in this process (their work request ids
+  ///   carry a 16-bit pool id): destroy one, or share pools.
   /// - errc::unsupported: no memory windows here.
   /// - errc::unsafe_grant: only type-2 windows on a device where a peer could panic the kernel
   ///   with them (see type2_risk; grant_options::type2 accepts the risk).
@@ -419,7 +465,9 @@ public:
     st.slot_size = o.slot_size;
     st.pd = pd.native_handle();
     st.pd_link = detail::child_link(detail::handle_access::node(pd), child_kind::grant_pool);
-    st.tag = grant_pool_wr_tag | (std::uint64_t(next_id()) << 32);
+    st.id = detail::pool_ids::acquire();
+    if (!st.id) return make_error_code(errc::too_many_entries);
+    st.tag = grant_pool_wr_tag | (std::uint64_t(*st.id) << 32);
     if (!st.slots.allocate(n, true) || !st.free.allocate(n, false) || !st.index.allocate(n, false))
       return std::make_error_code(std::errc::not_enough_memory);
     st.region_access = (buffers.access() & access::local_write) | access::mw_bind;
@@ -695,10 +743,6 @@ private:
     ++st_->stats.windows_renewed;
     st_->reindex(old_key, i);
     return success();
-  }
-  [[nodiscard]] static std::uint32_t next_id() noexcept {
-    static std::atomic<std::uint32_t> n{0};
-    return (n.fetch_add(1, std::memory_order_relaxed) & 0xFFFFu);
   }
   [[nodiscard]] result<detail::grant_slot *> slot_of(const GrantLease &l) noexcept {
     if (!st_ || !l) return make_error_code(errc::null_handle);

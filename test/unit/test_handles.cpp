@@ -336,3 +336,35 @@ TEST_CASE("empty handles are safe to query and destroy", "[unit][handles]") {
   CHECK(ctx.close());
   CHECK(failures.empty());
 }
+
+TEST_CASE("live GrantPools never share a pool id: 65,536 at most, a freed id comes back last", "[unit][pool]") {
+  // A pool's work request ids carry its 16-bit id; a masked counter gave the 65,537th pool the id
+  // of the first, and a completion of either was taken for the other's.
+  using ids = detail::pool_ids;
+  std::vector<bool> seen(ids::count, false);
+  std::vector<std::uint16_t> held;
+  held.reserve(ids::count);
+  for (std::uint32_t i = 0; i < ids::count; ++i) {
+    const auto id = ids::acquire();
+    REQUIRE(id.has_value());
+    REQUIRE_FALSE(seen[*id]);
+    seen[*id] = true;
+    held.push_back(*id);
+  }
+  CHECK_FALSE(ids::acquire().has_value()); // all alive: refused, never a shared id
+  ids::release(held[100]);
+  const auto again = ids::acquire();
+  REQUIRE(again.has_value());
+  CHECK(*again == held[100]);
+  for (const std::uint16_t id : held) ids::release(id);
+  // Freed ids are handed out from a moving start: the next two differ.
+  const auto a = ids::acquire(), b = ids::acquire();
+  REQUIRE((a && b));
+  CHECK(*a != *b);
+  ids::release(*a);
+  const auto c = ids::acquire();
+  REQUIRE(c.has_value());
+  CHECK(*c != *a);
+  ids::release(*b);
+  ids::release(*c);
+}
