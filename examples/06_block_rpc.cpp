@@ -441,6 +441,7 @@ public:
       todo.push_back({op::read, b, std::uint64_t(n) + b, false});
     std::vector<job> retry;
     bool late_pending = false; // a request timed out and the server may still touch its grant
+    const std::int64_t start = now_ms(); // the request loop's rate: connected, before the goodbye
     while (!todo.empty() || !retry.empty()) {
       if (todo.empty()) { // only retries left: wait for the late access that breaks the connection
         RDMAXX_TRYV(wait_for_break());
@@ -473,15 +474,17 @@ public:
         retry.clear();
       }
     }
+    const double secs = double(now_ms() - start) / 1000.0;
     // Goodbye: the server prints its summary and exits.
     RDMAXX_TRY(bo, one({op::bye, 0, ~0ull >> 16}, false));
     bool ok = expect(bo == outcome::done, "client", "server acknowledged the end");
     (void)conn_.disconnect();
     conn_ = Connection{};
-    std::printf("client: %llu requests done, %llu bytes verified, %llu slot bytes checked after "
-                "breaks, %llu timeouts (%llu asked stalls), late accesses refused (server's count): %u, "
-                "%llu reconnects, pool %zu of %zu available\n",
-                static_cast<unsigned long long>(st_.done), static_cast<unsigned long long>(st_.bytes_verified),
+    std::printf("client: %llu requests done in %.3f s (%.1f requests/s), %llu bytes verified, %llu slot bytes "
+                "checked after breaks, %llu timeouts (%llu asked stalls), late accesses refused (server's count): "
+                "%u, %llu reconnects, pool %zu of %zu available\n",
+                static_cast<unsigned long long>(st_.done), secs, secs > 0 ? double(st_.done) / secs : 0.0,
+                static_cast<unsigned long long>(st_.bytes_verified),
                 static_cast<unsigned long long>(st_.slot_bytes_checked),
                 static_cast<unsigned long long>(st_.timeouts), static_cast<unsigned long long>(st_.stalls),
                 st_.server_refused, static_cast<unsigned long long>(st_.reconnects), pool_.available(),

@@ -214,7 +214,12 @@ public:
     router_ = std::move(router);
     net::co_spawn(io_, accept_loop(), net::detached);
     io_.run();
+    const ra::router_stats rs = router_.stats();
     router_.close();
+    std::printf("server: router: %llu channel events, %llu of %llu waits suspended; %llu completions: %llu to "
+                "waiters, %llu unclaimed\n",
+                ull(rs.events), ull(rs.suspended), ull(rs.waits), ull(rs.completions), ull(rs.routed),
+                ull(rs.unclaimed));
     std::printf("server: %llu requests (%llu writes, %llu reads served), %llu connections, late accesses: "
                 "%llu refused, %llu allowed, %llu dropped with their connection\n",
                 ull(st_.requests), ull(st_.writes), ull(st_.reads), ull(st_.connections),
@@ -427,8 +432,10 @@ public:
     }
     io.run();
     router_.close();
-    std::printf("client: router: %llu channel events, %llu of %llu waits suspended\n", ull(rs_.events),
-                ull(rs_.suspended), ull(rs_.waits));
+    std::printf("client: router: %llu channel events, %llu of %llu waits suspended; %llu completions: %llu to "
+                "waiters, %llu to pools, %llu unclaimed\n",
+                ull(rs_.events), ull(rs_.suspended), ull(rs_.waits), ull(rs_.completions), ull(rs_.routed),
+                ull(rs_.to_pools), ull(rs_.unclaimed));
     const double secs = double(end_ms_ - start_ms_) / 1000.0;
     std::printf("client: %llu requests done in %.3f s (%.1f requests/s, %d connections), %llu bytes verified, "
                 "%llu slot bytes checked after breaks, %llu timeouts (%llu asked stalls), late accesses refused "
