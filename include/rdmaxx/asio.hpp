@@ -233,9 +233,18 @@ struct own_channel {
   void after() const noexcept {}
 };
 
+// A step waiting on the object's own fd refuses one on a shared EventChannel: that fd is the
+// channel's, whose events another object's step may take first (this wait would then sleep
+// past them), and two waits at once would register it twice with the reactor.
+template <class W, class T>
+bool wrong_channel(const T &o) noexcept {
+  return !W::shared && o.shares_channel();
+}
+
 template <class W>
 task<result<conn_state>> advance_with(W w, Connection &c, deadline until, watch_stop *stop = nullptr) {
   if (!c) co_return make_error_code(errc::null_handle);
+  if (wrong_channel<W>(c)) co_return make_error_code(errc::invalid_argument);
   if constexpr (W::shared) {
     // Its events may be queued already (the pump read them while nobody waited): take them
     // first, and wait only if nothing changed.
@@ -253,6 +262,7 @@ task<result<conn_state>> advance_with(W w, Connection &c, deadline until, watch_
 
 template <class W>
 task<result<void>> wait_established_with(W w, Connection &c, std::int64_t check_ms) {
+  if (wrong_channel<W>(c)) co_return make_error_code(errc::invalid_argument);
   if (c && (c.state() == conn_state::prepared || c.state() == conn_state::resolved))
     co_return make_error_code(errc::wrong_state);
   auto s = c.advance();
@@ -266,6 +276,7 @@ task<result<void>> wait_established_with(W w, Connection &c, std::int64_t check_
 
 template <class W>
 task<result<ConnectRequest>> next_request_with(W w, Listener &l, std::int64_t timeout_ms) {
+  if (wrong_channel<W>(l)) co_return make_error_code(errc::invalid_argument);
   const deadline until = after_ms(timeout_ms);
   for (;;) {
     auto r = l.get_request(0);
@@ -284,6 +295,8 @@ task<result<ConnectRequest>> next_request_with(W w, Listener &l, std::int64_t ti
 /// overload.
 /// \errors
 /// - errc::null_handle: the connection is null.
+/// - errc::invalid_argument: the connection is on a shared EventChannel (conn_options::channel):
+///   serve the channel with an EventPump and use advance(pump, ...).
 /// - those of Connection::advance().
 /// - the errno of registering the fd with the reactor (epoll_ctl).
 /// \mallocs One event per rdma_get_cm_event (librdmacm), Asio's frame and operation.
@@ -296,6 +309,7 @@ inline task<result<conn_state>> advance(Connection &c, deadline until) {
 /// \errors
 /// - errc::wrong_state: prepared (accept first), resolved (connect_with() first), or disconnected
 ///   before established.
+/// - errc::invalid_argument: on a shared EventChannel (the EventPump overload serves those).
 /// - those of advance().
 /// \mallocs As advance().
 inline task<result<void>> wait_established(Connection &c, std::int64_t check_ms = 100) {
@@ -304,9 +318,12 @@ inline task<result<void>> wait_established(Connection &c, std::int64_t check_ms 
 
 /// Connect by address (Connection::start_connect, then the rdma_cm steps awaited).
 /// \errors
+/// - errc::invalid_argument: o.channel is set (a shared EventChannel: use connect(pump, ...));
+///   nothing was created.
 /// - those of Connection::start_connect() and advance() (REJECTED with reason 8: nobody listens).
 /// \mallocs As Connection::start_connect() and advance().
 inline task<result<Connection>> connect(address to, conn_options o = {}) {
+  if (o.channel) co_return make_error_code(errc::invalid_argument);
   auto c = Connection::start_connect(to, o);
   if (!c) co_return c.error();
   if (auto r = co_await wait_established(c.value()); !r) co_return r.error();
@@ -317,6 +334,8 @@ inline task<result<Connection>> connect(address to, conn_options o = {}) {
 /// within `timeout_ms`.
 /// \errors
 /// - a cm timeout (cm_step::request): none arrived in time.
+/// - errc::invalid_argument: the listener is on a shared EventChannel (listen_options::channel:
+///   use next_request(pump, ...)).
 /// - those of Listener::get_request().
 /// \mallocs As Listener::get_request(), Asio's frame and operation.
 inline task<result<ConnectRequest>> next_request(Listener &l, std::int64_t timeout_ms) {
@@ -326,9 +345,11 @@ inline task<result<ConnectRequest>> next_request(Listener &l, std::int64_t timeo
 /// Second half of an accept (after ConnectRequest::prepare() and the first receives were
 /// posted): Connection::accept(private_data), then the client's RTU awaited.
 /// \errors
+/// - errc::invalid_argument: on a shared EventChannel (use accept(pump, ...)); nothing was sent.
 /// - those of Connection::accept() and wait_established().
 /// \mallocs As advance().
 inline task<result<void>> accept(Connection &c, std::span<const std::byte> private_data = {}) {
+  if (c.shares_channel()) co_return make_error_code(errc::invalid_argument);
   if (auto r = c.accept(private_data); !r) co_return r.error();
   co_return co_await wait_established(c);
 }
@@ -1071,9 +1092,10 @@ task<std::error_code> watch_with(W w, Connection &c, CompletionRouter &r, watch_
 /// connection's fd with no timer. `stop.stop()` ends it at once: it then returns an empty
 /// error_code (`stop.idle()` turns true when it has returned: await that before destroying `c`).
 /// A connection disconnected already when the watch starts fails its waiters at once.
-/// \errors The connection's, as above; those of advance(). When the watch's own wait fails (the
-/// fd cannot be registered: another wait on it), the waiters are failed with that error too:
-/// nothing would report the disconnect any more.
+/// \errors The connection's, as above; those of advance() (errc::invalid_argument on a shared
+/// EventChannel: use watch(pump, ...)). When the watch's own wait fails (the fd cannot be
+/// registered: another wait on it), the waiters are failed with that error too: nothing would
+/// report the disconnect any more.
 /// \mallocs As advance(), per rdma_cm event.
 inline task<std::error_code> watch(Connection &c, CompletionRouter &r, watch_stop &stop) {
   return detail::watch_with(detail::own_channel{}, c, r, stop);

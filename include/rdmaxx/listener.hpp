@@ -109,6 +109,8 @@ public:
     if (slot_) return slot_.get()->hub->ch->fd;
     return channel_ ? channel_.get()->fd : -1;
   }
+  /// True when the listener uses a shared EventChannel (listen_options::channel).
+  [[nodiscard]] bool shares_channel() const noexcept { return bool(slot_); }
   /// The listening rdma_cm_id (owned), or nullptr.
   [[nodiscard]] rdma_cm_id *native_handle() const noexcept { return id_.get(); }
   /// True unless null.

@@ -1090,7 +1090,11 @@ TEST_CASE("[asio] EventPump: bad inputs and a closed pump", "[asio][shared-chann
     CHECK(pump.channel() == &ch);
     auto own = need(Listener::listen(address::parse("192.0.2.1:0").value()), "listener, own channel");
     std::optional<rdmaxx::result<ConnectRequest>> own_listener, null_listener, closed;
-    std::optional<rdmaxx::result<Connection>> mixed;
+    std::optional<rdmaxx::result<Connection>> mixed, plain_connect;
+    std::optional<rdmaxx::result<ConnectRequest>> plain_listener;
+    std::optional<rdmaxx::result<conn_state>> plain_advance;
+    std::optional<rdmaxx::result<void>> plain_established, plain_accept;
+    conn_state state_before{}, state_after{};
     bool done = false;
     net::co_spawn(io, [&]() -> ra::task<void> {
       Listener null;
@@ -1098,6 +1102,19 @@ TEST_CASE("[asio] EventPump: bad inputs and a closed pump", "[asio][shared-chann
       own_listener = co_await ra::next_request(pump, own, 10); // its fd is not the pump's
       mixed = co_await ra::connect(pump, address::parse("192.0.2.1:1").value(), {.channel = &other});
       auto l = need(Listener::listen(address::parse("192.0.2.1:0").value(), {.channel = &ch}), "listener on ch");
+      // The overloads without a pump wait on the object's own fd: on a shared channel that is the
+      // channel's, whose events another object's step may take first. Each refuses at once.
+      plain_listener = co_await ra::next_request(l, 10);
+      plain_connect = co_await ra::connect(address::parse("192.0.2.1:1").value(), {.channel = &ch});
+      {
+        auto sc = need(Connection::start_connect(address::parse("192.0.2.1:1").value(), {.channel = &ch}),
+                       "connection on ch");
+        state_before = sc.state();
+        plain_advance = co_await ra::advance(sc, ra::after_ms(10));
+        plain_established = co_await ra::wait_established(sc);
+        plain_accept = co_await ra::accept(sc);
+        state_after = sc.state(); // no refusal stepped the connection
+      }
       pump.close();
       closed = co_await ra::next_request(pump, l, 10);
       done = true;
@@ -1107,6 +1124,12 @@ TEST_CASE("[asio] EventPump: bad inputs and a closed pump", "[asio][shared-chann
     CHECK(null_listener->error() == rdmaxx::errc::null_handle);
     CHECK(own_listener->error() == rdmaxx::errc::invalid_argument);
     CHECK(mixed->error() == rdmaxx::errc::invalid_argument);
+    CHECK(plain_listener->error() == rdmaxx::errc::invalid_argument);
+    CHECK(plain_connect->error() == rdmaxx::errc::invalid_argument);
+    CHECK(plain_advance->error() == rdmaxx::errc::invalid_argument);
+    CHECK(plain_established->error() == rdmaxx::errc::invalid_argument);
+    CHECK(plain_accept->error() == rdmaxx::errc::invalid_argument);
+    CHECK(state_after == state_before);
     CHECK(closed->error() == rdmaxx::errc::null_handle);
     CHECK_FALSE(pump);
   }
