@@ -1067,6 +1067,8 @@ namespace detail {
 template <class W>
 task<std::error_code> watch_with(W w, Connection &c, CompletionRouter &r, watch_stop &stop) {
   stop_access::running on{stop}; // idle() again once this frame is gone
+  // A refused input fails nobody: only a wait that failed on a served connection does.
+  if (wrong_channel<W>(c)) co_return make_error_code(errc::invalid_argument);
   const std::uint32_t qpn = c.qp().qp_num();
   for (;;) {
     // No deadline: woken by the connection's next event or by stop() (no timer, no polling).
@@ -1092,10 +1094,11 @@ task<std::error_code> watch_with(W w, Connection &c, CompletionRouter &r, watch_
 /// connection's fd with no timer. `stop.stop()` ends it at once: it then returns an empty
 /// error_code (`stop.idle()` turns true when it has returned: await that before destroying `c`).
 /// A connection disconnected already when the watch starts fails its waiters at once.
-/// \errors The connection's, as above; those of advance() (errc::invalid_argument on a shared
-/// EventChannel: use watch(pump, ...)). When the watch's own wait fails (the fd cannot be
-/// registered: another wait on it), the waiters are failed with that error too: nothing would
-/// report the disconnect any more.
+/// \errors The connection's, as above; those of advance(). errc::invalid_argument: the
+/// connection is on a shared EventChannel (use watch(pump, ...)); refused before anything is
+/// done, its waiters untouched. When the watch's own wait fails (the fd cannot be registered:
+/// another wait on it), the waiters are failed with that error too: nothing would report the
+/// disconnect any more.
 /// \mallocs As advance(), per rdma_cm event.
 inline task<std::error_code> watch(Connection &c, CompletionRouter &r, watch_stop &stop) {
   return detail::watch_with(detail::own_channel{}, c, r, stop);

@@ -1094,6 +1094,13 @@ TEST_CASE("[asio] EventPump: bad inputs and a closed pump", "[asio][shared-chann
     std::optional<rdmaxx::result<ConnectRequest>> plain_listener;
     std::optional<rdmaxx::result<conn_state>> plain_advance;
     std::optional<rdmaxx::result<void>> plain_established, plain_accept;
+    std::optional<std::error_code> plain_watch;
+    std::optional<rdmaxx::result<ibv_wc>> bystander_wait;
+    device_pd d;
+    auto cch = need(CompletionChannel::create(d.ctx), "completion channel");
+    auto cq = need(CompletionQueue::create(d.ctx, 16, &cch), "cq");
+    auto router = need(ra::CompletionRouter::create(io.get_executor(), cq, cch), "router");
+    ra::watch_stop stop;
     conn_state state_before{}, state_after{};
     bool done = false;
     net::co_spawn(io, [&]() -> ra::task<void> {
@@ -1113,6 +1120,11 @@ TEST_CASE("[asio] EventPump: bad inputs and a closed pump", "[asio][shared-chann
         plain_advance = co_await ra::advance(sc, ra::after_ms(10));
         plain_established = co_await ra::wait_established(sc);
         plain_accept = co_await ra::accept(sc);
+        // A waiter of the connection's QP (none yet: number 0), which a watch failing would fail.
+        ra::Waiter bystander(router, 1, sc.qp().qp_num());
+        plain_watch = co_await ra::watch(sc, router, stop);
+        bystander_wait = co_await bystander.wait(ra::after_ms(0));
+        router.close(); // its fd wait is the io_context's work
         state_after = sc.state(); // no refusal stepped the connection
       }
       pump.close();
@@ -1129,6 +1141,9 @@ TEST_CASE("[asio] EventPump: bad inputs and a closed pump", "[asio][shared-chann
     CHECK(plain_advance->error() == rdmaxx::errc::invalid_argument);
     CHECK(plain_established->error() == rdmaxx::errc::invalid_argument);
     CHECK(plain_accept->error() == rdmaxx::errc::invalid_argument);
+    CHECK(*plain_watch == rdmaxx::errc::invalid_argument);
+    CHECK(stop.idle());
+    CHECK(bystander_wait->error() == rdmaxx::errc::timeout); // not failed by the refused watch
     CHECK(state_after == state_before);
     CHECK(closed->error() == rdmaxx::errc::null_handle);
     CHECK_FALSE(pump);
