@@ -68,6 +68,12 @@ if [ -n "$CALLGRIND" ]; then
   done
   exit 0
 fi
+# loop_rate LOG...: the request loop's rate the clients of these logs printed ("done in S s (R
+# requests/s"), summed over them (their loops overlap), in whole requests per second.
+loop_rate() {
+  cat "$@" | grep -o 'done in [0-9.]* s ([0-9.]* requests/s' | grep -o '[0-9.]* requests/s' |
+    awk '{s += $1; n++} END {if (n) printf "%d", s}'
+}
 run() { # name key port exe client-args...
   local name=$1 key=$2 port=$3 exe=$4; shift 4
   local pre_s=() pre_c=()
@@ -92,7 +98,7 @@ run() { # name key port exe client-args...
   # The client's own rate of its request loop (connected, before the goodbye): without process
   # start, connection set-up and teardown, which the wall time above includes.
   local loop
-  loop=$(grep -o 'done in [0-9.]* s ([0-9.]* requests/s' /tmp/cli.log | grep -o '[0-9.]* requests/s' | cut -d. -f1)
+  loop=$(loop_rate /tmp/cli.log)
   [ $rc = 0 ] && [ $src = 0 ] && [ -n "$loop" ] && loops+=("$rep $key $loop")
   [ $rc = 0 ] && [ $src = 0 ] && rates+=("$rep $key $(( (N+8)*1000/ms ))") &&
     cpu+=("$key $(awk -v n=$((N+8)) '{printf "%.0f ", ($1+$2)*1e6/n}' /tmp/srv.time /tmp/cli.time)")
@@ -133,8 +139,7 @@ run_pairs() { # name key port exe K
   local all=$((k * (N / k + 8)))
   echo "$name: clients rc=$rc servers rc=$src $ms ms for $all requests (read-backs included): $((all * 1000 / ms)) req/s"
   local loop
-  loop=$(cat /tmp/cli.[0-9]*.log | grep -o 'done in [0-9.]* s ([0-9.]* requests/s' | grep -o '[0-9.]* requests/s' |
-         awk '{s += $1; n++} END {if (n) printf "%d", s}')
+  loop=$(loop_rate /tmp/cli.[0-9]*.log)
   [ $rc = 0 ] && [ $src = 0 ] && [ -n "$loop" ] && loops+=("$rep $key $loop")
   [ $rc = 0 ] && [ $src = 0 ] && rates+=("$rep $key $((all * 1000 / ms))")
   grep -h "FAIL" /tmp/cli.[0-9]*.log /tmp/srv.[0-9]*.log
