@@ -172,6 +172,15 @@ enum class errc : int {
   /// another work request first (it is handed back, not dropped): give it to whoever posted
   /// that work request, or pass wait_for() a handler for them.
   unexpected_completion,
+  /// The work request id given to a window or key operation is another live object's own id
+  /// (it carries object_wr_tag): its completion would change that object's state. Leave the
+  /// default (own_wr_id: the object's own id) or pass an id without the library's tags.
+  foreign_wr_id,
+  /// A grant (ExactGrant, StrictGrant, GrantPool, IndirectKey) reaches this region's memory: a
+  /// rereg that moves the memory or changes the PD, or a dereg, would leave the grant's key on
+  /// the old memory (which the caller may then free). Destroy or revoke the grant first
+  /// (MemoryRegion::live_grants() counts them); the region is unchanged.
+  region_granted,
 };
 
 namespace detail {
@@ -239,6 +248,11 @@ public:
       return "the lease belongs to another GrantPool: hand it to the pool that leased it";
     case errc::unexpected_completion:
       return "unexpected completion: another work request completed first (handed back to the caller)";
+    case errc::foreign_wr_id:
+      return "foreign work request id: it is another object's own id (leave the default own_wr_id)";
+    case errc::region_granted:
+      return "the region is granted: an ExactGrant, StrictGrant, GrantPool or IndirectKey reaches its "
+             "memory; destroy or revoke the grant first";
     case errc::bad_grant_rights:
       return "bad grant rights: a peer can be granted only remote_read, remote_write and remote_atomic "
              "(at least one); local_write and mw_bind belong to the region's registration";
@@ -255,7 +269,8 @@ public:
     case errc::busy: return std::errc::device_or_resource_busy;
     case errc::too_many_pending:
     case errc::pool_exhausted: return std::errc::resource_unavailable_try_again;
-    case errc::grant_outstanding: return std::errc::device_or_resource_busy;
+    case errc::grant_outstanding:
+    case errc::region_granted: return std::errc::device_or_resource_busy;
     case errc::operation_unconfirmed: return std::errc::operation_in_progress;
     case errc::key_retired: return std::errc::operation_not_permitted;
     case errc::send_queue_full: return std::errc::resource_unavailable_try_again;
@@ -308,6 +323,7 @@ enum class retry_hint : std::uint8_t {
     case errc::too_many_pending:
     case errc::pool_exhausted:
     case errc::grant_outstanding:
+    case errc::region_granted:
     case errc::operation_unconfirmed:
     case errc::unexpected_completion:
     case errc::send_queue_full:
@@ -672,16 +688,19 @@ enum class child_kind : std::uint8_t {
   memory_region,      ///< MemoryRegion
   memory_window,      ///< MemoryWindow
   indirect_key,       ///< IndirectKey
-  grant_pool,         ///< GrantPool (its windows are reallocated on the PD)
+  grant_pool,         ///< GrantPool (its windows are reallocated on the PD; its buffers' region)
+  exact_grant,        ///< ExactGrant (of the region it was made from)
+  strict_grant,       ///< StrictGrant (of the region it was made from)
   other,              ///< none of the above
 };
 /// Number of child_kind values.
-inline constexpr std::size_t child_kind_count = 10;
+inline constexpr std::size_t child_kind_count = 12;
 /// The class name of a child_kind ("MemoryRegion", ...; "other object" for child_kind::other).
 [[nodiscard]] constexpr const char *child_kind_name(child_kind k) noexcept {
   constexpr const char *names[child_kind_count] = {
       "Context",    "ProtectionDomain", "CompletionChannel", "CompletionQueue", "QueuePair",
-      "MemoryRegion", "MemoryWindow",   "IndirectKey",       "GrantPool",       "other object"};
+      "MemoryRegion", "MemoryWindow",   "IndirectKey",       "GrantPool",       "ExactGrant",
+      "StrictGrant",  "other object"};
   return std::size_t(k) < child_kind_count ? names[std::size_t(k)] : names[child_kind_count - 1];
 }
 

@@ -8,6 +8,10 @@
 /// granted again and again -> StrictGrant kept per slot, or a GrantPool (a window bind and unbind
 /// per grant, no registration).
 ///
+/// Lifetime: the memory must outlive the grant. The grant counts as a child of the region it was
+/// made from: while it lives, that region's dereg() and a rereg() of its translation or PD answer
+/// errc::region_granted (the grant's key would stay on the old memory).
+///
 /// The promise, as for every grant: the key reaches exactly the granted bytes (the region's own
 /// bounds, which every device enforces); it works once create() returns (ibv_reg_mr is
 /// synchronous: there is no completion to wait for), and never after revoke() returns
@@ -16,6 +20,7 @@
 #pragma once
 
 #include "access.hpp"
+#include "detail/handle.hpp"
 #include "error.hpp"
 #include "memory_region.hpp"
 #include "memory_window.hpp"
@@ -65,6 +70,7 @@ public:
     ExactGrant g;
     RDMAXX_TRY(region, MemoryRegion::reg(pd, mr.data() + r.offset, std::size_t(r.length),
                                          rights | (writes ? access::local_write : access_flags{})));
+    g.source_ = detail::child_link(detail::handle_access::node(mr), child_kind::exact_grant);
     g.region_ = std::move(region);
     g.rights_ = rights;
     return g;
@@ -85,9 +91,17 @@ public:
   /// - errc::busy: windows are bound to the region (only if the caller bound some).
   /// - the errno of ibv_dereg_mr (the grant then stays live and unchanged).
   /// \mallocs None.
-  result<void> revoke() noexcept { return region_.dereg(); }
+  result<void> revoke() noexcept {
+    RDMAXX_TRYV(region_.dereg());
+    source_.drop();
+    return success();
+  }
 
 private:
+  // Counts the grant as a child of the region it was made from (kind exact_grant): that region
+  // cannot move its memory or be deregistered while the grant lives. Declared first: released
+  // after the grant's own region is deregistered.
+  detail::child_link source_;
   MemoryRegion region_;
   access_flags rights_;
 };

@@ -178,6 +178,7 @@ inline constexpr std::uint64_t grant_pool_revoke_bit = 0x80000000ull;
 class GrantPool;
 
 namespace detail {
+struct pool_access; // the pool's and a lease's state, by address (completion_targets.hpp)
 // A fixed-capacity array allocated once with new(nothrow) (no exception, no reallocation): the
 // pool's slots, free list and key index.
 template <class T>
@@ -271,6 +272,7 @@ struct grant_pool_state {
   fixed_vector<std::uint32_t> free;                            // capacity slots.size()
   fixed_vector<std::pair<std::uint32_t, std::uint32_t>> index; // (rkey >> 8, slot), sorted
   child_link pd_link;                                         // windows are reallocated on it
+  child_link buffers_link; // the region the slots' bytes belong to: not moved while the pool lives
   ibv_pd *pd = nullptr;
   std::uint64_t tag = 0;
   std::uint64_t slot_size = 0;
@@ -384,6 +386,7 @@ public:
 
 private:
   friend class GrantPool;
+  friend struct detail::pool_access;
   GrantLease(detail::grant_pool_state *st, std::uint32_t s) noexcept : st_(st), slot_(s) { ++st_->refs; }
   void drop() noexcept {
     detail::grant_pool_state *st = std::exchange(st_, nullptr);
@@ -424,8 +427,9 @@ public:
   /// its bytes again alone on `pd` (ibv_reg_mr with MW_BIND and the region's LOCAL_WRITE; `pd`
   /// may be another PD of the same device: the connection's) and allocate a window of the type
   /// the device's grant mechanism calls for (detail::grant_for: one ibv_query_device_ex).
-  /// The memory of `buffers` must outlive the pool (the exact regions pin it; `buffers` itself
-  /// may be deregistered).
+  /// The memory of `buffers` must outlive the pool: the pool counts as a child of `buffers`, so
+  /// until the pool is destroyed `buffers.dereg()` and a rereg of its translation or PD answer
+  /// errc::region_granted (leases that outlive the pool do not count: it deallocated every key).
   /// \errors
   /// - errc::null_handle: `pd` or `buffers` is null.
   /// - errc::unusable: `buffers` is unusable.
@@ -465,6 +469,7 @@ public:
     st.slot_size = o.slot_size;
     st.pd = pd.native_handle();
     st.pd_link = detail::child_link(detail::handle_access::node(pd), child_kind::grant_pool);
+    st.buffers_link = detail::child_link(detail::handle_access::node(buffers), child_kind::grant_pool);
     st.id = detail::pool_ids::acquire();
     if (!st.id) return make_error_code(errc::too_many_entries);
     st.tag = grant_pool_wr_tag | (std::uint64_t(*st.id) << 32);
@@ -768,10 +773,20 @@ private:
     st->free.release();
     st->index.release();
     st->pd_link.drop();
+    st->buffers_link.drop(); // no exact region reaches the bytes any more
     detail::grant_pool_state::unref(st);
   }
 
+  friend struct detail::pool_access;
   detail::grant_pool_state *st_ = nullptr;
 };
+
+namespace detail {
+// What identifies a pool to the completion table: its state, which its leases share.
+struct pool_access {
+  [[nodiscard]] static const void *state(const GrantPool &p) noexcept { return p.st_; }
+  [[nodiscard]] static const void *state(const GrantLease &l) noexcept { return l.st_; }
+};
+} // namespace detail
 
 } // namespace rdmaxx

@@ -59,6 +59,7 @@
 #include "access.hpp"
 #include "detail/grant_slot.hpp"
 #include "detail/handle.hpp"
+#include "detail/object_ids.hpp"
 #include "device.hpp"
 #include "error.hpp"
 #include "ikey_descriptor.hpp"
@@ -112,6 +113,7 @@ struct ikey_options {
 namespace detail {
 struct ikey_state {
   umr_backend backend = umr_backend::software;
+  std::uint64_t id = object_ids::acquire(); // the key's own work request id (IndirectKey::wr_id())
   ibv_pd *pd = nullptr;
   std::uint32_t max_entries = 0;
   std::uint32_t max_segments = 0;
@@ -278,6 +280,10 @@ public:
   }
   /// The PD the key was created on, or nullptr when null.
   [[nodiscard]] ibv_pd *pd() const noexcept { return h_ ? st().pd : nullptr; }
+  /// The key's own work request id (detail::object_ids: never handed to another object of this
+  /// process): what its configure and invalidate carry when given own_wr_id (the default), and
+  /// so what their completions carry. 0 when null.
+  [[nodiscard]] std::uint64_t wr_id() const noexcept { return h_ ? st().id : 0; }
 
   /// The limits a layout must respect to configure this key through `qp`.
   [[nodiscard]] layout_limits limits(const QueuePair &qp) const noexcept;
@@ -329,12 +335,13 @@ public:
   /// refuse until then. Give w.id a value no other outstanding work request of the QP has. Each
   /// configure after the first gives the mkey a new 8-bit tag, so lkey()/rkey() change and no
   /// rkey of an earlier configure answers again; while configured the key counts as a child of
-  /// each MemoryRegion and nested key of its layout (their dereg()/destroy() answer
-  /// errc::busy). If the batch is dropped or its submit() fails, the batch undoes the configure
+  /// each MemoryRegion and nested key of its layout (a region's dereg() and rereg() answer
+  /// errc::region_granted, a nested key's destroy() errc::busy). If the batch is dropped or its submit() fails, the batch undoes the configure
   /// (mlx5: as cancel_pending(); software: the windows are deallocated, the key
   /// is not configured): keep the key alive and in place until then.
   /// \errors Nothing is then added to the batch:
   /// - errc::null_handle: a null key or QP.
+  /// - errc::foreign_wr_id: `w.id` is another window's or key's own id (leave own_wr_id).
   /// - errc::already_bound: configured (invalidate first).
   /// - errc::operation_unconfirmed: mlx5: an operation is unconfirmed.
   /// - errc::not_umr_qp: mlx5: `qp` lacks the mlx5 UMR send operations.
@@ -370,6 +377,7 @@ public:
   /// configured again.
   /// \errors
   /// - errc::null_handle: the key is null.
+  /// - errc::foreign_wr_id: `w.id` is another window's or key's own id (leave own_wr_id).
   /// - errc::not_bound: not configured.
   /// - errc::wrong_state: mlx5: batch submitted.
   /// - errc::too_many_pending: mlx5: the batch already carries SendBatch::max_undo window and key
@@ -709,6 +717,7 @@ inline result<void> IndirectKey::configure(SendBatch &batch, QueuePair &qp, cons
                                            wr w) noexcept {
   if (!h_ || !qp) return make_error_code(errc::null_handle);
   detail::ikey_state &s = st();
+  if (auto ec = detail::resolve_wr(w, s.id)) return ec;
 #if RDMAXX_HAVE_MLX5
   if (s.backend == umr_backend::mlx5 && s.mk.pending()) return make_error_code(errc::operation_unconfirmed);
 #endif
@@ -767,6 +776,7 @@ inline result<void> IndirectKey::configure(SendBatch &batch, QueuePair &qp, cons
 
 inline result<void> IndirectKey::invalidate(SendBatch &batch, wr w) noexcept {
   if (!h_) return make_error_code(errc::null_handle);
+  if (auto ec = detail::resolve_wr(w, st().id)) return ec;
   if (!st().configured) return make_error_code(errc::not_bound);
 #if RDMAXX_HAVE_MLX5
   if (st().backend == umr_backend::mlx5) {

@@ -255,11 +255,15 @@ public:
   /// failure the MR stays registered and in the handle. A null MR: success, nothing is called.
   /// The destructor does the same and reports a failure through the hook.
   /// \errors
+  /// - errc::region_granted: a grant reaches the MR's memory (live_grants()); nothing is called.
+  ///   (The destructor defers the deregistration, and an allocate()d region's unmapping, to the
+  ///   last grant's destruction, and reports it through the destroy-failure hook.)
   /// - errc::busy: memory windows are bound to the MR; nothing is called (rxe would answer
   ///   EINVAL).
   /// - the errno of ibv_dereg_mr.
   /// \mallocs None.
   result<void> dereg() noexcept {
+    if (live_grants() != 0) return make_error_code(errc::region_granted);
     RDMAXX_TRYV(h_.destroy());
     pages_ = {};
     return success();
@@ -278,6 +282,10 @@ public:
   ///   - errc::null_handle: the new PD is null; errc::pd_mismatch: it is of another device.
   ///   - the check_access() codes: the new access rights.
   ///   - errc::nothing_to_change: no field given, or each equals the current value.
+  ///   - errc::region_granted: a translation or PD change while a grant reaches the MR
+  ///     (live_grants()): the grant's key would stay on the old memory. Also any change while an
+  ///     IndirectKey names the MR (its key refers to this registration). An access change alone
+  ///     is allowed under ExactGrant, StrictGrant and GrantPool: their regions are their own.
   ///   - errc::busy: memory windows are bound to the MR.
   /// - Native path (ibv_rereg_mr): a rereg_category() code whose rereg_state_of() says what is
   ///   left:
@@ -317,8 +325,15 @@ public:
       flags |= IBV_REREG_MR_CHANGE_ACCESS;
     }
     if (flags == 0) return make_error_code(errc::nothing_to_change);
-    // Windows bound to this MR refer to the registration being replaced.
-    if (h_.live_children() != 0) return make_error_code(errc::busy);
+    // Grants made from this MR reach its memory: moving it (or its PD) would leave their keys on
+    // the old memory. An IndirectKey and a bound window refer to this registration itself.
+    if (const std::uint32_t kids = h_.live_children(); kids != 0) {
+      const std::uint32_t grants = live_grants();
+      const bool moves = flags & (IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD);
+      if (moves && grants != 0) return make_error_code(errc::region_granted);
+      if (h_.live_children(child_kind::indirect_key) != 0) return make_error_code(errc::region_granted);
+      if (kids != grants) return make_error_code(errc::busy); // windows (or another child)
+    }
 
     const mr_range to = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? *c.translation
                                                                   : mr_range{mr->addr, mr->length};
@@ -353,7 +368,16 @@ public:
   }
 
   /// Memory windows bound (or with a bind in flight) to this MR (memory_window.hpp).
-  [[nodiscard]] std::uint32_t bound_windows() const noexcept { return h_.live_children(); }
+  [[nodiscard]] std::uint32_t bound_windows() const noexcept {
+    return h_.live_children(child_kind::memory_window);
+  }
+  /// Live grants that reach this MR's memory: ExactGrants and StrictGrants made from it, GrantPools
+  /// over it, IndirectKeys whose layout names it. While any lives, rereg() of the translation or
+  /// PD and dereg() answer errc::region_granted: the memory must outlive its grants.
+  [[nodiscard]] std::uint32_t live_grants() const noexcept {
+    return h_.live_children(child_kind::exact_grant) + h_.live_children(child_kind::strict_grant) +
+           h_.live_children(child_kind::grant_pool) + h_.live_children(child_kind::indirect_key);
+  }
 
   /// Whether the MR can be used: an empty error_code when it can.
   /// \errors

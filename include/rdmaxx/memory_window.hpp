@@ -55,6 +55,7 @@
 #include "completion_queue.hpp"
 #include "detail/handle.hpp"
 #include "detail/mw_log.hpp"
+#include "detail/object_ids.hpp"
 #include "device.hpp"
 #include "error.hpp"
 #include "memory_region.hpp"
@@ -84,10 +85,11 @@ enum class mw_state : std::uint8_t {
   invalidated, ///< type 2, invalidated locally or by the peer; can be bound again
 };
 
-/// The wr_id of window and key operations (MemoryWindow, StrictGrant, IndirectKey; posting and
-/// batch forms) unless the caller gives one: chosen so as not to collide with the 0 that other
-/// work requests often use, whose failed completion would otherwise roll a window back.
-inline constexpr std::uint64_t window_wr_id = 0x5244584D57000000ull; // "RDXMW"
+/// The default wr_id of window and key operations (MemoryWindow, StrictGrant, IndirectKey;
+/// posting and batch forms): own_wr_id, which each object replaces by its own id (wr_id()), unique
+/// among the objects of the process. Two windows or keys sharing a QP and a CQ therefore never
+/// take each other's completions, whatever completions the caller hands them.
+inline constexpr std::uint64_t window_wr_id = own_wr_id;
 
 /// A range of a MemoryRegion, as an offset from its start and a length.
 struct window_range {
@@ -225,6 +227,10 @@ public:
   [[nodiscard]] std::uint32_t rkey() const noexcept { return cur_.rkey; }
   /// Posted operations whose completion was not handed to complete() yet.
   [[nodiscard]] std::size_t pending() const noexcept { return log_.size(); }
+  /// The window's own work request id (detail::object_ids: never handed to another object of
+  /// this process): what its operations carry when given own_wr_id (the default), and so what
+  /// their completions carry. 0 when null.
+  [[nodiscard]] std::uint64_t wr_id() const noexcept { return id_; }
   /// The grant as the peer must use it (meaningful while bound).
   [[nodiscard]] remote_descriptor descriptor() const noexcept {
     const bool zb = cur_.rights.any(access::zero_based);
@@ -243,6 +249,7 @@ public:
   /// in place until then. Inline.
   /// \errors
   /// - errc::null_handle: a null window, QP or MR.
+  /// - errc::foreign_wr_id: `w.id` is another window's or key's own id (after the checks below).
   /// - errc::qp_mismatch: a batch of another QP.
   /// - errc::unusable: the MR is unusable.
   /// - the check_window_bind codes.
@@ -273,6 +280,7 @@ public:
   /// crashes the rxe provider). The old key stops working once it executes.
   /// \errors
   /// - errc::null_handle: a null window or QP.
+  /// - errc::foreign_wr_id: `w.id` is another window's or key's own id.
   /// - errc::wrong_type: type 2 (use invalidate or dealloc).
   /// - errc::not_bound: the window is not bound.
   /// - errc::wrong_state: see bind; or the QP has not reached RTS.
@@ -298,6 +306,7 @@ public:
   /// (as for bind).
   /// \errors
   /// - errc::null_handle: a null window or QP.
+  /// - errc::foreign_wr_id: `w.id` is another window's or key's own id.
   /// - errc::wrong_type: type 1.
   /// - errc::not_bound: never bound, already invalidated locally or by the peer.
   /// - errc::qp_mismatch: another QP than the one bound through, or a batch of another QP.
@@ -333,9 +342,10 @@ public:
   ///  - a successful receive that invalidated the window's key (the peer's send-with-invalidate,
   ///    on rxe detected without IBV_WC_WITH_INV, see invalidated_rkey()): the window becomes
   ///    invalidated, so that no local invalidate is ever posted after it.
-  /// Give window work requests wr_ids that no other work request on that QP uses (a failed
-  /// completion carries no reliable opcode, so only wr_id and QP identify it); the convenience
-  /// forms use window_wr_id by default. Inline, allocation-free.
+  /// Operations are matched by wr_id and QP (a failed completion carries no reliable opcode): by
+  /// default each carries the window's own id (wr_id()), so a completion of another window, key
+  /// or work request changes nothing here, whoever hands it over. An id the caller chose must
+  /// not be used by any other work request on that QP. Inline, allocation-free.
   bool complete(const ibv_wc &wc) noexcept;
 
   /// Undo every unconfirmed operation (restore the state before the oldest one), whatever batch
@@ -436,6 +446,7 @@ private:
   detail::mw_log<detail::mw_binding, max_pending> log_; // the unconfirmed operations
   mw_type type_ = mw_type::type1;
   bool omits_with_inv_ = false; // type 2 on rxe: see invalidated_rkey()
+  std::uint64_t id_ = 0;        // own work request id (wr_id())
   detail::handle<traits> h_;
 };
 
@@ -449,6 +460,7 @@ inline MemoryWindow &MemoryWindow::operator=(MemoryWindow &&o) noexcept {
     log_ = std::move(o.log_);
     type_ = o.type_;
     omits_with_inv_ = o.omits_with_inv_;
+    id_ = std::exchange(o.id_, 0);
     h_ = std::move(o.h_);
     o.forget();
   }
@@ -466,6 +478,7 @@ inline result<MemoryWindow> MemoryWindow::alloc(const ProtectionDomain &pd, mw_t
 inline result<remote_descriptor> MemoryWindow::bind(SendBatch &batch, QueuePair &qp, const MemoryRegion &mr,
                                                     window_range r, access_flags rights, wr w) noexcept {
   if (auto ec = check_bind(qp, mr, r, rights)) return ec;
+  if (auto ec = detail::resolve_wr(w, id_)) return ec;
   if (auto ec = check_batch(batch, qp)) return ec;
   const std::uint32_t key = ::ibv_inc_rkey(cur_.rkey);
   const ibv_mw_bind_info info{mr.native_handle(), mr.iova() + r.offset, r.length,
@@ -488,6 +501,7 @@ inline result<remote_descriptor> MemoryWindow::bind(QueuePair &qp, const MemoryR
   }
   if (auto ec = check_bind(qp, mr, r, rights)) return ec;
   if (auto ec = check_can_post(qp)) return ec;
+  if (auto ec = detail::resolve_wr(w, id_)) return ec;
   ibv_mw_bind b{};
   b.wr_id = w.id;
   b.send_flags = w.flags.native();
@@ -502,6 +516,7 @@ inline result<remote_descriptor> MemoryWindow::bind(QueuePair &qp, const MemoryR
 inline result<void> MemoryWindow::unbind(QueuePair &qp, wr w) noexcept {
   if (auto ec = check_unbind(qp)) return ec;
   if (auto ec = check_can_post(qp)) return ec;
+  if (auto ec = detail::resolve_wr(w, id_)) return ec;
   ibv_mw_bind b{};
   b.wr_id = w.id;
   b.send_flags = w.flags.native();
@@ -515,6 +530,7 @@ inline result<void> MemoryWindow::unbind(QueuePair &qp, wr w) noexcept {
 inline result<void> MemoryWindow::unbind(SendBatch &batch, QueuePair &qp, wr w) noexcept {
   if (auto ec = check_unbind(qp)) return ec;
   if (auto ec = check_batch(batch, qp)) return ec;
+  if (auto ec = detail::resolve_wr(w, id_)) return ec;
   const std::uint32_t key = ::ibv_inc_rkey(cur_.rkey);
   const ibv_mw_bind_info info{cur_.mr, 0, 0, 0};
   batch.bind_mw(w, h_.get(), key, info);
@@ -527,6 +543,7 @@ inline result<void> MemoryWindow::unbind(SendBatch &batch, QueuePair &qp, wr w) 
 inline result<void> MemoryWindow::invalidate(SendBatch &batch, QueuePair &qp, wr w) noexcept {
   if (auto ec = check_invalidate(qp)) return ec;
   if (auto ec = check_batch(batch, qp)) return ec;
+  if (auto ec = detail::resolve_wr(w, id_)) return ec;
   const std::uint32_t key = cur_.rkey;
   batch.local_inv(w, key);
   push(w, qp, batch, IBV_WC_LOCAL_INV);
@@ -655,6 +672,7 @@ inline result<MemoryWindow> MemoryWindow::alloc_on(detail::parent_node *pd_node,
   w.type_ = type;
   w.omits_with_inv_ = type == mw_type::type2 && detail::device_omits_with_inv(pd->context);
   w.cur_.rkey = mw->rkey;
+  w.id_ = detail::object_ids::acquire();
   return w;
 }
 

@@ -24,3 +24,4 @@
 #include "indirect_access.hpp"
 #include "grant_list.hpp"
 #include "grant_pool.hpp"
+#include "completion_dispatcher.hpp"

@@ -38,6 +38,9 @@ namespace rdmaxx {
 /// another PD of the same device (the exact region is registered on the grant's PD).
 /// Any denied access (out of bounds, revoked key, wrong QP) moves the owner's QP to ERR as well
 /// as the peer's: reconnect it (the grant stays valid).
+/// Lifetime: the memory must outlive the grant. The grant counts as a child of the region it was
+/// made from: while it lives, that region's dereg() and a rereg() of its translation or PD answer
+/// errc::region_granted (the exact region, and so the key, would stay on the old memory).
 /// Reuse: a StrictGrant kept per buffer slot (grant, revoke, grant again) never hands out a key it
 /// handed out before: before the window's 8-bit key could repeat (grants_per_window() grants),
 /// grant() replaces the window by a fresh one (detail::grant_slot, the mechanism GrantPool shares).
@@ -197,7 +200,9 @@ public:
   /// \mallocs None.
   result<void> destroy() noexcept {
     RDMAXX_TRYV(slot_.window.dealloc());
-    return slot_.region.dereg();
+    RDMAXX_TRYV(slot_.region.dereg());
+    source_.drop();
+    return success();
   }
 
 private:
@@ -213,6 +218,7 @@ private:
                                               (mr.access() & access::local_write) | access::mw_bind,
                                               type));
     StrictGrant g;
+    g.source_ = detail::child_link(detail::handle_access::node(mr), child_kind::strict_grant);
     g.slot_ = std::move(slot);
     return g;
   }
@@ -226,6 +232,10 @@ private:
     return {};
   }
 
+  // Counts the grant as a child of the region it was made from (kind strict_grant): that region
+  // cannot move its memory or be deregistered while the grant lives. Declared first: released
+  // after the slot's window and exact region are destroyed.
+  detail::child_link source_;
   detail::grant_slot slot_;
 };
 

@@ -76,7 +76,8 @@ struct after_destroy {
 /// carries every parent it had, so each of them stays counted until the orphan is destroyed.
 struct parent_node {
   std::atomic<std::uint32_t> refs{1}; // the owning handle's + one per live child
-  // Live children by kind (index: child_kind): what the report names; never decides anything.
+  // Live children by kind (index: child_kind): what the report names, and what a region's rereg
+  // tells grants from windows by (MemoryRegion::rereg).
   std::atomic<std::uint32_t> kinds[child_kind_count] = {};
   child_kind kind = child_kind::other; // the orphan's own kind in its parents' counters
   // Written by the owning handle before it drops its reference; read by whoever drops the last.
@@ -231,6 +232,10 @@ public:
   }
   [[nodiscard]] std::uint32_t live_children() const noexcept {
     return node_.get() ? node_.get()->live_children() : 0;
+  }
+  /// Live children of kind `k` (relaxed: exact on the thread that creates and destroys them).
+  [[nodiscard]] std::uint32_t live_children(child_kind k) const noexcept {
+    return node_.get() ? node_.get()->kinds[std::size_t(k)].load(std::memory_order_relaxed) : 0;
   }
 
   /// Register with parent `p` in slot S (null: no parent there), releasing the one it replaces

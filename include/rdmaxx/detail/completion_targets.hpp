@@ -1,0 +1,154 @@
+/// \file
+/// rdmaxx/detail/completion_targets.hpp: the one table that hands completions to the library's
+/// objects that post work requests (MemoryWindow, StrictGrant, IndirectKey, GrantPool), shared by
+/// CompletionDispatcher (blocking programs) and the Asio CompletionRouter (coroutines).
+///
+/// Routing rule: a send-side completion goes to the first object that claims it (its own work
+/// request, recognised by wr_id and QP: each object posts with an id of its own, see
+/// detail/object_ids.hpp), and is the caller's when none does. A successful receive is offered to
+/// every object (a peer's send-with-invalidate revokes a type-2 grant) and is always the caller's
+/// too: the caller posted the receive. Not thread-safe: one thread at a time, as the objects.
+#pragma once
+
+#include "../grant_pool.hpp"
+#include "../indirect_key.hpp"
+#include "../memory_window.hpp"
+#include "../strict_grant.hpp"
+
+#include <infiniband/verbs.h>
+
+#include <cstddef>
+#include <memory>
+#include <new>
+#include <span>
+
+namespace rdmaxx::detail {
+
+/// A successful receive (its opcode is reliable only on success).
+[[nodiscard]] constexpr bool is_receive(const ibv_wc &wc) noexcept {
+  return wc.status == IBV_WC_SUCCESS && (wc.opcode & IBV_WC_RECV) != 0;
+}
+
+/// How the table reaches each kind of object: take(obj, wc) hands `wc` over and answers whether it
+/// was the completion of the object's own work request; unconfirmed(obj): an operation of the
+/// object is posted and its completion not handed over yet; key(obj): what names the object in
+/// the table (its address; a pool's state, which its leases name too).
+template <class T>
+struct target_ops;
+
+template <>
+struct target_ops<MemoryWindow> {
+  static bool take(MemoryWindow &w, ibv_wc &wc) noexcept { return w.complete(wc) && !is_receive(wc); }
+  static bool unconfirmed(const MemoryWindow &w) noexcept { return w.pending() != 0; }
+  static const void *key(const MemoryWindow &w) noexcept { return &w; }
+};
+template <>
+struct target_ops<StrictGrant> {
+  static bool take(StrictGrant &g, ibv_wc &wc) noexcept { return g.window().complete(wc) && !is_receive(wc); }
+  static bool unconfirmed(const StrictGrant &g) noexcept { return g.window().pending() != 0; }
+  static const void *key(const StrictGrant &g) noexcept { return &g; }
+};
+template <>
+struct target_ops<IndirectKey> {
+  static bool take(IndirectKey &k, ibv_wc &wc) noexcept { return k.complete(wc) && !is_receive(wc); }
+  static bool unconfirmed(const IndirectKey &k) noexcept { return k.pending(); }
+  static const void *key(const IndirectKey &k) noexcept { return &k; }
+};
+template <>
+struct target_ops<GrantPool> {
+  static bool take(GrantPool &p, ibv_wc &wc) noexcept {
+    const bool own = p.owns(wc);
+    (void)p.complete(std::span<ibv_wc>(&wc, 1)); // also a receive: the peer's invalidation
+    return own;
+  }
+  static const void *key(const GrantPool &p) noexcept { return pool_access::state(p); }
+};
+/// A lease is no table entry (its pool is): settle() waits for its revoke.
+template <>
+struct target_ops<GrantLease> {
+  static bool unconfirmed(const GrantLease &l) noexcept { return l.state() == lease_state::revoking; }
+  static const void *key(const GrantLease &l) noexcept { return pool_access::state(l); }
+};
+
+/// The objects a type can name in the table.
+template <class T>
+concept completion_target_type = requires(T &t, ibv_wc &wc) {
+  { target_ops<T>::take(t, wc) } -> std::same_as<bool>;
+  { target_ops<T>::key(t) } -> std::same_as<const void *>;
+};
+/// What settle() can wait for: a target, or a lease of a pool.
+template <class T>
+concept settle_type = requires(const T &t) {
+  { target_ops<T>::unconfirmed(t) } -> std::same_as<bool>;
+  { target_ops<T>::key(t) } -> std::same_as<const void *>;
+};
+
+/// One object of the table, type-erased.
+struct completion_target {
+  void *obj = nullptr;
+  const void *key = nullptr; // target_ops<T>::key(obj)
+  bool (*take)(void *, ibv_wc &) noexcept = nullptr;
+
+  template <completion_target_type T>
+  [[nodiscard]] static completion_target of(T &o) noexcept {
+    return {&o, target_ops<T>::key(o),
+            [](void *p, ibv_wc &wc) noexcept { return target_ops<T>::take(*static_cast<T *>(p), wc); }};
+  }
+};
+
+/// A fixed-capacity table of targets (allocated once, new(nothrow)).
+class completion_targets {
+public:
+  /// Room for `capacity` objects; false when out of memory.
+  [[nodiscard]] bool allocate(std::size_t capacity) noexcept {
+    t_.reset(new (std::nothrow) completion_target[capacity ? capacity : 1]());
+    cap_ = t_ ? capacity : 0;
+    n_ = 0;
+    return t_ != nullptr;
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+  [[nodiscard]] std::size_t capacity() const noexcept { return cap_; }
+
+  /// Add `o` (again: nothing changes).
+  /// \errors errc::too_many_entries: capacity() objects are in the table.
+  template <completion_target_type T>
+  [[nodiscard]] std::error_code add(T &o) noexcept {
+    if (contains(target_ops<T>::key(o))) return {};
+    if (n_ == cap_) return make_error_code(errc::too_many_entries);
+    t_[n_++] = completion_target::of(o);
+    return {};
+  }
+  /// Remove the object at `o` (absent: nothing changes).
+  void remove(const void *o) noexcept {
+    for (std::size_t i = 0; i < n_; ++i)
+      if (t_[i].obj == o) {
+        t_[i] = t_[--n_];
+        t_[n_] = {};
+        return;
+      }
+  }
+  /// Whether an object of key `key` (target_ops<T>::key) is in the table.
+  [[nodiscard]] bool contains(const void *key) const noexcept {
+    for (std::size_t i = 0; i < n_; ++i)
+      if (t_[i].key == key) return true;
+    return false;
+  }
+
+  /// Hand `wc` to the objects (the routing rule above). Returns the key of the object that
+  /// claimed it, or nullptr when it is the caller's.
+  const void *route(ibv_wc &wc) noexcept {
+    if (is_receive(wc)) {
+      for (std::size_t i = 0; i < n_; ++i) (void)t_[i].take(t_[i].obj, wc);
+      return nullptr;
+    }
+    for (std::size_t i = 0; i < n_; ++i)
+      if (t_[i].take(t_[i].obj, wc)) return t_[i].key;
+    return nullptr;
+  }
+
+private:
+  std::unique_ptr<completion_target[]> t_;
+  std::size_t cap_ = 0, n_ = 0;
+};
+
+} // namespace rdmaxx::detail
