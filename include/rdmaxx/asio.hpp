@@ -55,6 +55,7 @@
 #include "completion_queue.hpp"
 #include "connection.hpp"
 #include "error.hpp"
+#include "detail/completion_targets.hpp"
 #include "grant_pool.hpp"
 #include "queue_pair.hpp"
 
@@ -364,6 +365,8 @@ struct router_options {
   std::size_t buckets = 256;
   /// GrantPools that can be attached at once.
   std::size_t max_pools = 64;
+  /// MemoryWindows, StrictGrants and IndirectKeys that can be attached at once.
+  std::size_t max_targets = 64;
 };
 
 /// Counters of a router (plain integers, never reset).
@@ -375,6 +378,7 @@ struct router_stats {
   std::uint64_t completions = 0; ///< completions polled
   std::uint64_t routed = 0;      ///< delivered to a Waiter
   std::uint64_t to_pools = 0;    ///< taken by an attached GrantPool
+  std::uint64_t to_objects = 0;  ///< taken by an attached window, grant or key
   std::uint64_t unclaimed = 0;   ///< no waiter, no pool: dropped (see unclaimed handler)
   std::uint64_t waits = 0;       ///< Waiter::wait() and settled() calls
   std::uint64_t suspended = 0;   ///< of these, the ones that found nothing by polling and suspended
@@ -383,7 +387,7 @@ struct router_stats {
 namespace detail {
 
 struct waiter_node {
-  enum class kind : std::uint8_t { wr, lease };
+  enum class kind : std::uint8_t { wr, lease, object };
   waiter_node *prev = nullptr, *next = nullptr;
   router_core *core = nullptr;
   std::uint64_t wr_id = 0;
@@ -395,6 +399,10 @@ struct waiter_node {
   ibv_wc wc{};
   const GrantPool *pool = nullptr;
   const GrantLease *lease = nullptr;
+  // kind::object: the attached object waited for (its table key) and whether it is unconfirmed.
+  const void *obj = nullptr;
+  const void *key = nullptr;
+  bool (*unconfirmed)(const void *) noexcept = nullptr;
   // A suspended wait: the coroutine's handler, kept here until it is resumed (router_core).
   enum class where : std::uint8_t { idle, suspended, ready } at = where::idle;
   bool expired = false;
@@ -423,9 +431,10 @@ struct router_core {
   CompletionChannel *ch = nullptr;
   std::unique_ptr<waiter_node *[]> buckets; // heads, null-terminated lists
   std::size_t mask = 0;
-  waiter_node *leases = nullptr; // settled() waiters
+  waiter_node *leases = nullptr; // settled() waiters (leases and attached objects)
   std::unique_ptr<pool_entry[]> pools;
   std::size_t max_pools = 0, n_pools = 0;
+  ::rdmaxx::detail::completion_targets targets; // attached windows, grants and keys (CompletionDispatcher's table)
   unsigned ack_batch = 16, unacked = 0;
   bool armed = false; // ibv_req_notify_cq since the last event: the next completion raises one
   bool event_pending = false; // the fd turned readable: an event to take (take_event())
@@ -487,10 +496,22 @@ struct router_core {
   }
   void check_leases(const GrantPool *p) noexcept {
     for (waiter_node *n = leases; n; n = n->next)
-      if (n->pool == p && !n->done && n->lease->state() == lease_state::ready) {
+      if (n->what == waiter_node::kind::lease && n->pool == p && !n->done &&
+          n->lease->state() == lease_state::ready) {
         n->done = true;
         wake(*n);
       }
+  }
+  // An attached object (table key `key`) took `wc`: wake its settled() waiters once it has
+  // nothing unconfirmed, or with the error of its failed completion.
+  void check_objects(const void *key, const ibv_wc &wc) noexcept {
+    for (waiter_node *n = leases; n; n = n->next) {
+      if (n->what != waiter_node::kind::object || n->key != key || n->done || n->failed) continue;
+      if (wc.status != IBV_WC_SUCCESS) n->failed = wc_error(wc);
+      else if (!n->unconfirmed(n->obj)) n->done = true;
+      else continue;
+      wake(*n);
+    }
   }
 
   // ---- suspension: no timer and no post per wait ----
@@ -609,6 +630,11 @@ struct router_core {
         (void)e.pool->complete(std::span(&wc, 1)); // the peer's send-with-invalidate
         if (e.pool->stats().remote_invalidations != inv) check_leases(e.pool);
       }
+    }
+    if (const void *by = targets.route(wc)) { // a window's, grant's or key's own operation
+      ++stats.to_objects;
+      check_objects(by, wc);
+      return;
     }
     // The QP number too: after a reconnect the old QP's flushed completions carry the wr_ids
     // the new QP's waiters registered (one CQ for many connections), and must not wake them.
@@ -852,7 +878,8 @@ public:
   /// - errc::invalid_argument: `cq` is not attached to `ch`, ack_batch 0 or above 1024, no bucket.
   /// - ENOMEM when the core cannot be allocated; the errno of fcntl or of registering the fd
   ///   (epoll_ctl).
-  /// \mallocs The core, its buckets and pool table (new(nothrow)); the reactor's descriptor state.
+  /// \mallocs The core, its buckets, pool table and object table (new(nothrow)); the reactor's
+  /// descriptor state.
   [[nodiscard]] static result<CompletionRouter> create(const net::any_io_executor &ex, CompletionQueue &cq,
                                                        CompletionChannel &ch, router_options o = {}) noexcept {
     if (!cq || !ch) return make_error_code(errc::null_handle);
@@ -867,7 +894,8 @@ public:
     detail::router_core &c = *r.c_;
     c.buckets.reset(new (std::nothrow) detail::waiter_node *[nb]());
     c.pools.reset(new (std::nothrow) detail::pool_entry[o.max_pools ? o.max_pools : 1]());
-    if (!c.buckets || !c.pools) return std::make_error_code(std::errc::not_enough_memory);
+    if (!c.buckets || !c.pools || !c.targets.allocate(o.max_targets))
+      return std::make_error_code(std::errc::not_enough_memory);
     c.mask = nb - 1;
     c.max_pools = o.max_pools;
     c.ack_batch = o.ack_batch;
@@ -917,6 +945,27 @@ public:
         return;
       }
   }
+  /// Hand the completions of `obj`'s own work requests to it (a MemoryWindow, StrictGrant or
+  /// IndirectKey posting on QPs whose send CQ this router serves), offer it every receive (a
+  /// peer's send-with-invalidate), and wake settled(r, obj, ...) waiters: the same table as
+  /// CompletionDispatcher's. `obj` stays at its address until detach() or close().
+  /// \errors
+  /// - errc::null_handle: a null router or object.
+  /// - errc::too_many_entries: router_options::max_targets objects attached already.
+  /// \mallocs None.
+  template <::rdmaxx::detail::completion_target_type T>
+    requires(!std::same_as<T, GrantPool>)
+  result<void> attach(T &obj) noexcept {
+    if (!c_ || !obj) return make_error_code(errc::null_handle);
+    if (auto ec = c_->targets.add(obj)) return ec;
+    return success();
+  }
+  /// Stop handing completions to `obj` (before it is destroyed or moved).
+  template <::rdmaxx::detail::completion_target_type T>
+    requires(!std::same_as<T, GrantPool>)
+  void detach(const T &obj) noexcept {
+    if (c_) c_->targets.remove(&obj);
+  }
   /// Called for completions no waiter and no pool took (stale completions of a connection that
   /// is gone, unsignaled work's errors...); without one they are counted and dropped.
   void on_unclaimed(void (*f)(void *, const ibv_wc &), void *ctx) noexcept {
@@ -956,6 +1005,9 @@ private:
   friend class Waiter;
   friend task<result<void>> settled(CompletionRouter &, const GrantPool &, const GrantLease &, std::uint32_t,
                                     deadline);
+  template <::rdmaxx::detail::settle_type T>
+    requires(!std::same_as<T, GrantLease>)
+  friend task<result<void>> settled(CompletionRouter &, const T &, std::uint32_t, deadline);
   detail::router_core *c_ = nullptr;
 };
 
@@ -1060,6 +1112,47 @@ inline task<result<void>> settled(CompletionRouter &r, const GrantPool &pool, co
   co_await detail::suspend_on(*core, n, until);
   if (n.done || lease.state() == lease_state::ready) co_return success();
   if (n.failed) co_return n.failed;
+  co_return make_error_code(errc::timeout);
+}
+
+/// Wait until `obj` (a MemoryWindow, StrictGrant or IndirectKey attached to `r`) has no
+/// unconfirmed operation: the co_await twin of CompletionDispatcher::settle. Post the operation
+/// (grant, revoke, configure, invalidate), then `co_await settled(r, obj, qp_num, until)`.
+/// `qp_num`: the connection whose failure ends the wait.
+/// \errors
+/// - errc::null_handle: a null router or object (or the router closed).
+/// - errc::wrong_state: `obj` is not attached to `r`: nothing could confirm it.
+/// - wc_error(wc) of `obj`'s failed completion (flushed included): the object was rolled back to
+///   the state before that operation.
+/// - errc::timeout: not confirmed by `until` (the operation may still execute).
+/// - the connection's error (watch(), CompletionRouter::fail()).
+/// - the router's error once it stopped (see settled() of a lease).
+/// \mallocs Asio's coroutine frames.
+template <::rdmaxx::detail::settle_type T>
+  requires(!std::same_as<T, GrantLease>)
+task<result<void>> settled(CompletionRouter &r, const T &obj, std::uint32_t qp_num, deadline until) {
+  if (!r.c_ || !obj) co_return make_error_code(errc::null_handle);
+  const void *key = ::rdmaxx::detail::target_ops<T>::key(obj);
+  if (!r.c_->targets.contains(key)) co_return make_error_code(errc::wrong_state);
+  detail::waiter_node n;
+  n.what = detail::waiter_node::kind::object;
+  n.obj = &obj;
+  n.key = key;
+  n.unconfirmed = [](const void *o) noexcept { return ::rdmaxx::detail::target_ops<T>::unconfirmed(*static_cast<const T *>(o)); };
+  n.qp_num = qp_num;
+  n.core = r.c_;
+  detail::router_core *core = r.c_;
+  core->link(n); // before polling: a failed completion polled now reaches this waiter
+  struct unlink_at_end {
+    detail::router_core *c;
+    detail::waiter_node &n;
+    ~unlink_at_end() { c->unlink(n); }
+  } g{core, n};
+  core->poll_now([&] { return !n.unconfirmed(n.obj) || bool(n.failed); });
+  if (!n.failed && !n.unconfirmed(n.obj)) co_return success();
+  if (!n.failed) co_await detail::suspend_on(*core, n, until);
+  if (n.failed) co_return n.failed;
+  if (n.done || !n.unconfirmed(n.obj)) co_return success();
   co_return make_error_code(errc::timeout);
 }
 

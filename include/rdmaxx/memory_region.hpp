@@ -255,7 +255,8 @@ public:
   /// failure the MR stays registered and in the handle. A null MR: success, nothing is called.
   /// The destructor does the same and reports a failure through the hook.
   /// \errors
-  /// - errc::region_granted: a grant reaches the MR's memory (live_grants()); nothing is called.
+  /// - errc::region_granted: a grant reaches the MR's memory (live_grants()) and no window is
+  ///   bound to it; nothing is called.
   ///   (The destructor defers the deregistration, and an allocate()d region's unmapping, to the
   ///   last grant's destruction, and reports it through the destroy-failure hook.)
   /// - errc::busy: memory windows are bound to the MR; nothing is called (rxe would answer
@@ -263,7 +264,7 @@ public:
   /// - the errno of ibv_dereg_mr.
   /// \mallocs None.
   result<void> dereg() noexcept {
-    if (live_grants() != 0) return make_error_code(errc::region_granted);
+    if (bound_windows() == 0 && live_grants() != 0) return make_error_code(errc::region_granted);
     RDMAXX_TRYV(h_.destroy());
     pages_ = {};
     return success();
@@ -286,7 +287,7 @@ public:
   ///     (live_grants()): the grant's key would stay on the old memory. Also any change while an
   ///     IndirectKey names the MR (its key refers to this registration). An access change alone
   ///     is allowed under ExactGrant, StrictGrant and GrantPool: their regions are their own.
-  ///   - errc::busy: memory windows are bound to the MR.
+  ///   - errc::busy: memory windows are bound to the MR (checked before the grants).
   /// - Native path (ibv_rereg_mr): a rereg_category() code whose rereg_state_of() says what is
   ///   left:
   ///   - rereg_state::old_valid (-1, -2): nothing changed.
@@ -330,9 +331,8 @@ public:
     if (const std::uint32_t kids = h_.live_children(); kids != 0) {
       const std::uint32_t grants = live_grants();
       const bool moves = flags & (IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD);
-      if (moves && grants != 0) return make_error_code(errc::region_granted);
-      if (h_.live_children(child_kind::indirect_key) != 0) return make_error_code(errc::region_granted);
       if (kids != grants) return make_error_code(errc::busy); // windows (or another child)
+      if (moves || h_.live_children(child_kind::indirect_key) != 0) return make_error_code(errc::region_granted);
     }
 
     const mr_range to = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) ? *c.translation

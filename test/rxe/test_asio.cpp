@@ -1150,3 +1150,98 @@ TEST_CASE("[asio] EventPump: bad inputs and a closed pump", "[asio][shared-chann
   }
   CHECK(open_fds() == fds_before);
 }
+
+// The library's own completions on the Asio side: two StrictGrants and a software IndirectKey
+// attached to the router (the table CompletionDispatcher uses), each grant and revoke confirmed by
+// co_await settled(router, object, ...), a Waiter of the program's own write on the same QP and
+// CQ woken as usual, a failed (flushed) grant reported with its error and rolled back.
+TEST_CASE("[asio] attached grants and keys: settled() after each grant and revoke, the program's waiter too", "[asio]") {
+  const std::string before = kernel_resources();
+  {
+    Context ctx = open_device();
+    auto pd = need(ProtectionDomain::alloc(ctx), "pd");
+    auto ch = need(CompletionChannel::create(ctx), "channel");
+    auto cq_o = need(CompletionQueue::create(ctx, 128, &ch), "cq owner");
+    auto cq_p = need(CompletionQueue::create(ctx, 128), "cq peer");
+    auto qo = need(QueuePair::create(pd, cq_o, cq_o), "qp owner");
+    auto qp = need(QueuePair::create(pd, cq_p, cq_p), "qp peer");
+    need(connect_loopback(qo, qp), "connect");
+    auto mr = need(MemoryRegion::allocate(pd, 8 * 4096, access::local_write | access::mw_bind), "owner");
+    auto *mem = static_cast<unsigned char *>(mr.address());
+    static unsigned char src[64], sink[64];
+    std::memset(src, 0x6B, sizeof src);
+    auto smr = need(MemoryRegion::reg(pd, src, sizeof src, access::local_write), "src");
+    auto kmr = need(MemoryRegion::reg(pd, sink, sizeof sink, access::local_write | access::remote_write), "sink");
+    auto a = need(StrictGrant::create(pd, mr, {0, 4096}), "a");
+    auto b = need(StrictGrant::create(pd, mr, {4096, 4096}), "b");
+    auto k = need(IndirectKey::create(pd, 4, {.backend = umr_backend::software}), "key");
+
+    net::io_context io;
+    auto router = need(ra::CompletionRouter::create(io.get_executor(), cq_o, ch), "router");
+    need(router.attach(a), "attach a");
+    need(router.attach(b), "attach b");
+    need(router.attach(k), "attach k");
+    std::error_code errs[6], flushed_err, unattached_err;
+    bool states_ok = false, own_woken = false, writes_ok = false, late_refused = false, rolled_back = false;
+    bool done = false;
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      const std::uint32_t q = qo.qp_num();
+      const remote_descriptor da = need(a.grant(qo, access::remote_write), "grant a");
+      const remote_descriptor db = need(b.grant(qo, access::remote_write), "grant b");
+      need(k.configure(qo, layout::list({{mr, 8192, 4096}}), access::local_write | access::remote_write), "configure");
+      // b's completion is behind a's: settling b first routes a's to a.
+      if (auto s = co_await ra::settled(router, b, q, ra::after_ms(5000)); !s) errs[0] = s.error();
+      if (auto s = co_await ra::settled(router, k, q, ra::after_ms(5000)); !s) errs[1] = s.error();
+      if (auto s = co_await ra::settled(router, a, q, ra::after_ms(5000)); !s) errs[2] = s.error();
+      states_ok = a.window().state() == mw_state::bound && b.window().state() == mw_state::bound &&
+                  k.descriptor().has_value();
+      const key_segment ks = k.segments()[0];
+      writes_ok = write_one(qp, cq_p, smr.sge(), da.at(0)) == IBV_WC_SUCCESS &&
+                  write_one(qp, cq_p, smr.sge(), db.at(0)) == IBV_WC_SUCCESS &&
+                  write_one(qp, cq_p, smr.sge(), {ks.addr, ks.rkey}) == IBV_WC_SUCCESS &&
+                  all_equal(mem, 64, 0x6B) && all_equal(mem + 4096, 64, 0x6B) && all_equal(mem + 8192, 64, 0x6B);
+      std::memset(mem, 0, 3 * 4096);
+      // Revoke a, the program's own write, revoke b; the program waits for its write.
+      ra::Waiter own(router, 0xC0, q);
+      need(a.revoke(qo), "revoke a");
+      auto bt = qo.start_send();
+      bt.write({0xC0, send_flag::signaled}, {std::uint64_t(std::uintptr_t(sink)), kmr.rkey()}, smr.sge(0, 16));
+      need(bt.submit(), "own write");
+      need(b.revoke(qo), "revoke b");
+      need(k.invalidate(), "invalidate k");
+      if (auto s = co_await ra::settled(router, b, q, ra::after_ms(5000)); !s) errs[3] = s.error();
+      if (auto s = co_await ra::settled(router, a, q, ra::after_ms(5000)); !s) errs[4] = s.error();
+      auto w = co_await own.wait(ra::after_ms(5000));
+      own_woken = w && w.value().wr_id == 0xC0 && w.value().status == IBV_WC_SUCCESS;
+      late_refused = is_denial(write_one(qp, cq_p, smr.sge(), da.at(0)));
+      recover_pair(qp, cq_p, qo, cq_o);
+      late_refused = late_refused && is_denial(write_one(qp, cq_p, smr.sge(), db.at(0)));
+      recover_pair(qp, cq_p, qo, cq_o);
+      // A grant into a QP in ERR: flushed; settled() answers its error, the grant rolled back.
+      need(qo.to_error(), "owner QP to ERR");
+      (void)need(a.grant(qo, access::remote_write), "grant a into ERR");
+      auto f = co_await ra::settled(router, a, q, ra::after_ms(5000));
+      if (!f) flushed_err = f.error();
+      rolled_back = a.window().state() != mw_state::bound && a.window().pending() == 0;
+      // Not attached: refused at once.
+      router.detach(b);
+      auto u = co_await ra::settled(router, b, q, ra::after_ms(100));
+      if (!u) unattached_err = u.error();
+      done = true;
+    }, net::detached);
+    io.run_for(std::chrono::seconds(30));
+    REQUIRE(done);
+    for (const auto &e : errs) CHECK_FALSE(e);
+    CHECK(states_ok);
+    CHECK(writes_ok);
+    CHECK(own_woken);
+    CHECK(late_refused);
+    CHECK(flushed_err == wc_error(IBV_WC_WR_FLUSH_ERR));
+    CHECK(rolled_back);
+    CHECK(unattached_err == errc::wrong_state);
+    CHECK(all_equal(mem, 8 * 4096, 0));
+    CHECK(router.stats().to_objects >= 5);
+    router.close();
+  }
+  CHECK(kernel_resources() == before);
+}

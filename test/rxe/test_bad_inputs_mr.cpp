@@ -113,8 +113,29 @@ TEST_CASE_METHOD(bad_input_world, "bad inputs: MemoryRegion", "[bad-input][mr]")
     return err(mr_moved.rereg_native_unchecked(IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, 1));
   });
   t.add("MemoryRegion::dereg", "windows bound to the MR", is(errc::busy), [&] { return err(mt.dereg()); });
+  // A grant reaches the region's memory: moving it, changing its PD or deregistering it would
+  // leave the grant's key on the old memory. Nothing changes; the grant keeps working (finish()).
+  std::vector<unsigned char> under(2 * N, 0), elsewhere(2 * N, 0);
+  MemoryRegion mg = need(MemoryRegion::reg(pd, under.data(), under.size(), lw), "granted region");
+  StrictGrant sg_under = need(StrictGrant::create(pd, mg, {0, 64}), "strict grant under test");
+  ExactGrant eg_under = need(ExactGrant::create(pd, mg, {64, 64}, access::remote_read), "exact grant");
+  t.add("MemoryRegion::rereg", "translation change under a StrictGrant and an ExactGrant", is(errc::region_granted),
+        [&] { return err(mg.rereg(change_translation(elsewhere.data(), elsewhere.size()))); });
+  t.add("MemoryRegion::rereg", "PD change under a grant", is(errc::region_granted),
+        [&] { return err(mg.rereg(change_pd(pd2))); });
+  t.add("MemoryRegion::dereg", "a grant made from the MR", is(errc::region_granted), [&] { return err(mg.dereg()); });
   t.add("MemoryRegion::usable", "moved-from MR", is(errc::null_handle), [&] { return mr_moved.usable(); });
   t.add("MemoryRegion::usable", "unusable MR", is(errc::unusable), [&] { return mu.usable(); });
   t.run();
+  CHECK(mg.address() == under.data());
+  CHECK(mg.live_grants() == 2);
+  CHECK(all_equal(elsewhere.data(), elsewhere.size(), 0));
+  // The access change alone is allowed under these grants (their regions are their own).
+  need(mg.rereg(change_access(lw | access::remote_read)), "access change under the grants");
+  need(sg_under.destroy(), "destroy the strict grant");
+  need(eg_under.revoke(), "revoke the exact grant");
+  CHECK(mg.live_grants() == 0);
+  need(mg.rereg(change_translation(elsewhere.data(), elsewhere.size())), "rereg once the grants are gone");
+  need(mg.dereg(), "dereg");
   finish();
 }

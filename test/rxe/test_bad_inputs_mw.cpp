@@ -253,6 +253,24 @@ TEST_CASE_METHOD(bad_input_world, "bad inputs: StrictGrant", "[bad-input][strict
     auto b = lb.a.start_send();
     return err(g.grant(b, lb.b, access::remote_read));
   });
+  // Another live object's own work request id: its completion would be that object's.
+  t.add("StrictGrant::grant", "another window's own wr_id", is(errc::foreign_wr_id),
+        [&] { return err(g.grant(lb.b, access::remote_read, {w1.wr_id(), send_flag::signaled})); });
+  t.add("StrictGrant::revoke", "an IndirectKey's own wr_id", is(errc::foreign_wr_id), [&] {
+    auto gb = need(StrictGrant::create(pd, mt, {256, 64}), "grant");
+    need(gb.grant(lb.b, access::remote_read), "grant");
+    CHECK(gb.window().complete(wait_one(lb.cq_b)));
+    const auto ec = err(gb.revoke(lb.b, {k.wr_id(), send_flag::signaled}));
+    CHECK(gb.window().state() == mw_state::bound); // unchanged, nothing posted
+    CHECK(gb.window().pending() == 0);
+    need(gb.revoke(lb.b), "revoke with the grant's own id");
+    CHECK(gb.window().complete(wait_one(lb.cq_b)));
+    return ec;
+  });
+  t.add("StrictGrant::grant (batch)", "a GrantPool-like id of the object tag, not its own", is(errc::foreign_wr_id), [&] {
+    auto b = lb.b.start_send();
+    return err(g.grant(b, lb.b, access::remote_read, {object_wr_tag | 1u}));
+  });
   t.run();
   finish();
 }

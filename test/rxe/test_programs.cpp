@@ -394,6 +394,12 @@ TEST_CASE("program: CompletionDispatcher routes each completion to its object, t
   need(disp.settle(other.target(), 5000), "settle other");
   CHECK(other.granted());
   need(disp.settle(k.target(), 0), "nothing pending: at once");
+  // A wait on a destroyed (null) object: refused, nothing polled.
+  strict_form gone(w, 4);
+  need(disp.attach(gone.target()), "attach gone");
+  need(gone.g.destroy(), "destroy gone");
+  CHECK(disp.settle(gone.target(), 1000).error() == errc::null_handle);
+  disp.detach(gone.target());
   disp.detach(other.target());
   CHECK(disp.attached() == 3);
   CompletionDispatcher moved = std::move(disp);
