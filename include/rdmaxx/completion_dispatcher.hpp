@@ -63,7 +63,9 @@ class CompletionDispatcher {
 public:
   /// A null dispatcher.
   CompletionDispatcher() noexcept = default;
+  /// Takes over `o`'s CQ, attached objects and kept completions; `o` is left null.
   CompletionDispatcher(CompletionDispatcher &&o) noexcept { *this = std::move(o); }
+  /// As the move constructor (what this one held is let go: nothing is destroyed).
   CompletionDispatcher &operator=(CompletionDispatcher &&o) noexcept {
     if (this != &o) {
       cq_ = std::exchange(o.cq_, nullptr);
