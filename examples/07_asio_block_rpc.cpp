@@ -428,9 +428,10 @@ public:
         todo.push_back({i % 3 == 1 ? op::read : op::write, own[std::size_t(i / conns_ * 5) % own.size()],
                         std::uint64_t(i)});
       for (std::uint32_t b : own) todo.push_back({op::read, b, std::uint64_t(n) + b, false});
-      net::co_spawn(io, link_run(std::uint64_t(c), std::move(todo)), net::detached);
+      net::co_spawn(io, link_body(std::uint64_t(c), std::move(todo)), net::detached);
     }
-    io.run();
+    io.run(); // returns once every connection's coroutine has ended
+    rs_ = router_.stats();
     router_.close();
     std::printf("client: router: %llu channel events, %llu of %llu waits suspended; %llu completions: %llu to "
                 "waiters, %llu to pools, %llu unclaimed\n",
@@ -473,15 +474,8 @@ private:
     GrantLease held; // the lease of a request its connection broke under, until recover()
   };
 
-  // One connection's requests; the last link to end closes the router (its channel wait is
-  // the io_context's last work, so run() returns).
-  task<void> link_run(std::uint64_t index, std::deque<job> todo) {
-    co_await link_body(index, std::move(todo));
-    if (++links_done_ == conns_) {
-      rs_ = router_.stats();
-      router_.close();
-    }
-  }
+  // One connection's requests. When the last one ends, run() returns: the router holds no Asio
+  // operation while no wait is suspended on it (it is closed after run()).
   task<void> link_body(std::uint64_t index, std::deque<job> todo) {
     auto k = std::make_unique<link>();
     k->index = index;
@@ -704,7 +698,7 @@ private:
   }
 
   address to_;
-  int every_, conns_, n_ = 0, links_done_ = 0;
+  int every_, conns_, n_ = 0;
   Context ctx_;
   ProtectionDomain pd_;
   CompletionChannel ch_;

@@ -46,6 +46,17 @@
 /// io_context (it holds a descriptor and a timer of that io_context). Destroying a router fails
 /// its waiters with errc::null_handle.
 ///
+/// What keeps io_context::run() running: a CompletionRouter holds an Asio operation (its wait for
+/// the channel's fd, its one timer) only while a wait on it is suspended (Waiter::wait,
+/// settled()); with none, it holds nothing, so run() returns once the program's own work is done
+/// (every coroutine ended), whether the router is open or not, and close() is not needed for
+/// that (it still is before the CQ and channel go). A completion that arrives while no wait is
+/// suspended stays in the CQ until the next wait polls it (an attached GrantPool's too: settled()
+/// polls first). An EventPump is different: it waits for its channel's fd from create() to
+/// close(), so run() does not return while one is open: close it when the last step on its
+/// channel is done (or stop the io_context). A watch() waits on its connection's fd until the
+/// connection ends or its watch_stop is stopped; Listener steps (next_request) until they return.
+///
 /// Allocation: CompletionRouter::create allocates its core (the bucket array, the pool table);
 /// per completion nothing is allocated beyond Asio's own coroutine frames (recycled per thread,
 /// one block per kind): a suspended wait keeps its coroutine's handler in the Waiter, with no
@@ -548,6 +559,10 @@ struct router_core {
     if (susp) susp->sprev = &n;
     susp = &n;
     if (!timer_set || n.until < timer_at) arm_timer(n.until);
+    // The channel's fd is waited for only while a wait is suspended (what keeps the io_context
+    // running): from here, unless a router handler runs the coroutines now (it waits for the fd
+    // at its end, after the event is taken: see wait()).
+    if (!waiting && !dispatching) wait();
   }
   // Resume the waiters ready now, in order (each runs until it suspends again or ends). What
   // they ready meanwhile waits for the next round, posted: the reactor and other handlers get
@@ -681,6 +696,7 @@ struct router_core {
       hold.ran = true;
       flush_posted = false;
       dispatch();
+      after_round();
     });
   }
   // The one timer: at the earliest deadline of the suspended waits (re-armed only when a new
@@ -711,6 +727,33 @@ struct router_core {
     }
     if (susp) arm_timer(next);
     dispatch();
+    after_round();
+  }
+  // After a handler of the router resumed the coroutines it readied: wait for the channel's fd
+  // while a wait is suspended, else hold no Asio operation (idle()).
+  void after_round() noexcept {
+    if (!open) return;
+    if (susp && !error) {
+      if (!waiting) wait();
+    } else {
+      idle(); // (a stopped router: every wait fails at once, none needs the fd)
+    }
+  }
+  // Nobody waits: cancel the fd wait and the timer, so that the router keeps nothing of the
+  // io_context busy and run() can return once the program's own work is done. The CQ may stay
+  // armed: an event it raises meanwhile makes the fd readable, seen by the next fd wait (a wait
+  // that suspends starts it).
+  void idle() noexcept {
+    if (susp || ready_head || flush_posted) return;
+    if (timer_set) {
+      timer_set = false;
+      ++timer_gen; // its handler, run with operation_aborted, does nothing
+      timer.cancel();
+    }
+    if (waiting) {
+      boost::system::error_code ignored;
+      sd.cancel(ignored); // its handler sees operation_aborted and does not wait again
+    }
   }
   // One wait for the channel's fd at a time; its handler keeps the core alive.
   void wait() noexcept {
@@ -727,7 +770,7 @@ struct router_core {
                       router_core *c;
                       bool on = false;
                       ~again() {
-                        if (on && c->after_dispatch()) c->wait();
+                        if (on && c->after_dispatch()) c->after_round();
                       }
                     } g{this};
                     dispatching = true; // wakes queue up for the dispatch() below
@@ -826,7 +869,9 @@ class Waiter;
 /// by QP and wr_id to Waiters, GrantPool completions to their pools. Move-only, null after move.
 /// The CQ must be attached to the channel, and the channel serve only this CQ (an event of
 /// another CQ is acknowledged on that CQ and stops the router: every wait fails with
-/// errc::invalid_argument).
+/// errc::invalid_argument). It keeps io_context::run() running only while a wait on it is
+/// suspended (see the top of this header): a client whose coroutines have all ended sees run()
+/// return with the router still open; close() it before its CQ and channel are destroyed.
 class CompletionRouter {
 public:
   CompletionRouter() noexcept = default;
@@ -844,9 +889,10 @@ public:
   ~CompletionRouter() { close(); }
 
   /// Serve `cq` (attached to `ch`) on `ex`: makes the channel's fd non-blocking (fcntl, undone by
-  /// close()), registers it with the reactor, then waits for the channel. Completions already in
-  /// the CQ stay there until the first wait polls it (after the Waiters and pools are registered
-  /// for them); the CQ is armed by the first wait that may suspend.
+  /// close()) and registers it with the reactor; the channel is waited for while a wait is
+  /// suspended. Completions already in the CQ stay there until the first wait polls it (after
+  /// the Waiters and pools are registered for them); the CQ is armed by the first wait that may
+  /// suspend.
   /// \errors
   /// - errc::null_handle: `cq` or `ch` is null.
   /// - errc::invalid_argument: `cq` is not attached to `ch`, ack_batch 0 or above 1024, no bucket.
@@ -879,8 +925,8 @@ public:
     boost::system::error_code ec;
     c.sd.assign(ch.fd(), ec);
     if (ec) return from_asio(ec);
-    c.wait();
-    return r;
+    return r; // the fd is waited for once a wait suspends
+
   }
 
   /// True unless null.

@@ -1150,3 +1150,77 @@ TEST_CASE("[asio] EventPump: bad inputs and a closed pump", "[asio][shared-chann
   }
   CHECK(open_fds() == fds_before);
 }
+
+// What keeps io_context::run() running: a router holds an Asio operation only while a wait on it
+// is suspended. A wait whose completion comes, or one that times out, and then nothing: run()
+// returns soon after, with the router still open (before, its fd wait kept run() going until
+// close()). The same router serves a wait after io_context::restart(). A wait with a long
+// deadline whose completion comes early does not keep run() going until that deadline either.
+TEST_CASE("[asio] io_context::run() returns once no wait is suspended, the router still open", "[asio]") {
+  const std::string before = kernel_resources();
+  {
+    channel_pair f(chunk, 6);
+    net::io_context io;
+    auto router = need(ra::CompletionRouter::create(io.get_executor(), f.cq, f.ch), "router");
+    std::optional<rdmaxx::result<ibv_wc>> got, expired, again;
+    // 1. a completion routed to a suspended wait with a 20 s deadline; then nothing to do.
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      ra::Waiter w(router, 11, f.a.qp_num());
+      net::co_spawn(io, [&]() -> ra::task<void> {
+        while (router.stats().suspended == 0) co_await net::post(io, net::use_awaitable);
+        CHECK(f.post_write(11));
+      }, net::detached);
+      got = co_await w.wait(ra::after_ms(20000));
+    }, net::detached);
+    auto t0 = now_ms();
+    io.run_for(std::chrono::seconds(30));
+    const auto ran = now_ms() - t0;
+    INFO("run() took " << ran << " ms");
+    CHECK(io.stopped()); // out of work, not at the 30 s bound
+    CHECK(ran < 5000);
+    REQUIRE(got.has_value());
+    REQUIRE(got->has_value());
+    CHECK(got->value().status == IBV_WC_SUCCESS);
+    CHECK(router); // still open
+    // 2. a wait that times out: run() returns at its deadline.
+    io.restart();
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      ra::Waiter w(router, 12, f.a.qp_num());
+      expired = co_await w.wait(ra::after_ms(300));
+    }, net::detached);
+    t0 = now_ms();
+    io.run_for(std::chrono::seconds(30));
+    const auto ran2 = now_ms() - t0;
+    INFO("run() with a wait timing out took " << ran2 << " ms");
+    CHECK(io.stopped());
+    CHECK(ran2 >= 250);
+    CHECK(ran2 < 5000);
+    REQUIRE(expired.has_value());
+    REQUIRE_FALSE(expired->has_value());
+    CHECK(expired->error() == rdmaxx::errc::timeout);
+    // 3. the router serves a wait again (the CQ was left armed: the event comes through).
+    io.restart();
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      ra::Waiter w(router, 13, f.a.qp_num());
+      net::co_spawn(io, [&]() -> ra::task<void> {
+        while (router.stats().suspended < 3) co_await net::post(io, net::use_awaitable);
+        CHECK(f.post_write(13));
+      }, net::detached);
+      again = co_await w.wait(ra::after_ms(20000));
+    }, net::detached);
+    t0 = now_ms();
+    io.run_for(std::chrono::seconds(30));
+    const auto ran3 = now_ms() - t0;
+    INFO("run() of the third wait took " << ran3 << " ms");
+    CHECK(io.stopped());
+    CHECK(ran3 < 5000);
+    REQUIRE(again.has_value());
+    REQUIRE(again->has_value());
+    CHECK(again->value().wr_id == 13);
+    CHECK(router.stats().routed == 2);
+    router.close();
+    f.a = QueuePair{};
+    REQUIRE(destroyed_within(std::move(f.cq), 10000)); // every event taken was acknowledged
+  }
+  CHECK(kernel_resources() == before);
+}
