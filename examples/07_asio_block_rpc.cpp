@@ -273,15 +273,13 @@ private:
     ++active_;
     std::printf("server: connection %llu accepted (peer %s send-with-invalidate)\n", ull(id),
                 offer.value().remote_invalidate ? "offers" : "does not offer");
-    int children = 1;
+    int children = 0; // late accesses of this connection still running
     ra::watch_stop stop;
-    net::co_spawn(io_, [&]() -> task<void> {
-      (void)co_await ra::watch(conn, router_, stop);
-      --children;
-    }, net::detached);
+    net::co_spawn(io_, [&]() -> task<void> { (void)co_await ra::watch(conn, router_, stop); }, net::detached);
     co_await serve_on(conn, *rx, id, offer.value().remote_invalidate, children);
-    stop.stop(); // the watcher returns at once; a late access may still be sleeping
-    while (children) co_await sleep_ms(10);
+    stop.stop(); // the watcher returns at once
+    (void)co_await stop.wait_idle();
+    while (children) co_await sleep_ms(10); // a late access may still be sleeping
     --active_;
     if (st_.byes_expected >= 0 && st_.byes == std::uint64_t(st_.byes_expected) && active_ == 0) io_.stop();
   }

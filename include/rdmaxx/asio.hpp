@@ -129,6 +129,7 @@ struct borrowed_fd {
 };
 
 struct stop_access;
+struct idle_waiter;
 } // namespace detail
 
 /// Ends a watch() at once, from any coroutine or handler of its io_context thread: Boost 1.74 has
@@ -149,10 +150,21 @@ public:
   [[nodiscard]] bool stopped() const noexcept { return stopped_; }
   /// The watch using this object has returned (or none started).
   [[nodiscard]] bool idle() const noexcept { return !running_; }
+  /// Wait (without blocking the thread) until the watch using this object has returned
+  /// (idle()), or `until`: after stop(), `co_await s.wait_idle()` before the connection or the
+  /// router is destroyed. Returns at once when idle already (also before the watch's coroutine
+  /// started: co_spawn runs it later). Any number of coroutines may wait at once; the object must
+  /// outlive their waits.
+  /// \errors
+  /// - errc::timeout: the watch still runs at `until` (stop() it first, or wait for its
+  ///   connection to disconnect).
+  /// \mallocs None when idle; else Asio's coroutine frame and timer operation.
+  task<result<void>> wait_idle(deadline until = deadline::max());
 
 private:
   friend struct detail::stop_access;
   bool stopped_ = false, running_ = false;
+  detail::idle_waiter *idle_ = nullptr; // the coroutines in wait_idle()
   // What stop() cancels: the current wait of the watch, set while it waits.
   void (*cancel_)(void *) noexcept = nullptr;
   void *target_ = nullptr;
@@ -168,8 +180,14 @@ struct stop_access {
     explicit running(watch_stop &x) noexcept : s(x) { s.running_ = true; }
     running(const running &) = delete;
     running &operator=(const running &) = delete;
-    ~running() { s.running_ = false; }
+    ~running() {
+      s.running_ = false;
+      wake_idle(s);
+    }
   };
+  static void wake_idle(watch_stop &s) noexcept;
+  static void link(watch_stop &s, idle_waiter &w) noexcept;
+  static void unlink(watch_stop &s, idle_waiter &w) noexcept;
   // One wait that stop() cancels (null `s`: a wait without a stop).
   struct hook {
     watch_stop *s;
@@ -184,6 +202,53 @@ struct stop_access {
   };
 };
 
+// A coroutine in watch_stop::wait_idle(): on the stop's list while it sleeps on its timer, which
+// the watch's end cancels.
+struct idle_waiter {
+  watch_stop *s = nullptr;
+  net::steady_timer *timer = nullptr;
+  idle_waiter *prev = nullptr, *next = nullptr;
+  bool linked = false, woken = false;
+  idle_waiter(watch_stop &x, net::steady_timer &t) noexcept : s(&x), timer(&t) { stop_access::link(x, *this); }
+  idle_waiter(const idle_waiter &) = delete;
+  idle_waiter &operator=(const idle_waiter &) = delete;
+  ~idle_waiter() { stop_access::unlink(*s, *this); } // also when its frame is destroyed unrun
+};
+inline void stop_access::link(watch_stop &s, idle_waiter &w) noexcept {
+  w.prev = nullptr;
+  w.next = s.idle_;
+  if (s.idle_) s.idle_->prev = &w;
+  s.idle_ = &w;
+  w.linked = true;
+}
+inline void stop_access::unlink(watch_stop &s, idle_waiter &w) noexcept {
+  if (!w.linked) return;
+  if (w.prev) w.prev->next = w.next;
+  else s.idle_ = w.next;
+  if (w.next) w.next->prev = w.prev;
+  w.prev = w.next = nullptr;
+  w.linked = false;
+}
+// The watch returned: each sleeper's timer is cancelled (its coroutine resumes, sees idle()).
+inline void stop_access::wake_idle(watch_stop &s) noexcept {
+  for (idle_waiter *w = s.idle_; w; w = w->next) {
+    w->woken = true;
+    w->timer->cancel();
+  }
+}
+} // namespace detail
+
+inline task<result<void>> watch_stop::wait_idle(deadline until) {
+  if (!running_) co_return success();
+  net::steady_timer t(co_await net::this_coro::executor, until);
+  detail::idle_waiter w(*this, t);
+  boost::system::error_code ec;
+  co_await t.async_wait(net::redirect_error(net::use_awaitable, ec));
+  if (w.woken || !running_) co_return success();
+  co_return make_error_code(errc::timeout);
+}
+
+namespace detail {
 // Wait until `fd` is readable (true) or `until` passed (false), without blocking the thread;
 // until == deadline::max(): no timer. The fd is borrowed: registered with the reactor for this
 // wait only, released before return. The timer's handler cancels the descriptor; the coroutine
@@ -1138,7 +1203,8 @@ task<std::error_code> watch_with(W w, Connection &c, CompletionRouter &r, watch_
 /// connection's error (DISCONNECTED: a cm code equal to std::errc::connection_reset), and return
 /// that error. Run it as its own coroutine (co_spawn) per connection; it waits on the
 /// connection's fd with no timer. `stop.stop()` ends it at once: it then returns an empty
-/// error_code (`stop.idle()` turns true when it has returned: await that before destroying `c`).
+/// error_code (`stop.idle()` turns true when it has returned: `co_await stop.wait_idle()` before
+/// destroying `c`).
 /// A connection disconnected already when the watch starts fails its waiters at once.
 /// \errors The connection's, as above; those of advance(). errc::invalid_argument: the
 /// connection is on a shared EventChannel (use watch(pump, ...)); refused before anything is

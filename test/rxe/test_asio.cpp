@@ -1224,3 +1224,100 @@ TEST_CASE("[asio] io_context::run() returns once no wait is suspended, the route
   }
   CHECK(kernel_resources() == before);
 }
+
+// watch_stop::wait_idle(): at once when no watch runs; errc::timeout at its deadline while the
+// watch runs; two waiters at once both resumed by the watch's end after stop(), well before their
+// deadline; and a watch ended by its connection's disconnect (no stop) wakes a waiter too.
+TEST_CASE("[asio] watch_stop::wait_idle: awaited end of a watch, stopped or disconnected", "[asio]") {
+  auto l = need(Listener::listen(address::parse("192.0.2.1:0").value()), "listen");
+  const address to = need(l.local_address(), "local_address");
+  Context ctx = open_device();
+  auto pd = need(ProtectionDomain::alloc(ctx), "pd");
+  auto ch = need(CompletionChannel::create(ctx), "channel");
+  auto cq = need(CompletionQueue::create(ctx, 64, &ch), "cq");
+  const conn_options co{.pd = &pd, .send_cq = &cq, .recv_cq = &cq, .timeout_ms = 20000};
+  net::io_context io{1};
+  auto router = need(ra::CompletionRouter::create(io.get_executor(), cq, ch), "router");
+  Connection srv, cli;
+  ra::watch_stop stop, stop2;
+  std::error_code setup_err, before_watch, short_wait, watch_ec, watch2_ec;
+  std::error_code idle_a = make_error_code(errc::wrong_state), idle_b = idle_a, idle_c = idle_a;
+  std::int64_t woken_a = -1, woken_b = -1, woken_c = -1;
+  bool idle_after = false, idle2_after = false;
+  net::co_spawn(io, [&]() -> ra::task<void> {
+    auto req = co_await ra::next_request(l, 20000);
+    if (!req) co_return void(setup_err = req.error());
+    auto c = req.value().prepare(co);
+    if (!c) co_return void(setup_err = c.error());
+    srv = std::move(c).value();
+    if (auto a = co_await ra::accept(srv); !a) setup_err = a.error();
+  }, net::detached);
+  net::co_spawn(io, [&]() -> ra::task<void> {
+    auto c = co_await ra::connect(to, co);
+    if (!c) co_return void(setup_err = c.error());
+    cli = std::move(c).value();
+    while (srv.state() != conn_state::established && !setup_err) {
+      net::steady_timer t(io, std::chrono::milliseconds(2));
+      co_await t.async_wait(net::use_awaitable);
+    }
+    if (setup_err) co_return;
+    auto w0 = co_await stop.wait_idle(ra::after_ms(20000)); // no watch yet: at once
+    if (!w0) before_watch = w0.error();
+    net::co_spawn(io, [&]() -> ra::task<void> { watch_ec = co_await ra::watch(srv, router, stop); }, net::detached);
+    for (int i = 0; i < 3; ++i) co_await net::post(io, net::use_awaitable); // it sleeps on the fd now
+    auto w1 = co_await stop.wait_idle(ra::after_ms(200)); // it runs: the deadline passes
+    if (!w1) short_wait = w1.error();
+    const auto t0 = now_ms();
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      auto w = co_await stop.wait_idle(ra::after_ms(20000));
+      woken_a = now_ms() - t0;
+      idle_a = w ? std::error_code{} : w.error();
+    }, net::detached);
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      auto w = co_await stop.wait_idle(ra::after_ms(20000));
+      woken_b = now_ms() - t0;
+      idle_b = w ? std::error_code{} : w.error();
+    }, net::detached);
+    for (int i = 0; i < 3; ++i) co_await net::post(io, net::use_awaitable); // both wait now
+    stop.stop();
+    while (woken_a < 0 || woken_b < 0) co_await net::post(io, net::use_awaitable);
+    idle_after = stop.idle();
+    // A second watch, ended by the disconnect.
+    net::co_spawn(io, [&]() -> ra::task<void> { watch2_ec = co_await ra::watch(srv, router, stop2); }, net::detached);
+    for (int i = 0; i < 3; ++i) co_await net::post(io, net::use_awaitable);
+    const auto t1 = now_ms();
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      auto w = co_await stop2.wait_idle(ra::after_ms(20000));
+      woken_c = now_ms() - t1;
+      idle_c = w ? std::error_code{} : w.error();
+    }, net::detached);
+    for (int i = 0; i < 3; ++i) co_await net::post(io, net::use_awaitable);
+    if (auto d = cli.disconnect(); !d) co_return void(setup_err = d.error());
+    while (woken_c < 0 && now_ms() - t1 < 15000) {
+      net::steady_timer t(io, std::chrono::milliseconds(5));
+      co_await t.async_wait(net::use_awaitable);
+    }
+    idle2_after = stop2.idle();
+    router.close();
+  }, net::detached);
+  io.run_for(std::chrono::seconds(40));
+  INFO("setup: " << setup_err.message());
+  REQUIRE(!setup_err);
+  CHECK(!before_watch);
+  CHECK(short_wait == errc::timeout);
+  CHECK(!watch_ec); // stopped
+  INFO("a: " << idle_a.message() << " after " << woken_a << " ms; b: " << idle_b.message() << " after " << woken_b);
+  CHECK(!idle_a);
+  CHECK(!idle_b);
+  CHECK(woken_a >= 0);
+  CHECK(woken_a < 2000);
+  CHECK(woken_b >= 0);
+  CHECK(woken_b < 2000);
+  CHECK(idle_after);
+  INFO("c: " << idle_c.message() << " after " << woken_c << " ms; watch 2: " << watch2_ec.message());
+  CHECK(watch2_ec == std::errc::connection_reset);
+  CHECK(!idle_c);
+  CHECK(woken_c >= 0);
+  CHECK(woken_c < 10000);
+  CHECK(idle2_after);
+}
