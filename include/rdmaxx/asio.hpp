@@ -6,7 +6,8 @@
 /// What it gives a service that runs one io_context thread, without ever blocking it:
 ///   - connect(), next_request(), accept(), advance(): rdma_cm steps awaited on the
 ///     Connection's / Listener's fd (Connection::advance, Listener::get_request(0)), each step
-///     bounded by conn_options::timeout_ms as in the blocking forms;
+///     bounded by conn_options::timeout_ms as in the blocking forms; connect(to, o,
+///     retry_options) retries, until a deadline, while nobody listens yet;
 ///   - CompletionRouter: one CompletionQueue and its CompletionChannel shared by many
 ///     connections. A wait polls the CQ first and suspends only if its completion is not there;
 ///     the CQ is armed (the drain-after-event rule: CompletionQueue::poll_and_arm) only while a
@@ -18,7 +19,9 @@
 ///   - Waiter: `co_await w.wait(deadline)` for the completion of one work request;
 ///   - settled(): `co_await` until a GrantLease's revocation is confirmed (lease_state::ready);
 ///   - watch(): fails every waiter of a connection with the connection's error once it
-///     disconnects or fails;
+///     disconnects or fails; watch_stop ends it (stop()) and awaits its end (wait_idle());
+///   - RDMAXX_CO_TRY / RDMAXX_CO_TRYV (co_try.hpp, included): RDMAXX_TRY for coroutines, which
+///     co_return the error of a failed step;
 ///   - EventPump: one shared rdma_cm EventChannel for many Connections and Listeners, its fd
 ///     registered once; the steps above awaited through it.
 ///
@@ -63,6 +66,7 @@
 /// timer or operation of its own. Measured in README: "On a Boost.Asio event loop".
 #pragma once
 
+#include "co_try.hpp"
 #include "completion_queue.hpp"
 #include "connection.hpp"
 #include "error.hpp"
@@ -392,7 +396,8 @@ inline task<result<void>> wait_established(Connection &c, std::int64_t check_ms 
   return detail::wait_established_with(detail::own_channel{}, c, check_ms);
 }
 
-/// Connect by address (Connection::start_connect, then the rdma_cm steps awaited).
+/// Connect by address (Connection::start_connect, then the rdma_cm steps awaited). One attempt:
+/// connect(to, o, retry_options) retries while nobody listens yet (the server still starting).
 /// \errors
 /// - errc::invalid_argument: o.channel is set (a shared EventChannel: use connect(pump, ...));
 ///   nothing was created.
@@ -1500,6 +1505,57 @@ inline task<result<Connection>> connect(EventPump &p, address to, conn_options o
   if (!c) co_return c.error();
   if (auto r = co_await wait_established(p, c.value()); !r) co_return r.error();
   co_return std::move(c).value();
+}
+
+namespace detail {
+// A retry's pause: an Asio timer, the thread is not blocked.
+inline task<void> pause_ms(int ms) {
+  net::steady_timer t(co_await net::this_coro::executor, std::chrono::milliseconds(ms));
+  boost::system::error_code ec;
+  co_await t.async_wait(net::redirect_error(net::use_awaitable, ec));
+}
+// The retry loop of both connect(..., retry_options) forms (`p` null: the connection's own fd).
+inline task<result<Connection>> connect_retrying(EventPump *p, address to, conn_options o, retry_options r) {
+  if (auto ec = ::rdmaxx::detail::retry_schedule::check(r)) co_return ec;
+  ::rdmaxx::detail::retry_schedule s(r);
+  const int step_ms = o.timeout_ms;
+  for (;;) {
+    o.timeout_ms = s.begin_attempt(step_ms);
+    result<Connection> c = make_error_code(errc::null_handle);
+    if (p) c = co_await connect(*p, to, o); // (no co_await inside ?: : GCC 12 mishandles it)
+    else c = co_await connect(to, o);
+    if (c) co_return std::move(c).value();
+    const int pause = s.pause_after(c.error());
+    if (pause < 0) co_return c.error();
+    co_await pause_ms(pause);
+    if (s.expired()) co_return c.error();
+  }
+}
+} // namespace detail
+
+/// connect(), retrying while the passive side is not up yet, as the blocking
+/// Connection::connect(to, o, r): after a failure whose retry_hint_of() is retry_hint::yes
+/// (reject reason 8: nobody listens on the port yet; the peer unreachable or its address not
+/// resolved in time; a step past its bound) a pause (an Asio timer: the thread goes on) and
+/// another attempt, until one succeeds or r.total_ms has passed (retry_options: each attempt's
+/// steps are bounded by the time left). r.total_ms 0: one attempt, as connect(to, o).
+/// \errors
+/// - errc::invalid_argument: r.total_ms < 0, r.backoff_ms < 1, r.max_backoff_ms below it, or
+///   o.channel set (use the EventPump overload); nothing was attempted.
+/// - an error not worth retrying, at once (those of connect(): e.g. REJECTED with reason 28, the
+///   peer application refused); at the deadline, the last attempt's error.
+/// \mallocs As connect(), per attempt; Asio's frame and timer operation per pause.
+inline task<result<Connection>> connect(address to, conn_options o, retry_options r) {
+  if (o.channel) co_return make_error_code(errc::invalid_argument);
+  co_return co_await detail::connect_retrying(nullptr, to, o, r);
+}
+
+/// connect(EventPump&, ...) retrying as connect(to, o, r) does.
+/// \errors As connect(to, o, r) and connect(EventPump&, ...); a null pump: errc::null_handle.
+/// \mallocs As connect(to, o, r).
+inline task<result<Connection>> connect(EventPump &p, address to, conn_options o, retry_options r) {
+  if (!p) co_return make_error_code(errc::null_handle);
+  co_return co_await detail::connect_retrying(&p, to, o, r);
 }
 
 /// next_request() of a listener on the pump's channel.

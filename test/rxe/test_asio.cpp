@@ -1321,3 +1321,99 @@ TEST_CASE("[asio] watch_stop::wait_idle: awaited end of a watch, stopped or disc
   CHECK(woken_c < 10000);
   CHECK(idle2_after);
 }
+
+namespace {
+// RDMAXX_CO_TRY / RDMAXX_CO_TRYV in the coroutines of this header: a failed step co_returns its
+// error (nothing after it runs), a good one binds its value.
+ra::task<rdmaxx::result<Connection>> connect_checked(address to, conn_options co, retry_options r, int &reached) {
+  reached = 0;
+  RDMAXX_CO_TRY(c, co_await ra::connect(to, co, r));
+  reached = 1;
+  RDMAXX_CO_TRYV(c.qp().state()); // a plain result
+  reached = 2;
+  co_return std::move(c);
+}
+} // namespace
+
+// ra::connect(to, o, retry_options): the listener comes up 500 ms after the client's first attempt;
+// the client's pauses are Asio timers (a 20 ms ticker keeps running on the one thread meanwhile),
+// it connects once the listener is there. Nobody listening for the whole deadline gives reason 8
+// at the deadline, through RDMAXX_CO_TRY (nothing after the failed step ran). Nothing leaks.
+TEST_CASE("[asio] connect with retry_options: waits for a late listener without blocking the thread; "
+          "RDMAXX_CO_TRY propagates the error", "[asio]") {
+  { auto l0 = Listener::listen(address::parse("192.0.2.1:0").value()); } // rdma_cm's first id
+  const std::string before = kernel_resources();
+  {
+    std::uint16_t port = 0;
+    {
+      auto l = need(Listener::listen(address::parse("192.0.2.1:0").value()), "listen");
+      port = l.port();
+    }
+    const address to = need(address::parse("192.0.2.1:" + std::to_string(port)), "address");
+    const conn_options co{.timeout_ms = 10000};
+    net::io_context io{1};
+    std::optional<Listener> l;
+    Connection srv, cli;
+    int reached_ok = -1, reached_bad = -1, attempts = -1, attempts_bad = -1, ticks = 0;
+    std::error_code srv_err, cli_err, bad_err;
+    std::int64_t connected_after = -1, gave_up_after = -1;
+    bool done = false;
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      // Nobody listens yet: the deadline passes, the last error comes back.
+      const auto t0 = now_ms();
+      auto bad = co_await connect_checked(to, co, {.total_ms = 400, .backoff_ms = 20, .max_backoff_ms = 100,
+                                                   .attempts = &attempts_bad}, reached_bad);
+      gave_up_after = now_ms() - t0;
+      if (!bad) bad_err = bad.error();
+      // Now the listener comes up 500 ms after the first attempt.
+      net::co_spawn(io, [&]() -> ra::task<void> {
+        net::steady_timer t(io, std::chrono::milliseconds(500));
+        co_await t.async_wait(net::use_awaitable);
+        auto made = Listener::listen(to);
+        if (!made) co_return void(srv_err = made.error());
+        l.emplace(std::move(made).value());
+        auto req = co_await ra::next_request(*l, 10000);
+        if (!req) co_return void(srv_err = req.error());
+        auto c = req.value().prepare(co);
+        if (!c) co_return void(srv_err = c.error());
+        srv = std::move(c).value();
+        if (auto a = co_await ra::accept(srv); !a) srv_err = a.error();
+      }, net::detached);
+      net::co_spawn(io, [&]() -> ra::task<void> {
+        while (!done && ticks < 1000) {
+          net::steady_timer t(io, std::chrono::milliseconds(20));
+          co_await t.async_wait(net::use_awaitable);
+          ++ticks;
+        }
+      }, net::detached);
+      const auto t1 = now_ms();
+      auto c = co_await connect_checked(to, co, {.total_ms = 20000, .backoff_ms = 20, .max_backoff_ms = 100,
+                                                 .attempts = &attempts}, reached_ok);
+      connected_after = now_ms() - t1;
+      if (!c) cli_err = c.error();
+      else cli = std::move(c).value();
+      done = true;
+    }, net::detached);
+    io.run_for(std::chrono::seconds(40));
+    INFO("bad: " << bad_err.message() << " after " << gave_up_after << " ms, " << attempts_bad << " attempts");
+    CHECK(cm_reject_reason(bad_err) == 8);
+    CHECK(reached_bad == 0); // nothing after the failed RDMAXX_CO_TRY ran
+    CHECK(attempts_bad >= 3);
+    CHECK(gave_up_after >= 390);
+    CHECK(gave_up_after < 3000);
+    INFO("connect: " << cli_err.message() << " after " << connected_after << " ms, " << attempts
+                     << " attempts, " << ticks << " ticks; server: " << srv_err.message());
+    REQUIRE(!srv_err);
+    REQUIRE(!cli_err);
+    CHECK(reached_ok == 2);
+    CHECK(cli.state() == conn_state::established);
+    CHECK(srv.state() == conn_state::established);
+    CHECK(attempts >= 2);
+    CHECK(connected_after >= 400);
+    CHECK(ticks >= 10); // the thread went on while the client paused between attempts
+    cli = Connection{};
+    srv = Connection{};
+    l.reset();
+  }
+  CHECK(kernel_resources() == before);
+}
