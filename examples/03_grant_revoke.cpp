@@ -33,7 +33,6 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace {
@@ -138,22 +137,12 @@ result<bool> owner(Listener &l) noexcept {
 
 // ---- the peer ----
 
-result<Connection> connect_retrying(const address &to) noexcept {
-  // Across two hosts the owner may not listen yet: retry "nobody listens" for a while.
-  for (int attempt = 0;; ++attempt) {
-    auto c = Connection::connect(to, {.timeout_ms = step_ms});
-    if (c || cm_reject_reason(c.error()) != 8 || attempt == 300) return c;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-}
-
 result<bool> peer(const address &to) noexcept {
-  RDMAXX_TRY(conn, connect_retrying(to));
+  // Across two hosts the owner may not listen yet: the connect retries "nobody listens" (and a
+  // peer host still coming up) for up to a minute.
+  RDMAXX_TRY(conn, Connection::connect(to, {.timeout_ms = step_ms}, {.total_ms = 60000, .backoff_ms = 100}));
   // The accept's private data: the descriptor (the transport pads it with zeros).
-  const auto pd_bytes = conn.peer_private_data();
-  RDMAXX_TRY(h, descriptor_header::peek(pd_bytes));
-  if (h.total_size() > pd_bytes.size()) return make_error_code(errc::malformed_input);
-  RDMAXX_TRY(desc, remote_descriptor::decode(pd_bytes.first(h.total_size())));
+  RDMAXX_TRY(desc, remote_descriptor::decode_private_data(conn.peer_private_data()));
   std::printf("peer: connected to %s; descriptor: %llu bytes, rkey 0x%x, %s\n",
               to.to_string().c_str(), static_cast<unsigned long long>(desc.length), desc.rkey,
               desc.rights.any(access::remote_write) ? "writable" : "not writable");

@@ -147,14 +147,8 @@ result<bool> server(const address &at, int clients) noexcept {
 }
 
 result<bool> client(const address &to, int id) noexcept {
-  // The server may not listen yet: retry "nobody listens" (reject reason 8) for a while.
-  auto r = Connection::connect(to, {.timeout_ms = bound_ms});
-  for (int attempt = 0; !r && cm_reject_reason(r.error()) == 8 && attempt < 300; ++attempt) {
-    ::usleep(100000);
-    r = Connection::connect(to, {.timeout_ms = bound_ms});
-  }
-  if (!r) return r.error();
-  Connection &c = r.value();
+  // The server may not listen yet: the connect retries "nobody listens" for up to 30 s.
+  RDMAXX_TRY(c, Connection::connect(to, {.timeout_ms = bound_ms}, {.total_ms = 30000, .backoff_ms = 100}));
   char out[msg_size] = {};
   const int len = std::snprintf(out, sizeof out, "hello %d", id);
   unsigned char in[msg_size] = {};

@@ -44,7 +44,6 @@
 #include <deque>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace {
@@ -509,16 +508,11 @@ private:
 
   result<void> connect() noexcept {
     const auto offer = pool_.offer().encode();
-    for (int attempt = 0;; ++attempt) { // across two hosts the server may not listen yet
-      auto c = Connection::connect(to_, {.pd = &pd_, .send_cq = &cq_, .recv_cq = &cq_,
-                                         .timeout_ms = step_ms, .private_data = offer});
-      if (c) {
-        conn_ = std::move(c).value();
-        break;
-      }
-      if (cm_reject_reason(c.error()) != 8 || attempt == 300) return c.error();
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
+    // Across two hosts the server may not listen yet: retried for up to a minute.
+    RDMAXX_TRY(c, Connection::connect(to_, {.pd = &pd_, .send_cq = &cq_, .recv_cq = &cq_,
+                                            .timeout_ms = step_ms, .private_data = offer},
+                                      {.total_ms = 60000, .backoff_ms = 100}));
+    conn_ = std::move(c);
     const auto acc = conn_.peer_private_data();
     if (acc.size() >= accept_size) {
       st_.server_refused = std::uint32_t(get(&acc[0], 4));

@@ -273,15 +273,13 @@ private:
     ++active_;
     std::printf("server: connection %llu accepted (peer %s send-with-invalidate)\n", ull(id),
                 offer.value().remote_invalidate ? "offers" : "does not offer");
-    int children = 1;
+    int children = 0; // late accesses of this connection still running
     ra::watch_stop stop;
-    net::co_spawn(io_, [&]() -> task<void> {
-      (void)co_await ra::watch(conn, router_, stop);
-      --children;
-    }, net::detached);
+    net::co_spawn(io_, [&]() -> task<void> { (void)co_await ra::watch(conn, router_, stop); }, net::detached);
     co_await serve_on(conn, *rx, id, offer.value().remote_invalidate, children);
-    stop.stop(); // the watcher returns at once; a late access may still be sleeping
-    while (children) co_await sleep_ms(10);
+    stop.stop(); // the watcher returns at once
+    (void)co_await stop.wait_idle();
+    while (children) co_await sleep_ms(10); // a late access may still be sleeping
     --active_;
     if (st_.byes_expected >= 0 && st_.byes == std::uint64_t(st_.byes_expected) && active_ == 0) io_.stop();
   }
@@ -428,9 +426,10 @@ public:
         todo.push_back({i % 3 == 1 ? op::read : op::write, own[std::size_t(i / conns_ * 5) % own.size()],
                         std::uint64_t(i)});
       for (std::uint32_t b : own) todo.push_back({op::read, b, std::uint64_t(n) + b, false});
-      net::co_spawn(io, link_run(std::uint64_t(c), std::move(todo)), net::detached);
+      net::co_spawn(io, link_body(std::uint64_t(c), std::move(todo)), net::detached);
     }
-    io.run();
+    io.run(); // returns once every connection's coroutine has ended
+    rs_ = router_.stats();
     router_.close();
     std::printf("client: router: %llu channel events, %llu of %llu waits suspended; %llu completions: %llu to "
                 "waiters, %llu to pools, %llu unclaimed\n",
@@ -473,15 +472,8 @@ private:
     GrantLease held; // the lease of a request its connection broke under, until recover()
   };
 
-  // One connection's requests; the last link to end closes the router (its channel wait is
-  // the io_context's last work, so run() returns).
-  task<void> link_run(std::uint64_t index, std::deque<job> todo) {
-    co_await link_body(index, std::move(todo));
-    if (++links_done_ == conns_) {
-      rs_ = router_.stats();
-      router_.close();
-    }
-  }
+  // One connection's requests. When the last one ends, run() returns: the router holds no Asio
+  // operation while no wait is suspended on it (it is closed after run()).
   task<void> link_body(std::uint64_t index, std::deque<job> todo) {
     auto k = std::make_unique<link>();
     k->index = index;
@@ -533,34 +525,26 @@ private:
   }
 
   task<result<void>> setup(link &k) {
-    auto mr = MemoryRegion::reg(pd_, k.buffers.data(), k.buffers.size(), access::local_write);
-    if (!mr) co_return mr.error();
-    k.mr = std::move(mr).value();
-    auto pool = GrantPool::create(pd_, k.mr, {.slot_size = block_size, .slots = slots});
-    if (!pool) co_return pool.error();
-    k.pool = std::move(pool).value();
-    auto xmr = MemoryRegion::reg(pd_, k.rx.mem.data(), k.rx.mem.size(), access::local_write);
-    if (!xmr) co_return xmr.error();
-    k.rx.mr = std::move(xmr).value();
+    RDMAXX_CO_TRY(mr, MemoryRegion::reg(pd_, k.buffers.data(), k.buffers.size(), access::local_write));
+    k.mr = std::move(mr);
+    RDMAXX_CO_TRY(pool, GrantPool::create(pd_, k.mr, {.slot_size = block_size, .slots = slots}));
+    k.pool = std::move(pool);
+    RDMAXX_CO_TRY(xmr, MemoryRegion::reg(pd_, k.rx.mem.data(), k.rx.mem.size(), access::local_write));
+    k.rx.mr = std::move(xmr);
     co_return co_await connect(k);
   }
 
   task<result<void>> connect(link &k) {
     const auto offer = k.pool.offer().encode();
-    for (int attempt = 0;; ++attempt) { // across two hosts the server may not listen yet
-      auto c = co_await ra::connect(to_, {.pd = &pd_, .send_cq = &cq_, .recv_cq = &cq_,
-                                          .timeout_ms = step_ms, .private_data = offer});
-      if (c) {
-        k.conn = std::move(c).value();
-        break;
-      }
-      if (cm_reject_reason(c.error()) != 8 || attempt == 300) co_return c.error();
-      co_await sleep_ms(200);
-    }
+    // Across two hosts the server may not listen yet: retried for up to a minute.
+    RDMAXX_CO_TRY(c, co_await ra::connect(to_, {.pd = &pd_, .send_cq = &cq_, .recv_cq = &cq_,
+                                                .timeout_ms = step_ms, .private_data = offer},
+                                          {.total_ms = 60000, .backoff_ms = 100}));
+    k.conn = std::move(c);
     const auto acc = k.conn.peer_private_data();
     st_.server_refused = std::max(st_.server_refused, std::uint32_t(get(&acc[0], 4)));
     st_.server_allowed = std::max(st_.server_allowed, std::uint32_t(get(&acc[4], 4)));
-    if (auto a = router_.attach(k.pool, k.conn.qp()); !a) co_return a.error();
+    RDMAXX_CO_TRYV(router_.attach(k.pool, k.conn.qp()));
     co_return k.rx.post_all(router_, k.conn.qp(), k.index << 8 | (k.gen++ & 0xff));
   }
 
@@ -655,22 +639,21 @@ private:
   // binds and unbinds. (A fixed sleep instead was too short under the sanitizers at -O0.)
   task<result<void>> drain(link &k) {
     QueuePair &qp = k.conn.qp();
-    if (auto e = qp.to_error(); !e) co_return e.error();
+    RDMAXX_CO_TRYV(qp.to_error());
     const std::uint64_t marker = wr(k.index, k_drain);
     ra::Waiter w(router_, marker, qp.qp_num());
     auto b = qp.start_send();
     b.send_inline({marker, send_flag::signaled}, {});
-    if (auto s = b.submit(); !s) co_return s.error();
-    auto f = co_await w.wait(ra::after_ms(step_ms));
-    if (!f) co_return f.error();
+    RDMAXX_CO_TRYV(b.submit());
+    RDMAXX_CO_TRYV(co_await w.wait(ra::after_ms(step_ms)));
     co_return success();
   }
 
   // The connection broke (the server's late access moved both QPs to ERR): let the QP flush,
   // revoke every grant for good, check every slot, reconnect with the same pool.
   task<result<void>> recover(link &k) {
-    if (auto d = co_await drain(k); !d) co_return d.error();
-    if (auto r = k.pool.revoke_all(); !r) co_return r.error();
+    RDMAXX_CO_TRYV(co_await drain(k));
+    RDMAXX_CO_TRYV(k.pool.revoke_all());
     if (k.held) { // the request the connection broke under: not served, its slot unchanged
       const auto held = k.held.buffer(); // ready after revoke_all(), else damage
       const std::span<std::byte> b = held ? held.value() : std::span<std::byte>{};
@@ -691,7 +674,7 @@ private:
       (void)k.pool.release(l);
     }
     k.conn = Connection{};
-    if (auto c = co_await connect(k); !c) co_return c.error();
+    RDMAXX_CO_TRYV(co_await connect(k));
     ++st_.reconnects;
     std::printf("client: connection %llu: revoked every grant (revoke_all), slots intact, reconnected "
                 "(server refused %u late accesses so far)\n", ull(k.index), st_.server_refused);
@@ -704,7 +687,7 @@ private:
   }
 
   address to_;
-  int every_, conns_, n_ = 0, links_done_ = 0;
+  int every_, conns_, n_ = 0;
   Context ctx_;
   ProtectionDomain pd_;
   CompletionChannel ch_;

@@ -8,11 +8,10 @@
 rdmaxx::result<void> peer(std::span<unsigned char> src) noexcept {
   using namespace rdmaxx;
   RDMAXX_TRY(to, address::parse("192.0.2.1:7471")); // a host address: a wildcard is refused
-  RDMAXX_TRY(c, Connection::connect(to, {.timeout_ms = 20000}));
-  auto pd = c.peer_private_data();                  // padded to 196 bytes by the transport
-  RDMAXX_TRY(h, descriptor_header::peek(pd));       // the descriptor's own length
-  if (h.total_size() > pd.size()) return make_error_code(errc::malformed_input);
-  RDMAXX_TRY(grant, remote_descriptor::decode(pd.first(h.total_size())));
+  RDMAXX_TRY(c, Connection::connect(to, {.timeout_ms = 20000},
+                                    {.total_ms = 60000})); // retried while nobody listens yet
+  // The accept's private data: the descriptor, padded with zeros to 196 bytes by the transport.
+  RDMAXX_TRY(grant, remote_descriptor::decode_private_data(c.peer_private_data()));
   RDMAXX_TRY(where, grant.slice(0, src.size()));     // errc::out_of_range past the grant
   RDMAXX_TRY(src_mr, MemoryRegion::reg(c.pd(), src.data(), src.size(), access::local_write));
   auto b = c.qp().start_send();                     // the QP is an ordinary rdmaxx QueuePair

@@ -6,7 +6,8 @@
 /// What it gives a service that runs one io_context thread, without ever blocking it:
 ///   - connect(), next_request(), accept(), advance(): rdma_cm steps awaited on the
 ///     Connection's / Listener's fd (Connection::advance, Listener::get_request(0)), each step
-///     bounded by conn_options::timeout_ms as in the blocking forms;
+///     bounded by conn_options::timeout_ms as in the blocking forms; connect(to, o,
+///     retry_options) retries, until a deadline, while nobody listens yet;
 ///   - CompletionRouter: one CompletionQueue and its CompletionChannel shared by many
 ///     connections. A wait polls the CQ first and suspends only if its completion is not there;
 ///     the CQ is armed (the drain-after-event rule: CompletionQueue::poll_and_arm) only while a
@@ -18,7 +19,9 @@
 ///   - Waiter: `co_await w.wait(deadline)` for the completion of one work request;
 ///   - settled(): `co_await` until a GrantLease's revocation is confirmed (lease_state::ready);
 ///   - watch(): fails every waiter of a connection with the connection's error once it
-///     disconnects or fails;
+///     disconnects or fails; watch_stop ends it (stop()) and awaits its end (wait_idle());
+///   - RDMAXX_CO_TRY / RDMAXX_CO_TRYV (co_try.hpp, included): RDMAXX_TRY for coroutines, which
+///     co_return the error of a failed step;
 ///   - EventPump: one shared rdma_cm EventChannel for many Connections and Listeners, its fd
 ///     registered once; the steps above awaited through it.
 ///
@@ -46,12 +49,24 @@
 /// io_context (it holds a descriptor and a timer of that io_context). Destroying a router fails
 /// its waiters with errc::null_handle.
 ///
+/// What keeps io_context::run() running: a CompletionRouter holds an Asio operation (its wait for
+/// the channel's fd, its one timer) only while a wait on it is suspended (Waiter::wait,
+/// settled()); with none, it holds nothing, so run() returns once the program's own work is done
+/// (every coroutine ended), whether the router is open or not, and close() is not needed for
+/// that (it still is before the CQ and channel go). A completion that arrives while no wait is
+/// suspended stays in the CQ until the next wait polls it (an attached GrantPool's too: settled()
+/// polls first). An EventPump is different: it waits for its channel's fd from create() to
+/// close(), so run() does not return while one is open: close it when the last step on its
+/// channel is done (or stop the io_context). A watch() waits on its connection's fd until the
+/// connection ends or its watch_stop is stopped; Listener steps (next_request) until they return.
+///
 /// Allocation: CompletionRouter::create allocates its core (the bucket array, the pool table);
 /// per completion nothing is allocated beyond Asio's own coroutine frames (recycled per thread,
 /// one block per kind): a suspended wait keeps its coroutine's handler in the Waiter, with no
 /// timer or operation of its own. Measured in README: "On a Boost.Asio event loop".
 #pragma once
 
+#include "co_try.hpp"
 #include "completion_queue.hpp"
 #include "connection.hpp"
 #include "error.hpp"
@@ -119,6 +134,7 @@ struct borrowed_fd {
 };
 
 struct stop_access;
+struct idle_waiter;
 } // namespace detail
 
 /// Ends a watch() at once, from any coroutine or handler of its io_context thread: Boost 1.74 has
@@ -139,10 +155,21 @@ public:
   [[nodiscard]] bool stopped() const noexcept { return stopped_; }
   /// The watch using this object has returned (or none started).
   [[nodiscard]] bool idle() const noexcept { return !running_; }
+  /// Wait (without blocking the thread) until the watch using this object has returned
+  /// (idle()), or `until`: after stop(), `co_await s.wait_idle()` before the connection or the
+  /// router is destroyed. Returns at once when idle already (also before the watch's coroutine
+  /// started: co_spawn runs it later). Any number of coroutines may wait at once; the object must
+  /// outlive their waits.
+  /// \errors
+  /// - errc::timeout: the watch still runs at `until` (stop() it first, or wait for its
+  ///   connection to disconnect).
+  /// \mallocs None when idle; else Asio's coroutine frame and timer operation.
+  task<result<void>> wait_idle(deadline until = deadline::max());
 
 private:
   friend struct detail::stop_access;
   bool stopped_ = false, running_ = false;
+  detail::idle_waiter *idle_ = nullptr; // the coroutines in wait_idle()
   // What stop() cancels: the current wait of the watch, set while it waits.
   void (*cancel_)(void *) noexcept = nullptr;
   void *target_ = nullptr;
@@ -158,8 +185,14 @@ struct stop_access {
     explicit running(watch_stop &x) noexcept : s(x) { s.running_ = true; }
     running(const running &) = delete;
     running &operator=(const running &) = delete;
-    ~running() { s.running_ = false; }
+    ~running() {
+      s.running_ = false;
+      wake_idle(s);
+    }
   };
+  static void wake_idle(watch_stop &s) noexcept;
+  static void link(watch_stop &s, idle_waiter &w) noexcept;
+  static void unlink(watch_stop &s, idle_waiter &w) noexcept;
   // One wait that stop() cancels (null `s`: a wait without a stop).
   struct hook {
     watch_stop *s;
@@ -174,6 +207,53 @@ struct stop_access {
   };
 };
 
+// A coroutine in watch_stop::wait_idle(): on the stop's list while it sleeps on its timer, which
+// the watch's end cancels.
+struct idle_waiter {
+  watch_stop *s = nullptr;
+  net::steady_timer *timer = nullptr;
+  idle_waiter *prev = nullptr, *next = nullptr;
+  bool linked = false, woken = false;
+  idle_waiter(watch_stop &x, net::steady_timer &t) noexcept : s(&x), timer(&t) { stop_access::link(x, *this); }
+  idle_waiter(const idle_waiter &) = delete;
+  idle_waiter &operator=(const idle_waiter &) = delete;
+  ~idle_waiter() { stop_access::unlink(*s, *this); } // also when its frame is destroyed unrun
+};
+inline void stop_access::link(watch_stop &s, idle_waiter &w) noexcept {
+  w.prev = nullptr;
+  w.next = s.idle_;
+  if (s.idle_) s.idle_->prev = &w;
+  s.idle_ = &w;
+  w.linked = true;
+}
+inline void stop_access::unlink(watch_stop &s, idle_waiter &w) noexcept {
+  if (!w.linked) return;
+  if (w.prev) w.prev->next = w.next;
+  else s.idle_ = w.next;
+  if (w.next) w.next->prev = w.prev;
+  w.prev = w.next = nullptr;
+  w.linked = false;
+}
+// The watch returned: each sleeper's timer is cancelled (its coroutine resumes, sees idle()).
+inline void stop_access::wake_idle(watch_stop &s) noexcept {
+  for (idle_waiter *w = s.idle_; w; w = w->next) {
+    w->woken = true;
+    w->timer->cancel();
+  }
+}
+} // namespace detail
+
+inline task<result<void>> watch_stop::wait_idle(deadline until) {
+  if (!running_) co_return success();
+  net::steady_timer t(co_await net::this_coro::executor, until);
+  detail::idle_waiter w(*this, t);
+  boost::system::error_code ec;
+  co_await t.async_wait(net::redirect_error(net::use_awaitable, ec));
+  if (w.woken || !running_) co_return success();
+  co_return make_error_code(errc::timeout);
+}
+
+namespace detail {
 // Wait until `fd` is readable (true) or `until` passed (false), without blocking the thread;
 // until == deadline::max(): no timer. The fd is borrowed: registered with the reactor for this
 // wait only, released before return. The timer's handler cancels the descriptor; the coroutine
@@ -317,7 +397,8 @@ inline task<result<void>> wait_established(Connection &c, std::int64_t check_ms 
   return detail::wait_established_with(detail::own_channel{}, c, check_ms);
 }
 
-/// Connect by address (Connection::start_connect, then the rdma_cm steps awaited).
+/// Connect by address (Connection::start_connect, then the rdma_cm steps awaited). One attempt:
+/// connect(to, o, retry_options) retries while nobody listens yet (the server still starting).
 /// \errors
 /// - errc::invalid_argument: o.channel is set (a shared EventChannel: use connect(pump, ...));
 ///   nothing was created.
@@ -569,6 +650,10 @@ struct router_core {
     if (susp) susp->sprev = &n;
     susp = &n;
     if (!timer_set || n.until < timer_at) arm_timer(n.until);
+    // The channel's fd is waited for only while a wait is suspended (what keeps the io_context
+    // running): from here, unless a router handler runs the coroutines now (it waits for the fd
+    // at its end, after the event is taken: see wait()).
+    if (!waiting && !dispatching) wait();
   }
   // Resume the waiters ready now, in order (each runs until it suspends again or ends). What
   // they ready meanwhile waits for the next round, posted: the reactor and other handlers get
@@ -707,6 +792,7 @@ struct router_core {
       hold.ran = true;
       flush_posted = false;
       dispatch();
+      after_round();
     });
   }
   // The one timer: at the earliest deadline of the suspended waits (re-armed only when a new
@@ -737,6 +823,33 @@ struct router_core {
     }
     if (susp) arm_timer(next);
     dispatch();
+    after_round();
+  }
+  // After a handler of the router resumed the coroutines it readied: wait for the channel's fd
+  // while a wait is suspended, else hold no Asio operation (idle()).
+  void after_round() noexcept {
+    if (!open) return;
+    if (susp && !error) {
+      if (!waiting) wait();
+    } else {
+      idle(); // (a stopped router: every wait fails at once, none needs the fd)
+    }
+  }
+  // Nobody waits: cancel the fd wait and the timer, so that the router keeps nothing of the
+  // io_context busy and run() can return once the program's own work is done. The CQ may stay
+  // armed: an event it raises meanwhile makes the fd readable, seen by the next fd wait (a wait
+  // that suspends starts it).
+  void idle() noexcept {
+    if (susp || ready_head || flush_posted) return;
+    if (timer_set) {
+      timer_set = false;
+      ++timer_gen; // its handler, run with operation_aborted, does nothing
+      timer.cancel();
+    }
+    if (waiting) {
+      boost::system::error_code ignored;
+      sd.cancel(ignored); // its handler sees operation_aborted and does not wait again
+    }
   }
   // One wait for the channel's fd at a time; its handler keeps the core alive.
   void wait() noexcept {
@@ -753,7 +866,7 @@ struct router_core {
                       router_core *c;
                       bool on = false;
                       ~again() {
-                        if (on && c->after_dispatch()) c->wait();
+                        if (on && c->after_dispatch()) c->after_round();
                       }
                     } g{this};
                     dispatching = true; // wakes queue up for the dispatch() below
@@ -852,7 +965,9 @@ class Waiter;
 /// by QP and wr_id to Waiters, GrantPool completions to their pools. Move-only, null after move.
 /// The CQ must be attached to the channel, and the channel serve only this CQ (an event of
 /// another CQ is acknowledged on that CQ and stops the router: every wait fails with
-/// errc::invalid_argument).
+/// errc::invalid_argument). It keeps io_context::run() running only while a wait on it is
+/// suspended (see the top of this header): a client whose coroutines have all ended sees run()
+/// return with the router still open; close() it before its CQ and channel are destroyed.
 class CompletionRouter {
 public:
   CompletionRouter() noexcept = default;
@@ -870,9 +985,10 @@ public:
   ~CompletionRouter() { close(); }
 
   /// Serve `cq` (attached to `ch`) on `ex`: makes the channel's fd non-blocking (fcntl, undone by
-  /// close()), registers it with the reactor, then waits for the channel. Completions already in
-  /// the CQ stay there until the first wait polls it (after the Waiters and pools are registered
-  /// for them); the CQ is armed by the first wait that may suspend.
+  /// close()) and registers it with the reactor; the channel is waited for while a wait is
+  /// suspended. Completions already in the CQ stay there until the first wait polls it (after
+  /// the Waiters and pools are registered for them); the CQ is armed by the first wait that may
+  /// suspend.
   /// \errors
   /// - errc::null_handle: `cq` or `ch` is null.
   /// - errc::invalid_argument: `cq` is not attached to `ch`, ack_batch 0 or above 1024, no bucket.
@@ -907,8 +1023,8 @@ public:
     boost::system::error_code ec;
     c.sd.assign(ch.fd(), ec);
     if (ec) return from_asio(ec);
-    c.wait();
-    return r;
+    return r; // the fd is waited for once a wait suspends
+
   }
 
   /// True unless null.
@@ -1185,7 +1301,8 @@ task<std::error_code> watch_with(W w, Connection &c, CompletionRouter &r, watch_
 /// connection's error (DISCONNECTED: a cm code equal to std::errc::connection_reset), and return
 /// that error. Run it as its own coroutine (co_spawn) per connection; it waits on the
 /// connection's fd with no timer. `stop.stop()` ends it at once: it then returns an empty
-/// error_code (`stop.idle()` turns true when it has returned: await that before destroying `c`).
+/// error_code (`stop.idle()` turns true when it has returned: `co_await stop.wait_idle()` before
+/// destroying `c`).
 /// A connection disconnected already when the watch starts fails its waiters at once.
 /// \errors The connection's, as above; those of advance(). errc::invalid_argument: the
 /// connection is on a shared EventChannel (use watch(pump, ...)); refused before anything is
@@ -1481,6 +1598,57 @@ inline task<result<Connection>> connect(EventPump &p, address to, conn_options o
   if (!c) co_return c.error();
   if (auto r = co_await wait_established(p, c.value()); !r) co_return r.error();
   co_return std::move(c).value();
+}
+
+namespace detail {
+// A retry's pause: an Asio timer, the thread is not blocked.
+inline task<void> pause_ms(int ms) {
+  net::steady_timer t(co_await net::this_coro::executor, std::chrono::milliseconds(ms));
+  boost::system::error_code ec;
+  co_await t.async_wait(net::redirect_error(net::use_awaitable, ec));
+}
+// The retry loop of both connect(..., retry_options) forms (`p` null: the connection's own fd).
+inline task<result<Connection>> connect_retrying(EventPump *p, address to, conn_options o, retry_options r) {
+  if (auto ec = ::rdmaxx::detail::retry_schedule::check(r)) co_return ec;
+  ::rdmaxx::detail::retry_schedule s(r);
+  const int step_ms = o.timeout_ms;
+  for (;;) {
+    o.timeout_ms = s.begin_attempt(step_ms);
+    result<Connection> c = make_error_code(errc::null_handle);
+    if (p) c = co_await connect(*p, to, o); // (no co_await inside ?: : GCC 12 mishandles it)
+    else c = co_await connect(to, o);
+    if (c) co_return std::move(c).value();
+    const int pause = s.pause_after(c.error());
+    if (pause < 0) co_return c.error();
+    co_await pause_ms(pause);
+    if (s.expired()) co_return c.error();
+  }
+}
+} // namespace detail
+
+/// connect(), retrying while the passive side is not up yet, as the blocking
+/// Connection::connect(to, o, r): after a failure whose retry_hint_of() is retry_hint::yes
+/// (reject reason 8: nobody listens on the port yet; the peer unreachable or its address not
+/// resolved in time; a step past its bound) a pause (an Asio timer: the thread goes on) and
+/// another attempt, until one succeeds or r.total_ms has passed (retry_options: each attempt's
+/// steps are bounded by the time left). r.total_ms 0: one attempt, as connect(to, o).
+/// \errors
+/// - errc::invalid_argument: r.total_ms < 0, r.backoff_ms < 1, r.max_backoff_ms below it, or
+///   o.channel set (use the EventPump overload); nothing was attempted.
+/// - an error not worth retrying, at once (those of connect(): e.g. REJECTED with reason 28, the
+///   peer application refused); at the deadline, the last attempt's error.
+/// \mallocs As connect(), per attempt; Asio's frame and timer operation per pause.
+inline task<result<Connection>> connect(address to, conn_options o, retry_options r) {
+  if (o.channel) co_return make_error_code(errc::invalid_argument);
+  co_return co_await detail::connect_retrying(nullptr, to, o, r);
+}
+
+/// connect(EventPump&, ...) retrying as connect(to, o, r) does.
+/// \errors As connect(to, o, r) and connect(EventPump&, ...); a null pump: errc::null_handle.
+/// \mallocs As connect(to, o, r).
+inline task<result<Connection>> connect(EventPump &p, address to, conn_options o, retry_options r) {
+  if (!p) co_return make_error_code(errc::null_handle);
+  co_return co_await detail::connect_retrying(&p, to, o, r);
 }
 
 /// next_request() of a listener on the pump's channel.

@@ -177,9 +177,25 @@ inline cm_address_book &cm_addresses() noexcept {
   }
 }
 
-class cm_category_impl final : public std::error_category {
+class cm_category_impl final : public retry_hinted_category {
 public:
+  cm_category_impl() noexcept { register_retry_hinted(*this); }
   const char *name() const noexcept override { return "rdmaxx.cm"; }
+  // What retry_hint_of() answers (documented at cm_category()).
+  retry_hint retry_hint_of_value(int v) const noexcept override {
+    const int ev = (v & 0xff);
+    const int st = (v >> 8) & 0xff;
+    if (ev == cm_timeout_tag) return retry_hint::yes;
+    if (ev == cm_call_tag) return retry_hint_of(std::error_code(st, std::generic_category()));
+    switch (static_cast<rdma_cm_event_type>(ev - 1)) {
+    case RDMA_CM_EVENT_REJECTED: return st == 8 ? retry_hint::yes : retry_hint::no;
+    case RDMA_CM_EVENT_UNREACHABLE: return retry_hint::yes;
+    case RDMA_CM_EVENT_ADDR_ERROR:
+    case RDMA_CM_EVENT_ROUTE_ERROR:
+      return st == ETIMEDOUT || st == EHOSTUNREACH ? retry_hint::yes : retry_hint::no;
+    default: return retry_hint::no;
+    }
+  }
   std::string message(int v) const override {
     const int ev = (v & 0xff);
     const int st = (v >> 8) & 0xff;
@@ -264,6 +280,19 @@ public:
 /// resolution errors), timed_out (timeouts), connection_aborted (CONNECT_ERROR),
 /// connection_reset (DISCONNECTED), no_such_device (DEVICE_REMOVAL), and to the errno's
 /// std::errc for a failed call (address_in_use: "port in use").
+///
+/// retry_hint_of() answers these codes as follows (what Connection::connect with a retry_options
+/// retries; every other code ends the retrying at once):
+/// - retry_hint::yes: REJECTED with reject reason 8 (nobody listens on the port: the server is
+///   not up yet); UNREACHABLE (the peer's CM did not answer: its host or rdma_cm not up yet);
+///   ADDR_ERROR and ROUTE_ERROR with ETIMEDOUT or EHOSTUNREACH (no neighbour answered: the peer
+///   host is down or still booting); a step past its deadline (cm_timeout());
+/// - retry_hint::no: REJECTED with any other reason (28: the peer application said no; the peer
+///   answered, retrying asks the same question), ADDR_ERROR and ROUTE_ERROR with another status
+///   (ENETUNREACH, ENODEV, EADDRNOTAVAIL: this host's own configuration), CONNECT_ERROR,
+///   DISCONNECTED, DEVICE_REMOVAL;
+/// - a failed librdmacm call (cm_call_error()): its errno's hint (EAGAIN, ENOMEM: yes; EADDRINUSE,
+///   EDESTADDRREQ: no).
 inline const std::error_category &cm_category() noexcept {
   static const detail::cm_category_impl c;
   return c;

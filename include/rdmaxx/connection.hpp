@@ -90,6 +90,8 @@
 
 #include <rdma/rdma_cma.h>
 
+#include <time.h>
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -144,6 +146,74 @@ struct conn_options {
   /// index in the caller's table.
   std::uint64_t cookie = 0;
 };
+
+/// How Connection::connect(to, o, retry) (and asio::connect(to, o, retry)) retries while the
+/// passive side is not up yet: a new attempt follows a failed one only when retry_hint_of() says
+/// retry_hint::yes for its error (cm_category(): nobody listens on the port yet, reject reason 8;
+/// the peer unreachable, its address or route not resolved in time, a step past its bound); any
+/// other error returns at once.
+struct retry_options {
+  /// Time for all attempts, in milliseconds from the call. No attempt starts after it, and each
+  /// attempt's steps are bounded by conn_options::timeout_ms or the time left when it starts,
+  /// whichever is less (so the call returns within about three times that time left past it).
+  /// 0: one attempt, exactly connect(to, o).
+  int total_ms = 0;
+  /// The pause after the first failed attempt, in milliseconds; doubled after each further one
+  /// up to max_backoff_ms, and never past the deadline. At least 1.
+  int backoff_ms = 50;
+  /// The longest pause between two attempts, in milliseconds (at least backoff_ms).
+  int max_backoff_ms = 1000;
+  /// When not null, receives the number of attempts made (also when the call fails).
+  int *attempts = nullptr;
+};
+
+namespace detail {
+// Sleep `ms` milliseconds (a retry's pause; EINTR resumes the rest).
+inline void sleep_ms(int ms) noexcept {
+  timespec t{ms / 1000, long(ms % 1000) * 1000000L};
+  while (::nanosleep(&t, &t) != 0 && errno == EINTR) {}
+}
+
+// The schedule of a retrying connect (the blocking and the co_await form): its deadline, the
+// bound of each attempt's steps, the pauses.
+class retry_schedule {
+public:
+  explicit retry_schedule(const retry_options &r) noexcept
+      : r_(r), deadline_(monotonic_ms() + r.total_ms), pause_(r.backoff_ms) {}
+  // The options are usable: errc::invalid_argument otherwise.
+  [[nodiscard]] static std::error_code check(const retry_options &r) noexcept {
+    if (r.total_ms < 0 || r.backoff_ms < 1 || r.max_backoff_ms < r.backoff_ms)
+      return make_error_code(errc::invalid_argument);
+    return {};
+  }
+  // The next attempt begins (counted in retry_options::attempts): the step bound it gets.
+  [[nodiscard]] int begin_attempt(int timeout_ms) noexcept {
+    ++n_;
+    if (r_.attempts) *r_.attempts = n_;
+    if (r_.total_ms == 0) return timeout_ms;
+    const std::int64_t left = deadline_ - monotonic_ms();
+    return left < 1 ? 1 : left < timeout_ms ? int(left) : timeout_ms;
+  }
+  // After a failed attempt: the pause before the next one, in milliseconds, or -1 when the
+  // error is not worth retrying (retry_hint_of) or the deadline has passed.
+  [[nodiscard]] int pause_after(const std::error_code &ec) noexcept {
+    if (retry_hint_of(ec) != retry_hint::yes) return -1;
+    const std::int64_t left = deadline_ - monotonic_ms();
+    if (left <= 0) return -1;
+    const int p = left < pause_ ? int(left) : pause_;
+    pause_ = pause_ > r_.max_backoff_ms / 2 ? r_.max_backoff_ms : pause_ * 2;
+    return p;
+  }
+  // True once the deadline has passed (after a pause: no attempt starts then).
+  [[nodiscard]] bool expired() const noexcept { return monotonic_ms() >= deadline_; }
+
+private:
+  const retry_options &r_;
+  std::int64_t deadline_;
+  int pause_;
+  int n_ = 0;
+};
+} // namespace detail
 
 /// State of a Connection.
 enum class conn_state : std::uint8_t {
@@ -238,6 +308,37 @@ public:
     RDMAXX_TRY(c, start_connect(to, o));
     RDMAXX_TRYV(c.run_until_established());
     return std::move(c);
+  }
+
+  /// Active side, blocking, retrying while the passive side is not up yet: connect(to, o), and
+  /// after a failure whose retry_hint_of() is retry_hint::yes (reject reason 8: nobody listens on
+  /// the port yet; the peer unreachable or its address not resolved in time, while its host comes
+  /// up; a step past its bound) a pause (r.backoff_ms, doubled each time up to r.max_backoff_ms)
+  /// and another attempt, until one succeeds or r.total_ms has passed (see retry_options: each
+  /// attempt's steps are bounded by the time left). r.total_ms 0: one attempt. A failed
+  /// attempt's Connection is destroyed before the pause (nothing of it is left).
+  /// \errors
+  /// - errc::invalid_argument: r.total_ms < 0, r.backoff_ms < 1, r.max_backoff_ms below it;
+  ///   nothing was attempted.
+  /// - an error that is not worth retrying, at once: those of connect() (e.g. REJECTED with
+  ///   reason 28, the peer application refused; a wildcard address; private data too long).
+  /// - at the deadline, the last attempt's error (e.g. REJECTED with reason 8: still nobody
+  ///   listens).
+  /// \mallocs As connect(), per attempt.
+  [[nodiscard]] static result<Connection> connect(const address &to, const conn_options &o,
+                                                  const retry_options &r) noexcept {
+    if (auto ec = detail::retry_schedule::check(r)) return ec;
+    detail::retry_schedule s(r);
+    conn_options a = o;
+    for (;;) {
+      a.timeout_ms = s.begin_attempt(o.timeout_ms);
+      auto c = connect(to, a);
+      if (c) return c;
+      const int pause = s.pause_after(c.error());
+      if (pause < 0) return c;
+      detail::sleep_ms(pause);
+      if (s.expired()) return c;
+    }
   }
 
   /// Process the pending events on this connection's channel without blocking and return the

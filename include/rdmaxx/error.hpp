@@ -313,8 +313,36 @@ enum class retry_hint : std::uint8_t {
                   ///< lease, destroy children, submit the batch, then call again
   yes,            ///< as is, perhaps after a pause: a transient condition (a timeout, EAGAIN)
 };
-/// The retry_hint of an rdmaxx code or an errno (std::generic_category / system_category); no
-/// for other categories.
+
+namespace detail {
+// A category of another rdmaxx header whose codes retry_hint_of() answers (cm_error.hpp's
+// cm_category(): a reject because nobody listens yet is worth retrying, a reject by the peer
+// application is not). It registers itself when it is constructed (its singleton's first use,
+// before any of its codes exists), so that this header needs none of theirs and no RTTI.
+class retry_hinted_category : public std::error_category {
+public:
+  // The retry_hint of this category's code `value`.
+  [[nodiscard]] virtual retry_hint retry_hint_of_value(int value) const noexcept = 0;
+};
+inline constexpr std::size_t retry_hinted_slots = 4;
+[[nodiscard]] inline std::atomic<const retry_hinted_category *> *retry_hinted() noexcept {
+  static std::atomic<const retry_hinted_category *> s[retry_hinted_slots]{};
+  return s;
+}
+inline void register_retry_hinted(const retry_hinted_category &c) noexcept {
+  std::atomic<const retry_hinted_category *> *s = retry_hinted();
+  for (std::size_t i = 0; i < retry_hinted_slots; ++i) {
+    const retry_hinted_category *none = nullptr;
+    if (s[i].compare_exchange_strong(none, &c, std::memory_order_acq_rel) || none == &c) return;
+  }
+}
+} // namespace detail
+
+/// The retry_hint of an rdmaxx code or an errno (std::generic_category / system_category), and
+/// of an rdma_cm code (cm_category(), cm_error.hpp: yes for a reject because nobody listens on the
+/// port yet, an unreachable peer, an address or route resolution that timed out or found no host,
+/// a step past its deadline; the errno rule below for a failed librdmacm call; no otherwise, e.g.
+/// a reject by the peer application); no for other categories.
 [[nodiscard]] inline retry_hint retry_hint_of(const std::error_code &ec) noexcept {
   if (ec.category() == error_category()) {
     switch (static_cast<errc>(ec.value())) {
@@ -343,6 +371,12 @@ enum class retry_hint : std::uint8_t {
     case EINPROGRESS: return retry_hint::after_progress;
     default: return retry_hint::no;
     }
+  }
+  const std::atomic<const detail::retry_hinted_category *> *h = detail::retry_hinted();
+  for (std::size_t i = 0; i < detail::retry_hinted_slots; ++i) {
+    const detail::retry_hinted_category *c = h[i].load(std::memory_order_acquire);
+    if (!c) break;
+    if (&ec.category() == c) return c->retry_hint_of_value(ec.value());
   }
   return retry_hint::no;
 }

@@ -24,7 +24,10 @@
 /// ```
 /// Rights, the same byte in every kind (detail::rights_to_wire): bit 0 remote read, bit 1 remote
 /// write, bit 2 remote atomic, other bits 0. All integers are big-endian. Decoders check everything and never read past their input: a
-/// truncated, padded, malformed or unknown-version input is refused, never half-decoded.
+/// truncated, padded, malformed or unknown-version input is refused, never half-decoded (for
+/// rdma_cm private data, padded with zeros by the transport: remote_descriptor::
+/// decode_private_data() accepts zeros after the descriptor and nothing else, grant_offer::decode()
+/// ignores what follows the offer).
 ///
 /// Allocation: none (an encoding is a std::array value or goes into the caller's buffer).
 #pragma once
@@ -269,6 +272,27 @@ struct remote_descriptor {
     d.rights = detail::rights_from_wire(rights);
     d.zero_based = (fl & 1) != 0;
     return d;
+  }
+
+  /// Decode one window descriptor from rdma_cm private data (Connection::peer_private_data(),
+  /// ConnectRequest::private_data()): rdma_cm transmits no length, so the receiver gets the bytes
+  /// sent followed by zeros up to the transport's limit (56 bytes on connect, 196 on accept).
+  /// The descriptor must start at in[0]; the bytes after its 32 must all be zero. Unlike
+  /// decode(), which refuses any byte after the descriptor, so that one input has one meaning.
+  /// \errors
+  /// - those of decode() for the first encoded_size bytes (fewer: errc::malformed_input).
+  /// - errc::malformed_input: a non-zero byte after the descriptor (something else was sent
+  ///   after it: the sender's format is not a lone descriptor).
+  /// \mallocs None.
+  [[nodiscard]] static result<remote_descriptor> decode_private_data(std::span<const std::byte> in) noexcept {
+    if (in.size() <= encoded_size) return decode(in);
+    for (std::size_t i = encoded_size; i < in.size(); ++i)
+      if (in[i] != std::byte{0}) {
+        // The descriptor's own errors first (another kind, a bad header): they say more.
+        RDMAXX_TRYV(decode(in.first(encoded_size)));
+        return make_error_code(errc::malformed_input);
+      }
+    return decode(in.first(encoded_size));
   }
 
   /// Field-wise equality.

@@ -1242,6 +1242,270 @@ TEST_CASE("[asio] attached grants and keys: settled() after each grant and revok
     CHECK(all_equal(mem, 8 * 4096, 0));
     CHECK(router.stats().to_objects >= 5);
     router.close();
+
+// What keeps io_context::run() running: a router holds an Asio operation only while a wait on it
+// is suspended. A wait whose completion comes, or one that times out, and then nothing: run()
+// returns soon after, with the router still open (before, its fd wait kept run() going until
+// close()). The same router serves a wait after io_context::restart(). A wait with a long
+// deadline whose completion comes early does not keep run() going until that deadline either.
+TEST_CASE("[asio] io_context::run() returns once no wait is suspended, the router still open", "[asio]") {
+  const std::string before = kernel_resources();
+  {
+    channel_pair f(chunk, 6);
+    net::io_context io;
+    auto router = need(ra::CompletionRouter::create(io.get_executor(), f.cq, f.ch), "router");
+    std::optional<rdmaxx::result<ibv_wc>> got, expired, again;
+    // 1. a completion routed to a suspended wait with a 20 s deadline; then nothing to do.
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      ra::Waiter w(router, 11, f.a.qp_num());
+      net::co_spawn(io, [&]() -> ra::task<void> {
+        while (router.stats().suspended == 0) co_await net::post(io, net::use_awaitable);
+        CHECK(f.post_write(11));
+      }, net::detached);
+      got = co_await w.wait(ra::after_ms(20000));
+    }, net::detached);
+    auto t0 = now_ms();
+    io.run_for(std::chrono::seconds(30));
+    const auto ran = now_ms() - t0;
+    INFO("run() took " << ran << " ms");
+    CHECK(io.stopped()); // out of work, not at the 30 s bound
+    CHECK(ran < 5000);
+    REQUIRE(got.has_value());
+    REQUIRE(got->has_value());
+    CHECK(got->value().status == IBV_WC_SUCCESS);
+    CHECK(router); // still open
+    // 2. a wait that times out: run() returns at its deadline.
+    io.restart();
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      ra::Waiter w(router, 12, f.a.qp_num());
+      expired = co_await w.wait(ra::after_ms(300));
+    }, net::detached);
+    t0 = now_ms();
+    io.run_for(std::chrono::seconds(30));
+    const auto ran2 = now_ms() - t0;
+    INFO("run() with a wait timing out took " << ran2 << " ms");
+    CHECK(io.stopped());
+    CHECK(ran2 >= 250);
+    CHECK(ran2 < 5000);
+    REQUIRE(expired.has_value());
+    REQUIRE_FALSE(expired->has_value());
+    CHECK(expired->error() == rdmaxx::errc::timeout);
+    // 3. the router serves a wait again (the CQ was left armed: the event comes through).
+    io.restart();
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      ra::Waiter w(router, 13, f.a.qp_num());
+      net::co_spawn(io, [&]() -> ra::task<void> {
+        while (router.stats().suspended < 3) co_await net::post(io, net::use_awaitable);
+        CHECK(f.post_write(13));
+      }, net::detached);
+      again = co_await w.wait(ra::after_ms(20000));
+    }, net::detached);
+    t0 = now_ms();
+    io.run_for(std::chrono::seconds(30));
+    const auto ran3 = now_ms() - t0;
+    INFO("run() of the third wait took " << ran3 << " ms");
+    CHECK(io.stopped());
+    CHECK(ran3 < 5000);
+    REQUIRE(again.has_value());
+    REQUIRE(again->has_value());
+    CHECK(again->value().wr_id == 13);
+    CHECK(router.stats().routed == 2);
+    router.close();
+    f.a = QueuePair{};
+    REQUIRE(destroyed_within(std::move(f.cq), 10000)); // every event taken was acknowledged
+  }
+  CHECK(kernel_resources() == before);
+}
+
+// watch_stop::wait_idle(): at once when no watch runs; errc::timeout at its deadline while the
+// watch runs; two waiters at once both resumed by the watch's end after stop(), well before their
+// deadline; and a watch ended by its connection's disconnect (no stop) wakes a waiter too.
+TEST_CASE("[asio] watch_stop::wait_idle: awaited end of a watch, stopped or disconnected", "[asio]") {
+  auto l = need(Listener::listen(address::parse("192.0.2.1:0").value()), "listen");
+  const address to = need(l.local_address(), "local_address");
+  Context ctx = open_device();
+  auto pd = need(ProtectionDomain::alloc(ctx), "pd");
+  auto ch = need(CompletionChannel::create(ctx), "channel");
+  auto cq = need(CompletionQueue::create(ctx, 64, &ch), "cq");
+  const conn_options co{.pd = &pd, .send_cq = &cq, .recv_cq = &cq, .timeout_ms = 20000};
+  net::io_context io{1};
+  auto router = need(ra::CompletionRouter::create(io.get_executor(), cq, ch), "router");
+  Connection srv, cli;
+  ra::watch_stop stop, stop2;
+  std::error_code setup_err, before_watch, short_wait, watch_ec, watch2_ec;
+  std::error_code idle_a = make_error_code(errc::wrong_state), idle_b = idle_a, idle_c = idle_a;
+  std::int64_t woken_a = -1, woken_b = -1, woken_c = -1;
+  bool idle_after = false, idle2_after = false;
+  net::co_spawn(io, [&]() -> ra::task<void> {
+    auto req = co_await ra::next_request(l, 20000);
+    if (!req) co_return void(setup_err = req.error());
+    auto c = req.value().prepare(co);
+    if (!c) co_return void(setup_err = c.error());
+    srv = std::move(c).value();
+    if (auto a = co_await ra::accept(srv); !a) setup_err = a.error();
+  }, net::detached);
+  net::co_spawn(io, [&]() -> ra::task<void> {
+    auto c = co_await ra::connect(to, co);
+    if (!c) co_return void(setup_err = c.error());
+    cli = std::move(c).value();
+    while (srv.state() != conn_state::established && !setup_err) {
+      net::steady_timer t(io, std::chrono::milliseconds(2));
+      co_await t.async_wait(net::use_awaitable);
+    }
+    if (setup_err) co_return;
+    auto w0 = co_await stop.wait_idle(ra::after_ms(20000)); // no watch yet: at once
+    if (!w0) before_watch = w0.error();
+    net::co_spawn(io, [&]() -> ra::task<void> { watch_ec = co_await ra::watch(srv, router, stop); }, net::detached);
+    for (int i = 0; i < 3; ++i) co_await net::post(io, net::use_awaitable); // it sleeps on the fd now
+    auto w1 = co_await stop.wait_idle(ra::after_ms(200)); // it runs: the deadline passes
+    if (!w1) short_wait = w1.error();
+    const auto t0 = now_ms();
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      auto w = co_await stop.wait_idle(ra::after_ms(20000));
+      woken_a = now_ms() - t0;
+      idle_a = w ? std::error_code{} : w.error();
+    }, net::detached);
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      auto w = co_await stop.wait_idle(ra::after_ms(20000));
+      woken_b = now_ms() - t0;
+      idle_b = w ? std::error_code{} : w.error();
+    }, net::detached);
+    for (int i = 0; i < 3; ++i) co_await net::post(io, net::use_awaitable); // both wait now
+    stop.stop();
+    while (woken_a < 0 || woken_b < 0) co_await net::post(io, net::use_awaitable);
+    idle_after = stop.idle();
+    // A second watch, ended by the disconnect.
+    net::co_spawn(io, [&]() -> ra::task<void> { watch2_ec = co_await ra::watch(srv, router, stop2); }, net::detached);
+    for (int i = 0; i < 3; ++i) co_await net::post(io, net::use_awaitable);
+    const auto t1 = now_ms();
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      auto w = co_await stop2.wait_idle(ra::after_ms(20000));
+      woken_c = now_ms() - t1;
+      idle_c = w ? std::error_code{} : w.error();
+    }, net::detached);
+    for (int i = 0; i < 3; ++i) co_await net::post(io, net::use_awaitable);
+    if (auto d = cli.disconnect(); !d) co_return void(setup_err = d.error());
+    while (woken_c < 0 && now_ms() - t1 < 15000) {
+      net::steady_timer t(io, std::chrono::milliseconds(5));
+      co_await t.async_wait(net::use_awaitable);
+    }
+    idle2_after = stop2.idle();
+    router.close();
+  }, net::detached);
+  io.run_for(std::chrono::seconds(40));
+  INFO("setup: " << setup_err.message());
+  REQUIRE(!setup_err);
+  CHECK(!before_watch);
+  CHECK(short_wait == errc::timeout);
+  CHECK(!watch_ec); // stopped
+  INFO("a: " << idle_a.message() << " after " << woken_a << " ms; b: " << idle_b.message() << " after " << woken_b);
+  CHECK(!idle_a);
+  CHECK(!idle_b);
+  CHECK(woken_a >= 0);
+  CHECK(woken_a < 2000);
+  CHECK(woken_b >= 0);
+  CHECK(woken_b < 2000);
+  CHECK(idle_after);
+  INFO("c: " << idle_c.message() << " after " << woken_c << " ms; watch 2: " << watch2_ec.message());
+  CHECK(watch2_ec == std::errc::connection_reset);
+  CHECK(!idle_c);
+  CHECK(woken_c >= 0);
+  CHECK(woken_c < 10000);
+  CHECK(idle2_after);
+}
+
+namespace {
+// RDMAXX_CO_TRY / RDMAXX_CO_TRYV in the coroutines of this header: a failed step co_returns its
+// error (nothing after it runs), a good one binds its value.
+ra::task<rdmaxx::result<Connection>> connect_checked(address to, conn_options co, retry_options r, int &reached) {
+  reached = 0;
+  RDMAXX_CO_TRY(c, co_await ra::connect(to, co, r));
+  reached = 1;
+  RDMAXX_CO_TRYV(c.qp().state()); // a plain result
+  reached = 2;
+  co_return std::move(c);
+}
+} // namespace
+
+// ra::connect(to, o, retry_options): the listener comes up 500 ms after the client's first attempt;
+// the client's pauses are Asio timers (a 20 ms ticker keeps running on the one thread meanwhile),
+// it connects once the listener is there. Nobody listening for the whole deadline gives reason 8
+// at the deadline, through RDMAXX_CO_TRY (nothing after the failed step ran). Nothing leaks.
+TEST_CASE("[asio] connect with retry_options: waits for a late listener without blocking the thread; "
+          "RDMAXX_CO_TRY propagates the error", "[asio]") {
+  { auto l0 = Listener::listen(address::parse("192.0.2.1:0").value()); } // rdma_cm's first id
+  const std::string before = kernel_resources();
+  {
+    std::uint16_t port = 0;
+    {
+      auto l = need(Listener::listen(address::parse("192.0.2.1:0").value()), "listen");
+      port = l.port();
+    }
+    const address to = need(address::parse("192.0.2.1:" + std::to_string(port)), "address");
+    const conn_options co{.timeout_ms = 10000};
+    net::io_context io{1};
+    std::optional<Listener> l;
+    Connection srv, cli;
+    int reached_ok = -1, reached_bad = -1, attempts = -1, attempts_bad = -1, ticks = 0;
+    std::error_code srv_err, cli_err, bad_err;
+    std::int64_t connected_after = -1, gave_up_after = -1;
+    bool done = false;
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      // Nobody listens yet: the deadline passes, the last error comes back.
+      const auto t0 = now_ms();
+      auto bad = co_await connect_checked(to, co, {.total_ms = 400, .backoff_ms = 20, .max_backoff_ms = 100,
+                                                   .attempts = &attempts_bad}, reached_bad);
+      gave_up_after = now_ms() - t0;
+      if (!bad) bad_err = bad.error();
+      // Now the listener comes up 500 ms after the first attempt.
+      net::co_spawn(io, [&]() -> ra::task<void> {
+        net::steady_timer t(io, std::chrono::milliseconds(500));
+        co_await t.async_wait(net::use_awaitable);
+        auto made = Listener::listen(to);
+        if (!made) co_return void(srv_err = made.error());
+        l.emplace(std::move(made).value());
+        auto req = co_await ra::next_request(*l, 10000);
+        if (!req) co_return void(srv_err = req.error());
+        auto c = req.value().prepare(co);
+        if (!c) co_return void(srv_err = c.error());
+        srv = std::move(c).value();
+        if (auto a = co_await ra::accept(srv); !a) srv_err = a.error();
+      }, net::detached);
+      net::co_spawn(io, [&]() -> ra::task<void> {
+        while (!done && ticks < 1000) {
+          net::steady_timer t(io, std::chrono::milliseconds(20));
+          co_await t.async_wait(net::use_awaitable);
+          ++ticks;
+        }
+      }, net::detached);
+      const auto t1 = now_ms();
+      auto c = co_await connect_checked(to, co, {.total_ms = 20000, .backoff_ms = 20, .max_backoff_ms = 100,
+                                                 .attempts = &attempts}, reached_ok);
+      connected_after = now_ms() - t1;
+      if (!c) cli_err = c.error();
+      else cli = std::move(c).value();
+      done = true;
+    }, net::detached);
+    io.run_for(std::chrono::seconds(40));
+    INFO("bad: " << bad_err.message() << " after " << gave_up_after << " ms, " << attempts_bad << " attempts");
+    CHECK(cm_reject_reason(bad_err) == 8);
+    CHECK(reached_bad == 0); // nothing after the failed RDMAXX_CO_TRY ran
+    CHECK(attempts_bad >= 3);
+    CHECK(gave_up_after >= 390);
+    CHECK(gave_up_after < 3000);
+    INFO("connect: " << cli_err.message() << " after " << connected_after << " ms, " << attempts
+                     << " attempts, " << ticks << " ticks; server: " << srv_err.message());
+    REQUIRE(!srv_err);
+    REQUIRE(!cli_err);
+    CHECK(reached_ok == 2);
+    CHECK(cli.state() == conn_state::established);
+    CHECK(srv.state() == conn_state::established);
+    CHECK(attempts >= 2);
+    CHECK(connected_after >= 400);
+    CHECK(ticks >= 10); // the thread went on while the client paused between attempts
+    cli = Connection{};
+    srv = Connection{};
+    l.reset();
   }
   CHECK(kernel_resources() == before);
 }

@@ -109,7 +109,19 @@ TEST_CASE("bad inputs: Connection", "[bad-input][connection][bad-inputs-cm][cm]"
   for (const bad_option &b : options) {
     t.add("Connection::start_connect", b.input, is(b.e), [&] { return err(Connection::start_connect(nowhere, b.o)); });
     t.add("Connection::connect", b.input, is(b.e), [&] { return err(Connection::connect(nowhere, b.o)); });
+    // Not worth retrying: refused at once by the retrying form too (one attempt, no pause).
+    t.add("Connection::connect (retry_options)", b.input, is(b.e),
+          [&] { return err(Connection::connect(nowhere, b.o, {.total_ms = 20000})); });
   }
+  const std::pair<const char *, retry_options> bad_retry[] = {
+      {"retry total_ms -1", {.total_ms = -1}},
+      {"retry backoff_ms 0", {.total_ms = 1000, .backoff_ms = 0}},
+      {"retry backoff_ms -5", {.total_ms = 1000, .backoff_ms = -5}},
+      {"retry max_backoff_ms below backoff_ms", {.total_ms = 1000, .backoff_ms = 100, .max_backoff_ms = 50}},
+  };
+  for (const auto &[input, r] : bad_retry)
+    t.add("Connection::connect (retry_options)", input, is(errc::invalid_argument),
+          [&] { return err(Connection::connect(nowhere, {.timeout_ms = 200}, r)); });
   t.add("Connection::resolve", "private data (it belongs to connect_with)", is(errc::invalid_argument),
         [&] { return err(Connection::resolve(nowhere, {.private_data = std::span(bytes).first(8)})); });
   t.add("Connection::advance", "null connection", is(errc::null_handle), [&] { return err(null_c.advance()); });

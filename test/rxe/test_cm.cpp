@@ -10,6 +10,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -818,5 +819,149 @@ TEST_CASE("a request taken from a listener outlives it: destroyed, or accepted, 
   set_destroy_failure_handler(old);
   CHECK(cm_reports == 0);
   CHECK(open_fds() == fds_before);
+  CHECK(kernel_resources() == before);
+}
+
+TEST_CASE("retry_hint_of for cm codes: nobody listens, unreachable, a resolution timeout and a step "
+          "timeout retry; an application's reject and local errors do not", "[cm]") {
+  struct row {
+    std::error_code ec;
+    retry_hint want;
+    const char *what;
+  };
+  const row rows[] = {
+      {cm_error(RDMA_CM_EVENT_REJECTED, 8), retry_hint::yes, "REJECTED 8: nobody listens yet"},
+      {cm_error(RDMA_CM_EVENT_REJECTED, 28), retry_hint::no, "REJECTED 28: the peer application"},
+      {cm_error(RDMA_CM_EVENT_REJECTED, 3), retry_hint::no, "REJECTED 3: no resources"},
+      {cm_error(RDMA_CM_EVENT_UNREACHABLE, ETIMEDOUT), retry_hint::yes, "UNREACHABLE"},
+      {cm_error(RDMA_CM_EVENT_ADDR_ERROR, ETIMEDOUT), retry_hint::yes, "ADDR_ERROR ETIMEDOUT"},
+      {cm_error(RDMA_CM_EVENT_ADDR_ERROR, EHOSTUNREACH), retry_hint::yes, "ADDR_ERROR EHOSTUNREACH"},
+      {cm_error(RDMA_CM_EVENT_ADDR_ERROR, ENETUNREACH), retry_hint::no, "ADDR_ERROR ENETUNREACH"},
+      {cm_error(RDMA_CM_EVENT_ADDR_ERROR, ENODEV), retry_hint::no, "ADDR_ERROR ENODEV"},
+      {cm_error(RDMA_CM_EVENT_ROUTE_ERROR, ETIMEDOUT), retry_hint::yes, "ROUTE_ERROR ETIMEDOUT"},
+      {cm_error(RDMA_CM_EVENT_CONNECT_ERROR, 0), retry_hint::no, "CONNECT_ERROR"},
+      {cm_error(RDMA_CM_EVENT_DISCONNECTED, 0), retry_hint::no, "DISCONNECTED"},
+      {cm_error(RDMA_CM_EVENT_DEVICE_REMOVAL, 0), retry_hint::no, "DEVICE_REMOVAL"},
+      {cm_timeout(cm_step::resolve_addr), retry_hint::yes, "address step timed out"},
+      {cm_timeout(cm_step::connect), retry_hint::yes, "connect step timed out"},
+      {cm_call_error(cm_call::rdma_resolve_addr, EDESTADDRREQ), retry_hint::no, "a wildcard address"},
+      {cm_call_error(cm_call::rdma_bind_addr, EADDRINUSE), retry_hint::no, "port in use"},
+      {cm_call_error(cm_call::rdma_create_id, ENOMEM), retry_hint::yes, "ENOMEM"},
+  };
+  for (const auto &r : rows) {
+    INFO(r.what << ": " << r.ec.message());
+    CHECK(retry_hint_of(r.ec) == r.want);
+    // Naming the side and the address changes nothing.
+    CHECK(retry_hint_of(cm_at(r.ec, cm_role::connect_to, addr("192.0.2.1:7471").native())) == r.want);
+  }
+  // The other categories keep their answers.
+  CHECK(retry_hint_of(make_error_code(errc::timeout)) == retry_hint::yes);
+  CHECK(retry_hint_of(make_error_code(errc::busy)) == retry_hint::after_progress);
+  CHECK(retry_hint_of(std::make_error_code(std::errc::connection_refused)) == retry_hint::no);
+}
+
+// Connection::connect(to, o, retry_options): a listener that comes up late is waited for; nobody
+// listening for the whole deadline gives reason 8 back at the deadline, after several attempts;
+// a deadline of 0 is one attempt; a reject by the application and a wildcard address return at
+// once; bad retry options are refused before anything. Nothing leaks across the attempts.
+TEST_CASE("connect with retry_options: a late listener, the deadline, one attempt, errors not retried",
+          "[cm]") {
+  const std::string before = cm_resources_baseline();
+  {
+    std::uint16_t port = 0;
+    {
+      auto l = listen_any_port();
+      port = l.port();
+    } // closed: nobody listens there now
+    const address to = addr(std::string(local_ip) + ":" + std::to_string(port));
+
+    int attempts = -1;
+    auto t0 = now_ms();
+    auto one = Connection::connect(to, {.timeout_ms = 10000}, {.total_ms = 0, .attempts = &attempts});
+    REQUIRE(!one);
+    INFO(one.error().message());
+    CHECK(cm_reject_reason(one.error()) == 8);
+    CHECK(retry_hint_of(one.error()) == retry_hint::yes);
+    CHECK(attempts == 1);
+
+    t0 = now_ms();
+    auto gave_up = Connection::connect(to, {.timeout_ms = 10000},
+                                       {.total_ms = 1000, .backoff_ms = 50, .max_backoff_ms = 200, .attempts = &attempts});
+    const auto took = now_ms() - t0;
+    REQUIRE(!gave_up);
+    INFO(gave_up.error().message() << " after " << took << " ms, " << attempts << " attempts");
+    CHECK(cm_reject_reason(gave_up.error()) == 8); // the last attempt's error
+    CHECK(gave_up.error().message().find("connect to " + std::string(local_ip)) != std::string::npos);
+    CHECK(took >= 990);
+    CHECK(took < 4000);
+    CHECK(attempts >= 4); // 50, 100, 200, 200... ms apart
+    CHECK(attempts <= 12);
+
+    // The listener comes up 700 ms later, on the same port.
+    std::atomic<bool> accepted{false};
+    std::thread server([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(700));
+      auto l = Listener::listen(to);
+      if (!l) return;
+      auto req = l.value().get_request(10000);
+      if (!req) return;
+      auto conn = req.value().accept({.timeout_ms = 10000});
+      if (!conn) return;
+      accepted = true;
+      (void)conn.value().wait_disconnected(10000);
+    });
+    t0 = now_ms();
+    auto late = Connection::connect(to, {.timeout_ms = 10000},
+                                    {.total_ms = 20000, .backoff_ms = 20, .max_backoff_ms = 100, .attempts = &attempts});
+    const auto waited = now_ms() - t0;
+    INFO((late ? std::string("connected") : late.error().message()) << " after " << waited << " ms, " << attempts
+                                                                     << " attempts");
+    REQUIRE(late);
+    CHECK(late.value().state() == conn_state::established);
+    CHECK(attempts >= 2);
+    CHECK(waited >= 600);
+    CHECK(waited < 10000);
+    need(late.value().disconnect(), "disconnect");
+    server.join();
+    CHECK(accepted);
+    late = make_error_code(errc::null_handle); // the connection goes before the count below
+
+    // A reject by the peer application is an answer: one attempt, at once.
+    std::atomic<bool> listening{false};
+    std::thread rejecter([&] {
+      auto l = Listener::listen(to);
+      listening = true;
+      if (!l) return;
+      auto req = l.value().get_request(10000);
+      if (req) (void)req.value().reject();
+    });
+    while (!listening) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    t0 = now_ms();
+    auto refused = Connection::connect(to, {.timeout_ms = 10000}, {.total_ms = 20000, .attempts = &attempts});
+    rejecter.join();
+    REQUIRE(!refused);
+    INFO(refused.error().message());
+    CHECK(cm_reject_reason(refused.error()) == 28);
+    CHECK(attempts == 1);
+    CHECK(now_ms() - t0 < 5000);
+
+    // Not worth retrying either: a wildcard address (refused before any call).
+    auto wild = Connection::connect(addr("7471"), {.timeout_ms = 2000}, {.total_ms = 20000, .attempts = &attempts});
+    REQUIRE(!wild);
+    CHECK(wild.error() == std::errc::destination_address_required);
+    CHECK(attempts == 1);
+
+    // Bad retry options: refused before any attempt.
+    attempts = -1;
+    for (const retry_options bad : {retry_options{.total_ms = -1}, retry_options{.total_ms = 100, .backoff_ms = 0},
+                                    retry_options{.total_ms = 100, .backoff_ms = 500, .max_backoff_ms = 100}}) {
+      retry_options r = bad;
+      r.attempts = &attempts;
+      auto c = Connection::connect(to, {.timeout_ms = 2000}, r);
+      REQUIRE(!c);
+      CHECK(c.error() == errc::invalid_argument);
+      CHECK(attempts == -1);
+    }
+  }
   CHECK(kernel_resources() == before);
 }

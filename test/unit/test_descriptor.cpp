@@ -159,3 +159,58 @@ TEST_CASE("descriptor: checked slices stay inside the grant", "[unit][descriptor
   CHECK(d.slice(0x1001, 1).error() == errc::out_of_range);
   CHECK(d.slice(0, 0).error() == errc::zero_length);
 }
+
+TEST_CASE("descriptor: decode_private_data takes rdma_cm's zero padding and nothing else", "[unit][descriptor]") {
+  const auto exact = bytes_of(sample());
+  struct row {
+    const char *what;
+    std::vector<std::byte> in;
+    std::error_code expect; // empty: decodes to sample()
+  };
+  std::vector<row> rows;
+  rows.push_back({"exactly 32 bytes", exact, {}});
+  for (const std::size_t n : {std::size_t(33), std::size_t(56), std::size_t(196), std::size_t(4096)}) {
+    auto b = exact;
+    b.resize(n); // zeros: an accept's (196) or connect's (56) private data as received
+    rows.push_back({"padded with zeros", b, {}});
+  }
+  for (const std::size_t at : {std::size_t(32), std::size_t(100), std::size_t(195)}) {
+    auto b = exact;
+    b.resize(196);
+    b[at] = std::byte{1}; // something else sent after the descriptor
+    rows.push_back({"a non-zero byte in the padding", b, errc::malformed_input});
+  }
+  for (const std::size_t n : {std::size_t(0), std::size_t(7), std::size_t(8), std::size_t(31)})
+    rows.push_back({"short", std::vector<std::byte>(exact.begin(), exact.begin() + long(n)), errc::malformed_input});
+  {
+    auto b = exact;
+    b.resize(196);
+    b[4] = std::byte{2};
+    rows.push_back({"padded, another version", b, errc::wrong_version});
+    b[4] = std::byte{1};
+    b[5] = std::byte{3};
+    b[100] = std::byte{7}; // another kind wins over the tail: it says more
+    rows.push_back({"padded, another kind, non-zero tail", b, errc::wrong_type});
+    b[5] = std::byte{1};
+    b[100] = std::byte{0};
+    b[28] = std::byte{0};
+    rows.push_back({"padded, no rights", b, errc::malformed_input});
+  }
+  std::vector<std::byte> zeros(196);
+  rows.push_back({"196 zero bytes (nothing sent)", zeros, errc::malformed_input});
+  for (const auto &r : rows) {
+    INFO(r.what << ", " << r.in.size() << " bytes");
+    const auto d = remote_descriptor::decode_private_data(r.in);
+    if (!r.expect) {
+      REQUIRE(d.has_value());
+      CHECK(d.value() == sample());
+    } else {
+      REQUIRE_FALSE(d);
+      CHECK(make_error_code(descriptor_errc(d.error())) == r.expect);
+    }
+  }
+  // decode() itself still refuses the padding (one input, one meaning).
+  auto padded = exact;
+  padded.resize(56);
+  CHECK(descriptor_errc(remote_descriptor::decode(padded).error()) == errc::malformed_input);
+}
