@@ -13,11 +13,10 @@ rdmaxx::result<void> owner(std::span<unsigned char> mem) noexcept {
   RDMAXX_TRY(conn, req.prepare({.timeout_ms = 20000})); // Context, PD, CQ, QP on the request's device
   RDMAXX_TRY(mr, MemoryRegion::reg(conn.pd(), mem.data(), mem.size(), access::local_write));
   RDMAXX_TRY(g, StrictGrant::create(conn.pd(), mr, {.offset = 1024, .length = 256}));
+  RDMAXX_TRY(disp, CompletionDispatcher::create(conn.cq())); // hands g its own completions
+  RDMAXX_TRYV(disp.attach(g));
   RDMAXX_TRY(desc, g.grant(conn.qp(), access::remote_write)); // signaled bind
-  ibv_wc wc{};
-  RDMAXX_TRYV(conn.cq().wait(std::span(&wc, 1), 20000));    // the descriptor is valid once
-  (void)g.window().complete(wc);                            // the bind has executed
-  if (auto ec = wc_error(wc)) return ec;
+  RDMAXX_TRYV(disp.settle(g, 20000));            // the descriptor is valid once the bind executed
   RDMAXX_TRYV(conn.accept(desc.encode()));       // the grant travels in the accept (<= 196 B)
   RDMAXX_TRYV(conn.wait_established());
   RDMAXX_TRY(gone, conn.wait_disconnected(20000)); // the peer writes mem[1024, 1280), then leaves
