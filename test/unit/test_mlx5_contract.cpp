@@ -911,6 +911,50 @@ TEST_CASE("mlx5 contract: IndirectKey::configure checks everything before any ml
   }
 }
 
+// Two mlx5 keys on one UMR QP with the library's default work request ids: each posts with its
+// own id (IndirectKey::wr_id()), so one key's completion handed to both (or to the other only)
+// confirms only its own configure. With one shared default id (before), the first completion
+// confirmed both while the second UMR was still the device's.
+TEST_CASE("mlx5 contract: two keys on one QP, default ids: a completion confirms only its own key", "[unit][mlx5][ikey]") {
+  mlx5_rig g;
+  mlx5dv_mkey mkey2{0x8800, 0x8800};
+  IndirectKey other = test_access::mlx5_key(&mkey2, pd1, 32, to_dv_recorder);
+  const layout l = layout::list({{mr(0x10000, 4096, 7), 0, 64}});
+  CHECK(g.key.wr_id() != 0);
+  CHECK(other.wr_id() != 0);
+  CHECK(g.key.wr_id() != other.wr_id());
+  {
+    auto batch = g.qp.start_send();
+    REQUIRE(g.key.configure(batch, g.qp, l, rw).has_value()); // default: own_wr_id
+    REQUIRE(other.configure(batch, g.qp, l, rw).has_value());
+    REQUIRE(batch.submit().has_value());
+  }
+  CHECK(g.rec.calls[1].wr_id == g.key.wr_id());
+  const auto wcs = g.rec.poll();
+  REQUIRE(wcs.size() == 2);
+  CHECK(wcs[0].wr_id == g.key.wr_id());
+  CHECK(wcs[1].wr_id == other.wr_id());
+  // Each completion to the wrong key only: nothing confirmed.
+  CHECK_FALSE(other.complete(wcs[0]));
+  CHECK_FALSE(g.key.complete(wcs[1]));
+  CHECK(g.key.pending());
+  CHECK(other.pending());
+  // The first completion to both keys: only the first key is confirmed.
+  CHECK(g.key.complete(wcs[0]));
+  CHECK_FALSE(other.complete(wcs[0]));
+  CHECK_FALSE(g.key.pending());
+  CHECK(other.pending());
+  CHECK(other.descriptor().error() == errc::operation_unconfirmed);
+  CHECK(other.complete(wcs[1]));
+  CHECK_FALSE(other.pending());
+  // Another object's own id given explicitly: refused before any mlx5dv call.
+  g.rec.calls.clear();
+  auto b2 = g.qp.start_send();
+  CHECK(g.key.invalidate(b2, {other.wr_id(), send_flag::signaled}).error() == errc::foreign_wr_id);
+  CHECK(g.names() == names{"wr_start"});
+  test_access::disown(other);
+}
+
 TEST_CASE("mlx5 contract: IndirectKey posts the configure, then follows its completion", "[unit][mlx5][ikey]") {
   mlx5_rig g;
   const layout l = layout::list({{mr(0x10000, 4096, 7), 8, 100}, {mr(0x20000, 4096, 9), 0, 28}});
