@@ -1242,6 +1242,9 @@ TEST_CASE("[asio] attached grants and keys: settled() after each grant and revok
     CHECK(all_equal(mem, 8 * 4096, 0));
     CHECK(router.stats().to_objects >= 5);
     router.close();
+  }
+  CHECK(kernel_resources() == before);
+}
 
 // What keeps io_context::run() running: a router holds an Asio operation only while a wait on it
 // is suspended. A wait whose completion comes, or one that times out, and then nothing: run()
