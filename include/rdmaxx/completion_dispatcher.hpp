@@ -34,6 +34,9 @@
 #include "detail/completion_targets.hpp"
 #include "error.hpp"
 #include "grant_pool.hpp"
+#include "indirect_key.hpp"
+#include "memory_window.hpp"
+#include "strict_grant.hpp"
 
 #include <infiniband/verbs.h>
 

@@ -175,7 +175,13 @@ public:
   [[nodiscard]] std::uint32_t grants_per_window() const noexcept {
     return detail::grant_slot::grants_per_window(slot_.window.type());
   }
-  /// The window (for complete(), state(), descriptor(), rkey(), and type-2 invalidate()).
+  /// Hand a completion to the grant's window (MemoryWindow::complete): true when it concerned
+  /// this grant (its own grant or revoke, matched by wr_id and QP; a failure rolls it back; a
+  /// peer's invalidation of its key). Inline, allocation-free.
+  bool complete(const ibv_wc &wc) noexcept { return slot_.window.complete(wc); }
+  /// Grant and revoke operations posted and not yet confirmed through complete().
+  [[nodiscard]] std::size_t pending() const noexcept { return slot_.window.pending(); }
+  /// The window (for state(), descriptor(), rkey(), and type-2 invalidate()).
   [[nodiscard]] MemoryWindow &window() noexcept { return slot_.window; }
   /// The window, read-only (state(), rkey(), descriptor()).
   [[nodiscard]] const MemoryWindow &window() const noexcept { return slot_.window; }

@@ -10,78 +10,84 @@
 /// too: the caller posted the receive. Not thread-safe: one thread at a time, as the objects.
 #pragma once
 
-#include "../grant_pool.hpp"
-#include "../indirect_key.hpp"
-#include "../memory_window.hpp"
-#include "../strict_grant.hpp"
+#include "../error.hpp"
 
 #include <infiniband/verbs.h>
 
+#include <concepts>
 #include <cstddef>
 #include <memory>
 #include <new>
 #include <span>
+#include <system_error>
+#include <type_traits>
 
 namespace rdmaxx::detail {
+
+struct pool_access; // grant_pool.hpp: a pool's and a lease's state, by address
 
 /// A successful receive (its opcode is reliable only on success).
 [[nodiscard]] constexpr bool is_receive(const ibv_wc &wc) noexcept {
   return wc.status == IBV_WC_SUCCESS && (wc.opcode & IBV_WC_RECV) != 0;
 }
 
-/// How the table reaches each kind of object: take(obj, wc) hands `wc` over and answers whether it
-/// was the completion of the object's own work request; unconfirmed(obj): an operation of the
-/// object is posted and its completion not handed over yet; key(obj): what names the object in
-/// the table (its address; a pool's state, which its leases name too).
+// `pool_access` named through T, so that it is looked up where the table is used (grant_pool.hpp
+// is not included here: the table costs its includers nothing of the objects it routes to).
 template <class T>
-struct target_ops;
+using pool_access_of = std::conditional_t<sizeof(T) != 0, pool_access, void>;
 
-template <>
-struct target_ops<MemoryWindow> {
-  static bool take(MemoryWindow &w, ibv_wc &wc) noexcept { return w.complete(wc) && !is_receive(wc); }
-  static bool unconfirmed(const MemoryWindow &w) noexcept { return w.pending() != 0; }
-  static const void *key(const MemoryWindow &w) noexcept { return &w; }
-};
-template <>
-struct target_ops<StrictGrant> {
-  static bool take(StrictGrant &g, ibv_wc &wc) noexcept { return g.window().complete(wc) && !is_receive(wc); }
-  static bool unconfirmed(const StrictGrant &g) noexcept { return g.window().pending() != 0; }
-  static const void *key(const StrictGrant &g) noexcept { return &g; }
-};
-template <>
-struct target_ops<IndirectKey> {
-  static bool take(IndirectKey &k, ibv_wc &wc) noexcept { return k.complete(wc) && !is_receive(wc); }
-  static bool unconfirmed(const IndirectKey &k) noexcept { return k.pending(); }
-  static const void *key(const IndirectKey &k) noexcept { return &k; }
-};
-template <>
-struct target_ops<GrantPool> {
-  static bool take(GrantPool &p, ibv_wc &wc) noexcept {
-    const bool own = p.owns(wc);
-    (void)p.complete(std::span<ibv_wc>(&wc, 1)); // also a receive: the peer's invalidation
-    return own;
+/// How the table reaches each kind of object, from what the object offers:
+///  - take(obj, wc): hand `wc` over; true when it was the completion of the object's own work
+///    request. A GrantPool (owns() and complete(span)) also takes the receive of a peer's
+///    invalidation, as do windows and keys through their complete(wc); a receive is never the
+///    object's own;
+///  - unconfirmed(obj): an operation of the object is posted and its completion not handed
+///    over yet (pending(); a GrantLease: its revoke in flight);
+///  - key(obj): what names the object in the table (its address; a pool's state, which its
+///    leases name too).
+template <class T>
+struct target_ops {
+  static bool take(T &o, ibv_wc &wc) noexcept {
+    if constexpr (requires { o.owns(wc); }) {
+      const bool own = o.owns(wc);
+      (void)o.complete(std::span<ibv_wc>(&wc, 1));
+      return own;
+    } else {
+      return o.complete(wc) && !is_receive(wc);
+    }
   }
-  static const void *key(const GrantPool &p) noexcept { return pool_access::state(p); }
-};
-/// A lease is no table entry (its pool is): settle() waits for its revoke.
-template <>
-struct target_ops<GrantLease> {
-  static bool unconfirmed(const GrantLease &l) noexcept { return l.state() == lease_state::revoking; }
-  static const void *key(const GrantLease &l) noexcept { return pool_access::state(l); }
+  static bool unconfirmed(const T &o) noexcept {
+    if constexpr (requires { o.state() == decltype(o.state())::revoking; }) // a lease
+      return o.state() == decltype(o.state())::revoking;
+    else
+      return o.pending() != 0;
+  }
+  static const void *key(const T &o) noexcept {
+    if constexpr (requires { o.owns(std::declval<const ibv_wc &>()); } ||
+                  requires { o.state() == decltype(o.state())::revoking; })
+      return pool_access_of<T>::state(o);
+    else
+      return &o;
+  }
 };
 
 /// The objects a type can name in the table.
+/// The objects a type can name in the table: a MemoryWindow, StrictGrant or IndirectKey
+/// (complete(wc), pending()), or a GrantPool (owns(wc), complete(span)).
 template <class T>
-concept completion_target_type = requires(T &t, ibv_wc &wc) {
-  { target_ops<T>::take(t, wc) } -> std::same_as<bool>;
-  { target_ops<T>::key(t) } -> std::same_as<const void *>;
-};
-/// What settle() can wait for: a target, or a lease of a pool.
+concept completion_target_type =
+    requires(T &t, ibv_wc &wc) {
+      { t.complete(wc) } -> std::convertible_to<bool>;
+      t.pending();
+    } || requires(T &t, ibv_wc &wc) {
+      { t.owns(wc) } -> std::same_as<bool>;
+      t.complete(std::span<ibv_wc>(&wc, 1));
+    };
+/// What settle() can wait for: a window, grant or key, or a GrantLease (its pool attached).
 template <class T>
 concept settle_type = requires(const T &t) {
-  { target_ops<T>::unconfirmed(t) } -> std::same_as<bool>;
-  { target_ops<T>::key(t) } -> std::same_as<const void *>;
-};
+  t.pending();
+} || requires(const T &t) { t.state() == decltype(t.state())::revoking; };
 
 /// One object of the table, type-erased.
 struct completion_target {
