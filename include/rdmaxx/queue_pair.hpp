@@ -406,6 +406,14 @@ private:
 
   result<void> modify(ibv_qp_attr &a, int mask, ibv_qp_state from, const connect_options &o) noexcept;
 
+  // After each successful transition rdmaxx makes: what its batches may post (detail::qpx_ptr)
+  // and, on a QP whose send queue is counted, the credit routed again: rdma-core >= 40 rewrites
+  // wr_complete at every state change (detail/sq_credit.hpp). Nothing else for other QPs.
+  void transitioned(ibv_qp_state s) noexcept {
+    qpx_.set_state(s);
+    if (detail::sq_credit::of(h_.get())) [[unlikely]] detail::sq_credit::reroute(qpx_.get());
+  }
+
   // Which attribute of a refused transition is out of the device's limits. Cold: only on failure.
   [[gnu::cold]] int diagnose(const ibv_qp_attr &a, int mask, const connect_options &o) const noexcept;
 
@@ -421,6 +429,9 @@ private:
   bool connected_once_ = false;
   bool sge_list_defect_ = false; // rxe: see SendBatch
   bool no_scatter_to_cqe_ = false; // mlx5: created with MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE
+  // The transitions' verb: ibv_modify_qp (contract tests hand a stand-in that behaves as the
+  // provider, detail::test_access).
+  int (*modify_)(ibv_qp *, ibv_qp_attr *, int) = &::ibv_modify_qp;
 };
 
 namespace detail {
@@ -438,8 +449,8 @@ struct qp_access {
   /// Records that the QP was created with MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE.
   static void set_no_scatter_to_cqe(QueuePair &q) noexcept { q.no_scatter_to_cqe_ = true; }
   /// Records a transition to `s` made outside QueuePair (Connection's rdma_cm INIT/RTR/RTS):
-  /// what its batches may post (detail::qpx_ptr).
-  static void note_state(QueuePair &q, ibv_qp_state s) noexcept { q.qpx_.set_state(s); }
+  /// what its batches may post (detail::qpx_ptr), and a counted send queue routed again.
+  static void note_state(QueuePair &q, ibv_qp_state s) noexcept { q.transitioned(s); }
 };
 } // namespace detail
 
@@ -547,10 +558,10 @@ inline result<void> QueuePair::to_reset() noexcept {
   if (!h_) return make_error_code(errc::null_handle);
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RESET;
-  if (const int rc = ::ibv_modify_qp(h_.get(), &a, IBV_QP_STATE))
+  if (const int rc = modify_(h_.get(), &a, IBV_QP_STATE))
     return qp_transition_error(current_state(), IBV_QPS_RESET, 0, rc);
-  qpx_.set_state(IBV_QPS_RESET);
   if (auto *c = detail::sq_credit::of(h_.get())) c->reset(); // so does the provider's queue
+  transitioned(IBV_QPS_RESET);
   return success();
 }
 
@@ -558,9 +569,9 @@ inline result<void> QueuePair::to_error() noexcept {
   if (!h_) return make_error_code(errc::null_handle);
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_ERR;
-  if (const int rc = ::ibv_modify_qp(h_.get(), &a, IBV_QP_STATE))
+  if (const int rc = modify_(h_.get(), &a, IBV_QP_STATE))
     return qp_transition_error(current_state(), IBV_QPS_ERR, 0, rc);
-  qpx_.set_state(IBV_QPS_ERR);
+  transitioned(IBV_QPS_ERR);
   return success();
 }
 
@@ -629,9 +640,9 @@ inline ibv_qp_state QueuePair::current_state() const noexcept {
 
 inline result<void> QueuePair::modify(ibv_qp_attr &a, int mask, ibv_qp_state from,
                                       const connect_options &o) noexcept {
-  if (const int rc = ::ibv_modify_qp(h_.get(), &a, mask)) [[unlikely]]
+  if (const int rc = modify_(h_.get(), &a, mask)) [[unlikely]]
     return qp_transition_error(from, a.qp_state, diagnose(a, mask, o), rc);
-  qpx_.set_state(a.qp_state);
+  transitioned(a.qp_state);
   return success();
 }
 

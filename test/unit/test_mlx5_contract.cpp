@@ -65,7 +65,7 @@ struct sq_model {
   unsigned nreq = 0;       // WQEs of the open batch
   int err = 0;             // mqp->err: cleared by wr_start (qp.c:1183), answered by wr_complete
   bool ctx_update_tag = true; // MLX5_CTX_FLAGS_MKEY_UPDATE_TAG_SUPPORTED (mlx5.c:2410-2412)
-  bool in_error = false;   // the QP moved to ERR after an error completion
+  bool in_error = false;   // the QP moved to ERR after an error completion (or to_error())
   int stale_writes = 0;    // builders that wrote through the last posted WQE's control segment
   std::vector<wqe> batch;  // built in the open batch
   std::vector<wqe> posted; // rung, not yet completed
@@ -77,6 +77,11 @@ struct recorder {
   mlx5dv_qp_ex mqp{};
   std::vector<call> calls;
   sq_model sq;
+  // The provider's two wr_complete entries: mlx5_send_wr_complete (qp.c:1200-1218) and, since
+  // rdma-core v40, mlx5_send_wr_complete_error (qp.c:1189-1198), which the provider installs at
+  // RESET (creation included) and replaces at RTS (verbs.c:2250-2268; standin_modify_qp).
+  int (*real_complete)(ibv_qp_ex *) = nullptr;
+  int (*error_complete)(ibv_qp_ex *) = nullptr;
   recorder();
   // _common_wqe_init_op (qp.c:1236-1287): on a full queue (mlx5_wq_overflow, qp.c:186-199:
   // head - tail + nreq >= max_post) it sets ENOMEM and returns without a new cur_ctrl; the
@@ -216,7 +221,60 @@ recorder::recorder() {
     current->sq.batch.clear();
     current->sq.nreq = 0;
   };
+  real_complete = qpx.wr_complete;
+  error_complete = [](ibv_qp_ex *q) { // qp.c:1189-1198: rolls back, answers EINVAL
+    REQUIRE(q == &current->qpx);
+    record("wr_complete_error");
+    current->sq.batch.clear();
+    current->sq.nreq = 0;
+    return EINVAL;
+  };
 }
+
+// ibv_modify_qp on the recorder's QP as rdma-core >= 40 runs it (mlx5_modify_qp, verbs.c of
+// v44.0): on a move to RESET the QP's unpolled CQEs are dropped (mlx5_cq_clean, 3019-3026) and
+// the send queue starts anew (mlx5_init_qp_indices, 3028); then set_qp_operational_state
+// (3063-3064, 2250-2268) rewrites wr_complete: the error variant at RESET, the real one at RTS.
+// A move to ERR flushes every outstanding WQE. libibverbs then records qp->state.
+int standin_modify_qp(ibv_qp *qp, ibv_qp_attr *a, int mask) {
+  REQUIRE(qp == &current->qpx.qp_base);
+  call &c = record("modify_qp");
+  c.key = a->qp_state;
+  if (mask & IBV_QP_STATE) {
+    sq_model &sq = current->sq;
+    if (a->qp_state == IBV_QPS_RESET) {
+      sq.posted.clear();
+      sq.batch.clear();
+      sq.head = sq.tail = sq.nreq = 0;
+      sq.err = 0;
+      sq.in_error = false;
+      current->qpx.wr_complete = current->error_complete;
+    } else if (a->qp_state == IBV_QPS_RTS) {
+      current->qpx.wr_complete = current->real_complete;
+    } else if (a->qp_state == IBV_QPS_ERR) {
+      sq.in_error = true;
+    }
+    qp->state = a->qp_state;
+  }
+  return 0;
+}
+
+// The device context the QP's transitions query (ibv_query_port in to_rtr): a RoCE port.
+struct standin_context {
+  verbs_context v{};
+  standin_context() {
+    v.sz = sizeof(verbs_context);
+    v.context.abi_compat = __VERBS_ABI_IS_EXTENDED;
+    v.query_port = [](ibv_context *, uint8_t, ibv_port_attr *pa, size_t) {
+      *pa = ibv_port_attr{};
+      pa->state = IBV_PORT_ACTIVE;
+      pa->link_layer = IBV_LINK_LAYER_ETHERNET;
+      pa->active_mtu = IBV_MTU_1024;
+      return 0;
+    };
+  }
+};
+standin_context standin_ctx;
 
 constexpr access_flags rw = access::local_write | access::remote_read | access::remote_write;
 ibv_pd *const pd1 = reinterpret_cast<ibv_pd *>(0x1000);
@@ -785,6 +843,8 @@ struct test_access {
   static void disown(CompletionQueue &c) { c.h_.replace(nullptr); }
   // A transition as rdmaxx's own record it (the stand-in's state is set by hand).
   static void note_state(QueuePair &q, ibv_qp_state s) { q.qpx_.set_state(s); }
+  // The QP's transitions (to_init ... to_reset, to_error) through `verb` instead of ibv_modify_qp.
+  static void modify_through(QueuePair &q, int (*verb)(ibv_qp *, ibv_qp_attr *, int)) { q.modify_ = verb; }
   // A QueuePair made by a stand-in verb: its node is freed, ibv_destroy_qp never called.
   static void disown_created(QueuePair &q) {
     (void)q.h_.release();
@@ -825,6 +885,26 @@ struct mlx5_rig {
   void install_credit(unsigned max_post, detail::parent_node *node) {
     rec.sq.max_post = max_post;
     REQUIRE(detail::sq_credit::install(&rec.qpx, max_post, node));
+  }
+  // The QP as mlx5::create_umr_qp leaves it on rdma-core >= 40: in RESET, its wr_complete the
+  // provider's error variant (set_qp_operational_state at creation, verbs.c:2652), the credit
+  // installed over that (`max_post`, `node`); its transitions go through the stand-in provider
+  // (standin_modify_qp), which rewrites wr_complete at each of them. connect() to reach RTS.
+  void created_v40(unsigned max_post, detail::parent_node *node) {
+    rec.qpx.qp_base.state = IBV_QPS_RESET;
+    rec.qpx.qp_base.context = &standin_ctx.v.context;
+    rec.qpx.wr_complete = rec.error_complete;
+    test_access::note_state(qp, IBV_QPS_RESET);
+    test_access::modify_through(qp, standin_modify_qp);
+    install_credit(max_post, node);
+  }
+  // QueuePair::connect (RESET -> INIT -> RTR -> RTS) to a peer on the stand-in's RoCE port.
+  [[nodiscard]] result<void> connect() {
+    connect_options o;
+    o.gid_index = 0;
+    endpoint peer;
+    peer.qpn = 0x99;
+    return qp.connect(peer, o);
   }
   [[nodiscard]] std::vector<std::string> names() const {
     std::vector<std::string> v;
@@ -1613,6 +1693,114 @@ TEST_CASE("mlx5 contract: the credit matches completions by wr_id, never retirin
   CHECK_FALSE(detail::sq_credit::is_send_opcode(IBV_WC_RECV));
   CHECK_FALSE(detail::sq_credit::is_send_opcode(IBV_WC_RECV_RDMA_WITH_IMM));
   CHECK_FALSE(detail::sq_credit::is_send_opcode(IBV_WC_TM_RECV));
+}
+
+// rdma-core v40 (988f90bc1) rewrites ibqp->wr_complete at every state change: the error variant
+// at creation and RESET, mlx5_send_wr_complete at RTS (verbs.c:2250-2268, 2652, 3063-3064;
+// qp.c:3536-3550). A credit installed once, right after creation, would be bypassed from the first
+// RTS on: nothing rung would count, a full queue's configure would reach the builders (stale
+// write), and a batch larger than the room would be rung without the work requests refused.
+TEST_CASE("mlx5 contract: the credit still counts after rdma-core >= 40 rewrites wr_complete at RTS", "[unit][mlx5][ikey]") {
+  detail::parent_node qp_node, mr_a;
+  mlx5_rig g;
+  g.created_v40(2, &qp_node);
+  region_ref a = mr(0x10000, 4096, 7);
+  a.node = &mr_a;
+  const layout la = layout::list({{a, 0, 64}});
+  const ibv_sge s{0x5000, 64, 9};
+  REQUIRE(g.connect().has_value());
+  CHECK(g.rec.qpx.qp_base.state == IBV_QPS_RTS);
+  CHECK(g.rec.qpx.wr_complete != g.rec.real_complete); // routed through the credit again
+  CHECK(g.qp.send_queue_room() == 2);
+  {
+    auto b = g.qp.start_send();
+    b.write({0x30}, {0x9000, 0x55}, s);
+    b.write({0x31, send_flag::signaled}, {0x9000, 0x55}, s);
+    REQUIRE(b.submit().has_value());
+  }
+  REQUIRE(g.rec.sq.head == 2); // rung by the provider's real wr_complete
+  CHECK(g.qp.send_queue_room() == 0);
+  g.rec.calls.clear();
+  {
+    // a full queue: the configure reaches no builder, nothing is written to a posted WQE
+    auto batch = g.qp.start_send();
+    CHECK(g.key.configure(batch, g.qp, la, rw, {0x32}).error() == errc::send_queue_full);
+    CHECK(g.names() == names{"wr_start"});
+    CHECK(to_dv_calls == 0);
+    CHECK(g.phase() == mlx5::key_phase::idle);
+    CHECK(mr_a.live_children() == 0);
+    CHECK(qp_node.live_children() == 0);
+  }
+  CHECK(g.rec.sq.stale_writes == 0);
+  CHECK(g.rec.sq.err == 0);
+  // room back through the completion handed back
+  const auto wcs = g.rec.poll();
+  REQUIRE(wcs.size() == 1);
+  CHECK(g.qp.retire(wcs[0]));
+  CHECK(g.qp.send_queue_room() == 2);
+  g.rec.calls.clear();
+  {
+    // a batch of three with room for two: refused whole with send_queue_full; the third write
+    // reaches neither its builder nor its setter, and nothing of the batch is rung
+    auto b = g.qp.start_send();
+    b.write({0x33}, {0x9000, 0x55}, s);
+    b.write({0x34}, {0x9000, 0x55}, s);
+    b.write({0x35, send_flag::signaled}, {0x9000, 0x55}, s);
+    auto r = b.submit();
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error() == errc::send_queue_full);
+    CHECK(g.names() == (names{"wr_start", "rdma_write", "set_sge", "rdma_write", "set_sge", "wr_abort"}));
+  }
+  CHECK(g.rec.sq.head == 2);
+  CHECK(g.rec.sq.posted.empty());
+  CHECK(g.rec.sq.stale_writes == 0);
+  CHECK(g.qp.send_queue_room() == 2);
+
+  // a configure that fits goes through, and its completion gives its room back
+  REQUIRE(g.key.configure(g.qp, la, rw, {0x36}).has_value());
+  CHECK(g.qp.send_queue_room() == 1);
+  REQUIRE(feed(g.key, g.rec.poll()) == 1);
+  CHECK(g.qp.send_queue_room() == 2);
+  invalidate_confirmed(g, g.key, 0x37);
+
+  SECTION("reset_and_reconnect: RESET writes the error variant, RTS the real one; the credit holds") {
+    {
+      auto b = g.qp.start_send();
+      b.write({0x38, send_flag::signaled}, {0x9000, 0x55}, s);
+      REQUIRE(b.submit().has_value());
+    }
+    CHECK(g.qp.send_queue_room() == 1);
+    REQUIRE(g.qp.reset_and_reconnect().has_value()); // the write's CQE is dropped (mlx5_cq_clean)
+    CHECK(g.rec.sq.head == 0);
+    CHECK(g.rec.qpx.wr_complete != g.rec.real_complete);
+    CHECK(g.qp.send_queue_room() == 2); // every credit back, as the provider's indices
+    {
+      auto b = g.qp.start_send();
+      b.write({0x39}, {0x9000, 0x55}, s);
+      b.write({0x3a, send_flag::signaled}, {0x9000, 0x55}, s);
+      REQUIRE(b.submit().has_value());
+    }
+    CHECK(g.qp.send_queue_room() == 0);
+    g.rec.calls.clear();
+    CHECK(g.key.configure(g.qp, la, rw, {0x3b}).error() == errc::send_queue_full);
+    CHECK(g.names() == (names{"wr_start", "wr_abort"})); // the dropped batch of the posting form
+    CHECK(g.rec.sq.stale_writes == 0);
+    CHECK(g.phase() == mlx5::key_phase::idle);
+  }
+  SECTION("a transition rdmaxx did not make (raw ibv_modify_qp, devx): wr_start takes it back") {
+    // the provider rewrote wr_complete behind rdmaxx's back (its state record is unchanged)
+    g.rec.qpx.wr_complete = g.rec.real_complete;
+    {
+      auto b = g.qp.start_send();
+      b.write({0x3c}, {0x9000, 0x55}, s);
+      b.write({0x3d, send_flag::signaled}, {0x9000, 0x55}, s);
+      REQUIRE(b.submit().has_value());
+    }
+    CHECK(g.rec.qpx.wr_complete != g.rec.real_complete);
+    CHECK(g.qp.send_queue_room() == 0);
+    CHECK(g.key.configure(g.qp, la, rw, {0x3e}).error() == errc::send_queue_full);
+    CHECK(g.rec.sq.stale_writes == 0);
+  }
 }
 
 namespace {

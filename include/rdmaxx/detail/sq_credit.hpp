@@ -21,6 +21,19 @@
 /// alike. Not counted: ibv_post_send and mlx5dv_wr_* builders called by the caller (rdmaxx's
 /// own mkey configure admits itself).
 ///
+/// The provider rewrites one of those entries by itself: since rdma-core v40 (commit 988f90bc1,
+/// "Enforce IB spec QP state behaviour on post_send()/recv()") every state change of an mlx5 QP
+/// sets ibqp->wr_complete (set_qp_operational_state, verbs.c:2250-2268 of v44.0, called by
+/// mlx5_modify_qp at 3063-3064 and at creation at 2652): the error variant at RESET
+/// (mlx5_send_wr_complete_error, qp.c:1189-1198, which rolls the batch back and answers EINVAL),
+/// mlx5_send_wr_complete at RTS (qp.c:3536-3550). A credit installed after creation would be
+/// bypassed from the first RTS on: head would never advance and a refused batch would be rung
+/// without its refused work requests. So the credit routes itself again (reroute()) after each
+/// transition rdmaxx makes (QueuePair's to_init/to_rtr/to_rts/connect, to_reset, to_error,
+/// reset_and_reconnect, and those a Connection makes), and its wr_start checks wr_complete once
+/// more under the provider's lock (a transition rdmaxx did not make: a raw ibv_modify_qp,
+/// mlx5dv_devx_qp_modify). Only QPs with a credit pay for either; SendBatch is unchanged.
+///
 /// Credits come back only through completions handed back: a successful send completion of the
 /// QP (QueuePair::retire, or IndirectKey::complete for its own operation) retires its WR and
 /// every earlier one (RC completes the send queue in order, and the provider's tail does the
@@ -150,6 +163,49 @@ struct sq_credit {
     }
     c->max_post = max_post;
     c->qp_node = node;
+    route(q, c);
+    q->qp_base.qp_context = c;
+    return true;
+  }
+  /// After a state change of `q`: route again each entry the provider rewrote (rdma-core >= 40
+  /// rewrites wr_complete at every transition, see the top of this header); entries still
+  /// routed through the credit are left alone. Nothing when `q` has no credit. Not while a batch
+  /// is open on `q` (a transition never is).
+  static void reroute(ibv_qp_ex *q) noexcept {
+    if (sq_credit *c = of(q)) route(q, c);
+  }
+  /// Free the credit of a destroyed QP (the qp_context it had; null: none).
+  static void free(void *qp_context) noexcept { delete static_cast<sq_credit *>(qp_context); }
+
+private:
+  enum kind { op, setter };
+  template <auto F, kind K, class Fn>
+  struct entry;
+  template <auto F, kind K, class... A>
+  struct entry<F, K, void (*)(ibv_qp_ex *, A...)> {
+    static void call(ibv_qp_ex *q, A... a) noexcept {
+      sq_credit *c = of(q);
+      if (!c) [[unlikely]] return; // never: installed with the entry (said for GCC 12's warnings)
+      if (K == op ? !c->admit(q) : c->refused) return; // the provider's entry is never reached
+      (c->saved.*F)(q, a...);
+    }
+  };
+  // Route entry F of `q` through `ours`, keeping the provider's in `c->saved`: an entry the QP
+  // lacks stays absent, one already routed stays as it is (reroute() after a transition).
+  template <auto F, class Fn>
+  static void hook_to(ibv_qp_ex *q, sq_credit *c, Fn ours) noexcept {
+    if (!(q->*F) || q->*F == ours) return;
+    c->saved.*F = q->*F;
+    q->*F = ours;
+  }
+  template <auto F, kind K>
+  static void hook(ibv_qp_ex *q, sq_credit *c) noexcept {
+    using fn = std::remove_reference_t<decltype(q->*F)>;
+    hook_to<F>(q, c, fn(&entry<F, K, fn>::call));
+  }
+  // Every entry the credit counts through: the op entries admit, the setters follow a refusal,
+  // and the batch verbs open, ring and abort.
+  static void route(ibv_qp_ex *q, sq_credit *c) noexcept {
     hook<&ibv_qp_ex::wr_atomic_cmp_swp, op>(q, c);
     hook<&ibv_qp_ex::wr_atomic_fetch_add, op>(q, c);
     hook<&ibv_qp_ex::wr_bind_mw, op>(q, c);
@@ -168,42 +224,17 @@ struct sq_credit {
     hook<&ibv_qp_ex::wr_set_inline_data_list, setter>(q, c);
     hook<&ibv_qp_ex::wr_set_sge, setter>(q, c);
     hook<&ibv_qp_ex::wr_set_sge_list, setter>(q, c);
-    c->saved.wr_start = q->wr_start;
-    c->saved.wr_complete = q->wr_complete;
-    c->saved.wr_abort = q->wr_abort;
-    q->wr_start = &start;
-    q->wr_complete = &complete;
-    q->wr_abort = &abort;
-    q->qp_base.qp_context = c;
-    return true;
-  }
-  /// Free the credit of a destroyed QP (the qp_context it had; null: none).
-  static void free(void *qp_context) noexcept { delete static_cast<sq_credit *>(qp_context); }
-
-private:
-  enum kind { op, setter };
-  template <auto F, kind K, class Fn>
-  struct entry;
-  template <auto F, kind K, class... A>
-  struct entry<F, K, void (*)(ibv_qp_ex *, A...)> {
-    static void call(ibv_qp_ex *q, A... a) noexcept {
-      sq_credit *c = of(q);
-      if (!c) [[unlikely]] return; // never: installed with the entry (said for GCC 12's warnings)
-      if (K == op ? !c->admit(q) : c->refused) return; // the provider's entry is never reached
-      (c->saved.*F)(q, a...);
-    }
-  };
-  template <auto F, kind K>
-  static void hook(ibv_qp_ex *q, sq_credit *c) noexcept {
-    using fn = std::remove_reference_t<decltype(q->*F)>;
-    if (!(q->*F)) return; // an operation the QP was not created with stays absent
-    c->saved.*F = q->*F;
-    q->*F = &entry<F, K, fn>::call;
+    hook_to<&ibv_qp_ex::wr_start>(q, c, &start);
+    hook_to<&ibv_qp_ex::wr_complete>(q, c, &complete);
+    hook_to<&ibv_qp_ex::wr_abort>(q, c, &abort);
   }
   static void start(ibv_qp_ex *q) noexcept {
     sq_credit *c = of(q);
     if (!c) [[unlikely]] return;
     c->saved.wr_start(q); // takes the provider's send-queue lock
+    // A transition rdmaxx did not make (reroute() not called) rewrote wr_complete: take it back
+    // before anything of the batch is built (under the provider's lock).
+    if (q->wr_complete != &complete) [[unlikely]] hook_to<&ibv_qp_ex::wr_complete>(q, c, &complete);
     c->nreq.store(0, std::memory_order_relaxed);
     c->refused = false;
   }
