@@ -48,6 +48,13 @@
 /// until that batch is submitted or dropped: a dropped batch or a failed submit() undoes the
 /// operation through it.
 ///
+/// mlx5, an operation posted and unconfirmed (pending()): only its own completion settles it
+/// (complete(); an error or flushed one rolls it back). Until then the UMR QP's to_reset() and
+/// reset_and_reconnect() answer errc::busy (RESET would drop that completion, mlx5_cq_clean, and
+/// a configure whose outcome is unknown may have made the mkey live): rdmaxx never guesses the
+/// outcome. To give up on an operation, move the QP to ERR (QueuePair::to_error) and hand the
+/// flushed completion over; then reset.
+///
 /// Allocation: IndirectKey::create() allocates the key's state (new(nothrow)) and, software, its
 /// segment table and its table of grant slots; mlx5dv_create_mkey allocates inside the provider. configure()
 /// (software, remote rights) allocates one window per segment (ibv_alloc_mw) and, with the

@@ -331,13 +331,25 @@ public:
   /// \errors
   /// - errc::null_handle: the QP is null.
   /// - errc::wrong_state: never connected.
+  /// - errc::busy: as to_reset() (nothing was changed).
   /// - qp_transition codes.
   /// \mallocs None.
   result<void> reset_and_reconnect() noexcept;
   /// ibv_modify_qp to RESET (a state change, like to_init(): the QP is not destroyed). A counted
   /// send queue (send_queue_room()) gets all its room back, as the provider's does.
+  ///
+  /// A UMR QP (mlx5::create_umr_qp) with an unconfirmed mlx5 IndirectKey configure or invalidate
+  /// posted on it is not reset: RESET drops the QP's unpolled completions (mlx5_cq_clean,
+  /// verbs.c:3019-3026 of rdma-core v44.0) and the operation's own completion is the only thing
+  /// that says whether the device ran it (a configure may have made the mkey live). rdmaxx
+  /// answers errc::busy rather than guess: hand the operation's completion to the key first. In
+  /// ERR every outstanding work request completes (flushed: not run), so after an error
+  /// completion, or to give up on an operation (to_error()), poll the CQ and hand the
+  /// completions to the keys (IndirectKey::complete, CompletionDispatcher): the flushed one
+  /// rolls the operation back, and the reset then goes through.
   /// \errors
   /// - errc::null_handle: the QP is null.
+  /// - errc::busy: an mlx5 key operation posted on this UMR QP is unconfirmed (nothing changed).
   /// - qp_transition codes.
   /// \mallocs None.
   result<void> to_reset() noexcept;
@@ -556,6 +568,8 @@ inline result<void> QueuePair::reset_and_reconnect() noexcept {
 
 inline result<void> QueuePair::to_reset() noexcept {
   if (!h_) return make_error_code(errc::null_handle);
+  if (const auto *c = detail::sq_credit::of(h_.get()); c && c->key_ops.load(std::memory_order_acquire) != 0)
+    return make_error_code(errc::busy); // RESET would drop their completions (mlx5_cq_clean)
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RESET;
   if (const int rc = modify_(h_.get(), &a, IBV_QP_STATE))

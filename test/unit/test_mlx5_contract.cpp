@@ -1803,6 +1803,57 @@ TEST_CASE("mlx5 contract: the credit still counts after rdma-core >= 40 rewrites
   }
 }
 
+// RESET drops a QP's unpolled CQEs (mlx5_cq_clean, verbs.c:3019-3026): a key operation whose
+// completion is dropped would stay unconfirmed forever (configure and invalidate answering
+// operation_unconfirmed, destroy() refused, the QP busy). to_reset() and reset_and_reconnect()
+// answer errc::busy instead, change nothing, and go through once the operation's completion was
+// handed over: in ERR its flushed completion rolls it back.
+TEST_CASE("mlx5 contract: a reset with an unconfirmed key operation answers busy; ERR flushes it", "[unit][mlx5][ikey]") {
+  detail::parent_node qp_node;
+  mlx5_rig g;
+  g.created_v40(8, &qp_node);
+  REQUIRE(g.connect().has_value());
+  SECTION("an unconfirmed configure") {
+    REQUIRE(g.key.configure(g.qp, one_entry, rw, {0x50}).has_value());
+    g.rec.calls.clear();
+    CHECK(g.qp.to_reset().error() == errc::busy);
+    CHECK(g.qp.reset_and_reconnect().error() == errc::busy);
+    CHECK(g.names().empty()); // no ibv_modify_qp: its completion is still there
+    CHECK(g.rec.qpx.qp_base.state == IBV_QPS_RTS);
+    CHECK(g.rec.sq.posted.size() == 1);
+    CHECK(g.key.pending());
+    // giving up on it: ERR flushes the configure, whose completion rolls it back
+    REQUIRE(g.qp.to_error().has_value());
+    CHECK(feed(g.key, g.rec.poll()) == 1);
+    CHECK(g.phase() == mlx5::key_phase::idle);
+    CHECK(qp_node.live_children() == 0);
+    REQUIRE(g.qp.reset_and_reconnect().has_value());
+    configure_confirmed(g, g.key, one_entry, 0x51); // the key works again, on a new tag
+    CHECK(g.key.rkey() == 0x7701); // the flushed configure's tag stays used
+  }
+  SECTION("an unconfirmed invalidate") {
+    configure_confirmed(g, g.key, one_entry, 0x52);
+    REQUIRE(g.key.invalidate(g.qp, {0x53}).has_value());
+    CHECK(g.qp.to_reset().error() == errc::busy);
+    CHECK(g.key.pending());
+    // its own completion handed over: the reset goes through
+    CHECK(feed(g.key, g.rec.poll()) == 1);
+    CHECK(g.phase() == mlx5::key_phase::idle);
+    REQUIRE(g.qp.to_reset().has_value());
+    CHECK(g.rec.qpx.qp_base.state == IBV_QPS_RESET);
+  }
+  SECTION("other work requests alone do not hold the reset (their completions may be dropped)") {
+    {
+      auto b = g.qp.start_send();
+      post_write(b, 0x54, true);
+      REQUIRE(b.submit().has_value());
+    }
+    REQUIRE(g.qp.to_reset().has_value());
+    CHECK(g.rec.sq.posted.empty());
+    CHECK(g.qp.send_queue_room() == 8);
+  }
+}
+
 namespace {
 // mlx5dv_devx_general_cmd as the firmware answers QUERY_HCA_CAP: the command checked as
 // rdma-core 44 builds it (get_hca_general_caps, verbs.c:3784-3796), the reply a 16-byte header

@@ -72,6 +72,10 @@ struct sq_credit {
   // WRs admitted into the open batch: written under the provider's lock, read by used() on any
   // thread (relaxed: a batch still open elsewhere is seen approximately).
   std::atomic<std::uint32_t> nreq{0};
+  // Unconfirmed mlx5 key operations posted on the QP (IndirectKey's configure and invalidate,
+  // mlx5/indirect_key_mlx5.hpp hold_credit / release_credit): QueuePair::to_reset() refuses
+  // while any is (RESET would drop its completion, mlx5_cq_clean).
+  std::atomic<std::uint32_t> key_ops{0};
   bool refused = false;               // the open batch met a full queue
   std::uint64_t *ids = nullptr;       // wr_id by position % max_post
   parent_node *qp_node = nullptr;     // the QP's child counter (a pending key operation holds it)

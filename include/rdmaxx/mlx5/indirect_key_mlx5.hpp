@@ -323,8 +323,10 @@ using to_dv_qp = mlx5dv_qp_ex *(*)(ibv_qp_ex *) noexcept;
 }
 
 /// While an operation of `k` is unconfirmed: the counted send queue it was posted on, its
-/// position there, and a link to the QP (see key_state::credit).
+/// position there, and a link to the QP (see key_state::credit); the queue counts it among its
+/// unconfirmed key operations (sq_credit::key_ops: the QP's to_reset() answers errc::busy).
 inline void hold_credit(key_state &k, detail::sq_credit *c, std::uint32_t pos) noexcept {
+  if (c) c->key_ops.fetch_add(1, std::memory_order_acq_rel); // QueuePair::to_reset() refuses
   k.credit = c;
   k.sq_pos = pos;
   k.sq_epoch = c ? c->epoch.load(std::memory_order_relaxed) : 0;
@@ -334,6 +336,7 @@ inline void hold_credit(key_state &k, detail::sq_credit *c, std::uint32_t pos) n
 /// earlier WR of its QP's counted send queue (RC completes in order); then the QP is let go.
 inline void release_credit(key_state &k, bool done) noexcept {
   if (done && k.credit) k.credit->retire_through(k.sq_pos, k.sq_epoch);
+  if (k.credit) k.credit->key_ops.fetch_sub(1, std::memory_order_acq_rel);
   k.credit = nullptr;
   k.qp_link.drop();
 }
