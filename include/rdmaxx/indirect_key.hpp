@@ -344,7 +344,7 @@ public:
   /// rkey of an earlier configure answers again; while configured the key counts as a child of
   /// each MemoryRegion and nested key of its layout (a region's dereg() and rereg() answer
   /// errc::region_granted, a nested key's destroy() errc::busy). If the batch is dropped or its submit() fails, the batch undoes the configure
-  /// (mlx5: as cancel_pending(); software: the windows are deallocated, the key
+  /// (mlx5: the operation is dropped, its tag given back; software: the windows are deallocated, the key
   /// is not configured): keep the key alive and in place until then.
   /// \errors Nothing is then added to the batch:
   /// - errc::null_handle: a null key or QP.
@@ -493,8 +493,14 @@ public:
   /// (the windows go, the key is not configured); true when it concerned the key.
   /// Inline, allocation-free.
   bool complete(const ibv_wc &wc) noexcept;
-  /// mlx5: undo the unconfirmed operation. Not needed after a dropped batch or a failed submit():
-  /// the batch undoes the operations it carried itself. No effect otherwise.
+  /// No effect (kept for source compatibility). An operation added to a batch is undone by that
+  /// batch when nothing of it is posted (the batch dropped, or its submit() failed); once a
+  /// submit() succeeded the device may run it (a configure may write the mkey with its new tag),
+  /// so only its own completion settles it (complete(): an error or flushed one rolls it back;
+  /// to give up on it, move the QP to ERR, see QueuePair::to_reset). While its batch is still
+  /// open, undoing it here would leave the work request in the batch: the batch's own undo
+  /// covers that case too. Before, this undid the state and gave back a tag a posted UMR may
+  /// have written.
   void cancel_pending() noexcept;
 
   /// The batch form with the arguments in the order of 0.1 (QP first). Every other batch form
@@ -509,7 +515,7 @@ public:
   /// request is signaled (mlx5: always). Never call it while a batch of this thread is open on
   /// `qp`: the provider's send-queue lock is held from ibv_wr_start to ibv_wr_complete
   /// (qp.c:1180, 1215), so a second start deadlocks; use the batch form. If the submit fails the key is left as
-  /// before (the batch's undo: mlx5 as cancel_pending(); software: the windows are deallocated).
+  /// before (the batch's undo: mlx5 the operation dropped; software: the windows are deallocated).
   /// mlx5: hand the completion to complete() before descriptor().
   /// \errors
   /// - those of the batch form.
@@ -897,20 +903,15 @@ inline bool IndirectKey::complete(const ibv_wc &wc) noexcept {
   return true;
 }
 
-inline void IndirectKey::cancel_pending() noexcept {
-#if RDMAXX_HAVE_MLX5
-  if (!h_ || !st().mkey) return;
-  mlx5::cancel_key(st().mk);
-  sync_mlx5();
-#endif
-}
+inline void IndirectKey::cancel_pending() noexcept {}
 
 inline void IndirectKey::undo_op(void *key, std::uint64_t) noexcept {
   auto *self = static_cast<IndirectKey *>(key);
   if (!self->h_) return;
 #if RDMAXX_HAVE_MLX5
-  if (self->st().mkey) {
-    self->cancel_pending();
+  if (self->st().mkey) { // nothing of the batch was posted: the operation never reached the device
+    mlx5::cancel_key(self->st().mk);
+    self->sync_mlx5();
     return;
   }
 #endif

@@ -1854,6 +1854,55 @@ TEST_CASE("mlx5 contract: a reset with an unconfirmed key operation answers busy
   }
 }
 
+// cancel_pending() said "no effect otherwise", yet after a successful submit it undid the state
+// and gave back the tag the posted UMR may have written (the next configure would then re-issue
+// it). Once posted, only the operation's own completion settles it.
+TEST_CASE("mlx5 contract: cancel_pending() after a successful submit changes nothing", "[unit][mlx5][ikey]") {
+  detail::parent_node qp_node;
+  mlx5_rig g;
+  g.install_credit(8, &qp_node);
+  REQUIRE(g.key.configure(g.qp, one_entry, rw, {0x60}).has_value()); // posted
+  g.key.cancel_pending();
+  CHECK(g.phase() == mlx5::key_phase::configuring);
+  CHECK(g.key.pending());
+  CHECK(g.key.configured());
+  CHECK(qp_node.live_children() == 1); // still holds the QP
+  CHECK(g.qp.send_queue_room() == 7);  // and its room
+  CHECK(feed(g.key, g.rec.poll()) == 1); // the device ran it: confirmed
+  CHECK(g.phase() == mlx5::key_phase::configured);
+  CHECK(g.qp.send_queue_room() == 8);
+  invalidate_confirmed(g, g.key, 0x61);
+  // the second generation: its tag stays used
+  REQUIRE(g.key.configure(g.qp, one_entry, rw, {0x62}).has_value());
+  CHECK(g.key.rkey() == 0x7701);
+  g.key.cancel_pending();
+  CHECK(g.key.rkey() == 0x7701);
+  CHECK(g.key.lkey() == 0x7701);
+  CHECK(g.phase() == mlx5::key_phase::configuring);
+  CHECK(feed(g.key, g.rec.poll()) == 1);
+  CHECK(g.phase() == mlx5::key_phase::configured);
+  // a posted invalidate: the key may already be revoked, and stays invalidating until its completion
+  REQUIRE(g.key.invalidate(g.qp, {0x63}).has_value());
+  g.key.cancel_pending();
+  CHECK(g.phase() == mlx5::key_phase::invalidating);
+  CHECK(g.key.descriptor().error() == errc::operation_unconfirmed);
+  CHECK(feed(g.key, g.rec.poll()) == 1);
+  CHECK(g.phase() == mlx5::key_phase::idle);
+  // while the batch is still open it changes nothing either; dropping the batch undoes the
+  // configure (never posted: its tag given back)
+  {
+    auto b = g.qp.start_send();
+    REQUIRE(g.key.configure(b, g.qp, one_entry, rw, {0x64}).has_value());
+    CHECK(g.key.rkey() == 0x7702);
+    g.key.cancel_pending();
+    CHECK(g.phase() == mlx5::key_phase::configuring);
+  }
+  CHECK(g.phase() == mlx5::key_phase::idle);
+  CHECK(g.key.rkey() == 0x7701);
+  CHECK(qp_node.live_children() == 0);
+  CHECK(g.qp.send_queue_room() == 8);
+}
+
 namespace {
 // mlx5dv_devx_general_cmd as the firmware answers QUERY_HCA_CAP: the command checked as
 // rdma-core 44 builds it (get_hca_general_caps, verbs.c:3784-3796), the reply a 16-byte header
