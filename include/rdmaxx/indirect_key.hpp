@@ -53,7 +53,13 @@
 /// reset_and_reconnect() answer errc::busy (RESET would drop that completion, mlx5_cq_clean, and
 /// a configure whose outcome is unknown may have made the mkey live): rdmaxx never guesses the
 /// outcome. To give up on an operation, move the QP to ERR (QueuePair::to_error) and hand the
-/// flushed completion over; then reset.
+/// flushed completion over; then reset. destroy() answers errc::operation_unconfirmed meanwhile;
+/// the destructor and a move assignment onto the key do not destroy the mkey under the posted
+/// UMR or local invalidate either: they report it through the destroy-failure hook (EBUSY) and
+/// keep the mkey, its state and its layout's links (each region and nested key of the layout
+/// stays counted, as the mkey may still reach them), letting only the QP go (its reset and
+/// destruction are no longer held). That mkey is never destroyed: hand the completion over
+/// before the key goes.
 ///
 /// Allocation: IndirectKey::create() allocates the key's state (new(nothrow)) and, software, its
 /// segment table and its table of grant slots; mlx5dv_create_mkey allocates inside the provider. configure()
@@ -152,6 +158,8 @@ struct ikey_state {
   mlx5::key_state mk; // mlx5: what the device did (mk.mkey == mkey)
   // How configure() reaches the mlx5dv_qp_ex of a batch's QP; contract tests hand a recorder's.
   mlx5::to_dv_qp to_dv = mlx5::dv_qp_of;
+  // How the mkey is destroyed (mlx5dv_destroy_mkey); contract tests hand a recorder.
+  int (*destroy_mkey)(::mlx5dv_mkey *) = &::mlx5dv_destroy_mkey;
 #endif
 
   // Deallocating (not invalidating) the windows: never a local invalidate of a type-2 window
@@ -465,7 +473,9 @@ public:
   /// \mallocs None.
   [[nodiscard]] result<ikey_descriptor> descriptor() const noexcept;
 
-  /// Destroy now: software windows deallocated, mlx5 mkey destroyed (mlx5dv_destroy_mkey).
+  /// Destroy now: software windows deallocated, mlx5 mkey destroyed (mlx5dv_destroy_mkey). The
+  /// destructor does the same, except under an unconfirmed mlx5 operation: see the class
+  /// comment (the mkey is kept and the destroy-failure hook told).
   /// \errors On failure the key stays valid:
   /// - errc::operation_unconfirmed: mlx5: a configure or invalidate is posted and its completion
   ///   not handed to complete() (the device may still be writing the mkey).
@@ -551,10 +561,19 @@ private:
     static constexpr const char *verb = "ibv_dealloc_mw / mlx5dv_destroy_mkey";
     static constexpr std::size_t parents = 2; // PD, software: the QP the windows were bound through
     static int destroy(native *s) noexcept {
+#if RDMAXX_HAVE_MLX5
+      // Never under a posted UMR or local invalidate (the destructor and move assignment reach
+      // here; destroy() refuses before): the mkey, the state and the layout's links to its
+      // regions are kept (reported, EBUSY) and only the QP is let go (see the class comment).
+      if (s->mkey && s->mk.pending()) {
+        mlx5::abandon_key(s->mk);
+        return EBUSY;
+      }
+#endif
       if (const int rc = s->release_all()) return rc;
 #if RDMAXX_HAVE_MLX5
       if (s->mkey) {
-        if (const int rc = ::mlx5dv_destroy_mkey(s->mkey)) return rc;
+        if (const int rc = s->destroy_mkey(s->mkey)) return rc;
         s->mkey = nullptr;
       }
 #endif

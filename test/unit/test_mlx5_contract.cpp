@@ -820,6 +820,10 @@ struct test_access {
     st->to_dv = to_dv;
     return IndirectKey(st, ProtectionDomain{}, new_parent_node());
   }
+  // The key's mkey destroyed through `verb` instead of mlx5dv_destroy_mkey.
+  static void destroy_mkey_through(IndirectKey &k, int (*verb)(mlx5dv_mkey *)) { k.st().destroy_mkey = verb; }
+  // The key's state (to free one the library kept after a refused destruction).
+  static ikey_state *state(const IndirectKey &k) { return k.h_.get(); }
   // The grant mechanism a software key chose at creation.
   static grant_mechanism grant(const IndirectKey &k) { return k.st().grant; }
   static std::uint32_t children(const IndirectKey &k) { return k.h_.live_children(); }
@@ -1901,6 +1905,81 @@ TEST_CASE("mlx5 contract: cancel_pending() after a successful submit changes not
   CHECK(g.key.rkey() == 0x7701);
   CHECK(qp_node.live_children() == 0);
   CHECK(g.qp.send_queue_room() == 8);
+}
+
+namespace {
+std::vector<mlx5dv_mkey *> destroyed_mkeys;
+int record_destroy_mkey(mlx5dv_mkey *m) {
+  destroyed_mkeys.push_back(m);
+  return 0;
+}
+std::vector<destroy_failure> key_reports;
+void capture_key_report(const destroy_failure &f) noexcept { key_reports.push_back(f); }
+} // namespace
+
+// The destructor and the move assignment destroyed the mkey under a posted UMR or local
+// invalidate (only destroy() checked). They now keep it, its state and its layout's links,
+// report through the destroy-failure hook, and let only the QP go.
+TEST_CASE("mlx5 contract: a key destroyed or assigned over under a posted operation keeps its mkey and reports it", "[unit][mlx5][ikey]") {
+  struct restore {
+    destroy_failure_handler h;
+    ~restore() { set_destroy_failure_handler(h); }
+  } const r{set_destroy_failure_handler(&capture_key_report)};
+  detail::parent_node qp_node, mr_a;
+  mlx5_rig g;
+  g.install_credit(8, &qp_node);
+  region_ref a = mr(0x10000, 4096, 7);
+  a.node = &mr_a;
+  const layout la = layout::list({{a, 0, 64}});
+  mlx5dv_mkey m2{0x8800, 0x8800};
+  destroyed_mkeys.clear();
+  key_reports.clear();
+  auto make = [&] {
+    IndirectKey k = test_access::mlx5_key(&m2, pd1, 32, to_dv_recorder);
+    test_access::destroy_mkey_through(k, record_destroy_mkey);
+    return k;
+  };
+  detail::ikey_state *kept = nullptr; // what the library keeps: freed here for the leak checker
+  SECTION("the destructor under a posted configure") {
+    {
+      IndirectKey k = make();
+      REQUIRE(k.configure(g.qp, la, rw, {0x70}).has_value());
+      CHECK(qp_node.live_children() == 1);
+      kept = test_access::state(k);
+    }
+    CHECK(destroyed_mkeys.empty());
+    REQUIRE(key_reports.size() == 1);
+    CHECK(std::string(key_reports[0].object) == "IndirectKey");
+    CHECK(key_reports[0].error == std::errc::device_or_resource_busy);
+    CHECK(mr_a.live_children() == 1);    // the mkey may still reach the region
+    CHECK(qp_node.live_children() == 0); // the QP is let go
+    CHECK(detail::sq_credit::of(&g.rec.qpx)->key_ops.load() == 0); // its reset is not held
+  }
+  SECTION("a move assignment over a key with a posted invalidate") {
+    IndirectKey k = make();
+    configure_confirmed(g, k, la, 0x71);
+    REQUIRE(k.invalidate(g.qp, {0x72}).has_value());
+    kept = test_access::state(k);
+    k = IndirectKey{};
+    CHECK(destroyed_mkeys.empty());
+    REQUIRE(key_reports.size() == 1);
+    CHECK(key_reports[0].error == std::errc::device_or_resource_busy);
+    CHECK(mr_a.live_children() == 1);
+    CHECK(qp_node.live_children() == 0);
+  }
+  SECTION("confirmed first: the destructor destroys the mkey, nothing reported") {
+    {
+      IndirectKey k = make();
+      configure_confirmed(g, k, la, 0x73);
+    }
+    CHECK(destroyed_mkeys == std::vector<mlx5dv_mkey *>{&m2});
+    CHECK(key_reports.empty());
+    CHECK(mr_a.live_children() == 0);
+  }
+  if (kept && destroyed_mkeys.empty()) {
+    kept->mkey = nullptr;
+    delete kept;
+  }
 }
 
 namespace {

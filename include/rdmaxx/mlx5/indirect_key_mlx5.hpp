@@ -475,6 +475,13 @@ inline bool complete_key(key_state &k, const ibv_wc &wc) noexcept {
   return true;
 }
 
+/// The key goes away (its handle destroyed) while its operation is posted and unconfirmed: the
+/// mkey is not destroyed (the device may still write it) and keeps its state and its links to
+/// the layout's sources; only the QP is let go (its counted queue no longer counts the operation
+/// among its unconfirmed ones, and the QP's reset and destruction are not held: either ends the
+/// posted work request). Its room in the queue comes back with a later completion or a reset.
+inline void abandon_key(key_state &k) noexcept { release_credit(k, false); }
+
 /// The batch holding the unconfirmed operation was dropped, or its submit() failed: nothing of
 /// it was posted, undo it (a configure gives its tag back: the device never saw it).
 inline void cancel_key(key_state &k) noexcept {
