@@ -87,6 +87,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -160,6 +161,10 @@ struct ikey_state {
   mlx5::to_dv_qp to_dv = mlx5::dv_qp_of;
   // How the mkey is destroyed (mlx5dv_destroy_mkey); contract tests hand a recorder.
   int (*destroy_mkey)(::mlx5dv_mkey *) = &::mlx5dv_destroy_mkey;
+  // What the HCA said at create() (QUERY_HCA_CAP): max_indirection, repeated_block_disabled.
+  mlx5::umr_hca_caps hca{};
+  // The configured layout's levels of indirection (layout::depth), for keys nesting this one.
+  std::uint8_t depth = 0;
 #endif
 
   // Deallocating (not invalidating) the windows: never a local invalidate of a type-2 window
@@ -236,8 +241,8 @@ public:
   ///   `max_entries` above mlx5::max_mkey_entries (65532: the provider's round-up to a multiple
   ///   of 4 would wrap its 16-bit field to 0).
   /// - errc::unsupported: backend mlx5 forced on a device or build without it, or on a device
-  ///   reporting umr_modify_atomic_disabled (mlx5::query_umr_atomic; chosen automatically, such
-  ///   a device gets the software backend).
+  ///   reporting umr_modify_atomic_disabled or umr_indirect_mkey_disabled (mlx5::query_umr_caps;
+  ///   chosen automatically, such a device gets the software backend).
   /// - mlx5 forced: the errno of DEVX QUERY_HCA_CAP when it fails (a failed query fails closed;
   ///   chosen automatically, such a device gets the software backend, whose own query decides).
   /// - the errno of mlx5dv_create_mkey when mlx5 is forced.
@@ -327,6 +332,9 @@ public:
       r.lkey = mkey_lkey();
       r.rkey = mkey_rkey();
       r.node = h_.node(); // an outer key configured over this one counts as its child
+#if RDMAXX_HAVE_MLX5
+      r.depth = st().depth;
+#endif
     } else {
       r.segments = st().segs;
       r.nsegments = st().nsegs;
@@ -375,7 +383,11 @@ public:
   /// - errc::unsupported: remote rights on a device without memory windows.
   /// - the layout_category() codes of layout::validate (naming the entry), expand and (mlx5)
   ///   mlx5::check_provider_limits (errc::provider_limit: a list entry over 2 GiB, a list of
-  ///   2 GiB or more in total).
+  ///   2 GiB or more in total). mlx5, from the HCA's capabilities read at create():
+  ///   errc::unsupported for a repeat layout where it reports repeated_block_disabled, and
+  ///   errc::out_of_range naming the entry of a nested key that would make this key deeper than
+  ///   its max_indirection (a key over regions only is one level; not enforced where the HCA
+  ///   reports 0).
   /// - the errno of ibv_alloc_mw / ibv_reg_mr_iova2.
   /// \mallocs mlx5: none. Software with remote rights: one window per segment (ibv_alloc_mw)
   /// and, with the exact-region mechanism, one region per segment whose bytes changed since the
@@ -594,6 +606,12 @@ private:
   [[nodiscard]] bool usable_locally() const noexcept;
 #if RDMAXX_HAVE_MLX5
   void sync_mlx5() noexcept { st().configured = st().mk.live(); }
+  // The limits of a configure through `qp`: its granted inline size, the mkey's entries, and
+  // what the HCA reported at create() (max_indirection, repeated_block_disabled).
+  [[nodiscard]] mlx5::umr_limits umr_limits_for(const QueuePair &qp) const noexcept {
+    return {qp.caps().max_inline_data, st().max_entries, st().hca.max_indirection,
+            st().hca.repeated_block_disabled};
+  }
 #endif
   // grant_mechanism::type1_exact_region: per segment, a region of exactly its bytes at the same
   // device address (ibv_reg_mr_iova2: the descriptor is unchanged) with a count on the
@@ -651,12 +669,13 @@ inline result<IndirectKey> IndirectKey::create_with(const ProtectionDomain &pd, 
     // of rdma-core 44 (the setter always sets that bit): the software backend, or refused. A
     // failed query is no answer: no mlx5 backend either (automatic: software, whose own
     // device query decides; forced: the command's errno).
+    // So does one that cannot configure indirect mkeys through a UMR (umr_indirect_mkey_disabled).
     int qerr = 0;
-    const mlx5::umr_atomic at = mlx5::query_umr_atomic(pd.context(), v.devx_cmd, &qerr);
-    if (at != mlx5::umr_atomic::allowed) {
+    const bool known = mlx5::query_umr_caps(pd.context(), st->hca, v.devx_cmd, &qerr);
+    if (!known || st->hca.atomic_disabled || st->hca.indirect_mkey_disabled) {
       if (o.backend == umr_backend::mlx5) {
         delete st;
-        if (at == mlx5::umr_atomic::disabled) return make_error_code(errc::unsupported);
+        if (known) return make_error_code(errc::unsupported);
         return errno_code(qerr);
       }
       want_mlx5 = false;
@@ -732,7 +751,7 @@ inline layout_limits IndirectKey::limits(const QueuePair &qp) const noexcept {
   if (!h_) return l;
 #if RDMAXX_HAVE_MLX5
   if (st().backend == umr_backend::mlx5)
-    return mlx5::limits_for({qp.caps().max_inline_data, st().max_entries});
+    return mlx5::limits_for(umr_limits_for(qp));
 #endif
   (void)qp;
   l.max_entries = st().max_entries < layout::capacity ? st().max_entries : std::uint32_t(layout::capacity);
@@ -762,7 +781,8 @@ inline result<void> IndirectKey::configure(SendBatch &batch, QueuePair &qp, cons
     // The mlx5dv builders post through the QP itself: not on the stand-in of a QP before RTS.
     if (!detail::batch_access::on_qp(batch)) return make_error_code(errc::wrong_state);
     RDMAXX_TRYV(mlx5::configure_key(s.mk, qp.mlx5_send_ops(), batch.native_handle(), s.pd, w, l,
-                                    acc, {qp.caps().max_inline_data, s.max_entries}, s.to_dv));
+                                    acc, umr_limits_for(qp), s.to_dv));
+    s.depth = std::uint8_t(std::min<std::uint32_t>(l.depth(), 255)); // validated against max_indirection
     s.length = l.total_length();
     s.access = acc;
     s.configured = s.mk.live();

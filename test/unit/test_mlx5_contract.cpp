@@ -824,6 +824,8 @@ struct test_access {
   static void destroy_mkey_through(IndirectKey &k, int (*verb)(mlx5dv_mkey *)) { k.st().destroy_mkey = verb; }
   // The key's state (to free one the library kept after a refused destruction).
   static ikey_state *state(const IndirectKey &k) { return k.h_.get(); }
+  // configure() reaches the mlx5dv_qp_ex of a batch's QP through `to_dv`.
+  static void to_dv_through(IndirectKey &k, mlx5::to_dv_qp to_dv) { k.st().to_dv = to_dv; }
   // The grant mechanism a software key chose at creation.
   static grant_mechanism grant(const IndirectKey &k) { return k.st().grant; }
   static std::uint32_t children(const IndirectKey &k) { return k.h_.live_children(); }
@@ -1989,6 +1991,9 @@ namespace {
 // (mlx5_ifc.h:819-983, 1499-1508; DEVX_SET/GET are big-endian, bit 0 the MSB of dword 0).
 int devx_calls = 0;
 bool atomic_disabled = false;
+bool indirect_disabled = false;   // umr_indirect_mkey_disabled, cmd_hca_cap bit 0x209
+bool repeat_disabled = false;     // repeated_block_disabled, bit 0x206
+std::uint8_t max_indirection = 0; // max_indirection, bits 0x100-0x107 (0: none reported)
 int standin_devx_cmd(ibv_context *, const void *in, size_t inlen, void *out, size_t outlen) {
   ++devx_calls;
   REQUIRE(inlen == 16);
@@ -2002,9 +2007,18 @@ int standin_devx_cmd(ibv_context *, const void *in, size_t inlen, void *out, siz
     const std::size_t b = 128 + cap_bit;
     o[b / 32] = htobe32(be32toh(o[b / 32]) | (1u << (31 - b % 32)));
   };
+  set_bit(0x205); // ib_striding_wq
   set_bit(0x207); // umr_modify_entity_size_disabled
-  set_bit(0x209); // umr_indirect_mkey_disabled
+  set_bit(0x20a); // umr_fence
+  if (indirect_disabled) set_bit(0x209); // umr_indirect_mkey_disabled
+  if (repeat_disabled) set_bit(0x206);   // repeated_block_disabled
   if (atomic_disabled) set_bit(0x208);
+  // max_indirection, bits 0x100-0x107, between log_max_eq (0xfc-0xff) and fixed_buffer_size
+  // (0x108), both set
+  for (std::size_t b = 0xfc; b < 0x100; ++b) set_bit(b);
+  set_bit(0x108);
+  for (std::size_t b = 0; b < 8; ++b)
+    if (max_indirection & (0x80u >> b)) set_bit(0x100 + b);
   return 0;
 }
 int failing_devx_cmd(ibv_context *, const void *, size_t, void *, size_t) {
@@ -2017,6 +2031,7 @@ TEST_CASE("mlx5 contract: umr_modify_atomic_disabled is read from the HCA capabi
   ibv_context ctx{};
   devx_calls = 0;
   atomic_disabled = false;
+  indirect_disabled = repeat_disabled = true; // both neighbours of 0x208 set
   CHECK(mlx5::query_umr_atomic(&ctx, standin_devx_cmd) == mlx5::umr_atomic::allowed);
   atomic_disabled = true;
   CHECK(mlx5::query_umr_atomic(&ctx, standin_devx_cmd) == mlx5::umr_atomic::disabled);
@@ -2032,6 +2047,7 @@ TEST_CASE("mlx5 contract: umr_modify_atomic_disabled is read from the HCA capabi
   CHECK(err == 0);
   CHECK(mlx5::query_umr_atomic(nullptr, standin_devx_cmd, &err) == mlx5::umr_atomic::unknown);
   CHECK(err == EINVAL);
+  indirect_disabled = repeat_disabled = false;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2549,6 +2565,134 @@ TEST_CASE(GRANT_CONTRACT_TYPE2 " (mlx5 key, device-free: the mkey is no window; 
       CHECK(test_access::grant(k.value()) == expect[i]);
     }
   }
+}
+
+// The HCA's UMR capabilities besides umr_modify_atomic_disabled (cmd_hca_cap, mlx5_ifc.h of
+// v44.0 lines 870, 981, 984): umr_indirect_mkey_disabled (0x209) makes the mlx5 backend unusable,
+// repeated_block_disabled (0x206) takes repeat layouts away, max_indirection (0x100-0x107) bounds
+// how deep keys nest. Read at create() from the same QUERY_HCA_CAP and enforced before any
+// mlx5dv call.
+TEST_CASE("mlx5 contract: umr_indirect_mkey_disabled, repeated_block_disabled and max_indirection are read and enforced", "[unit][mlx5][ikey]") {
+  standin_device sd;
+  ibv_pd *const pd = sd.pd.native_handle();
+  struct reset_caps {
+    ~reset_caps() {
+      indirect_disabled = repeat_disabled = atomic_disabled = false;
+      max_indirection = 0;
+    }
+  } const reset;
+  SECTION("umr_indirect_mkey_disabled: a forced mlx5 backend is refused, no mkey is made") {
+    indirect_disabled = true;
+    mkey_asked.clear();
+    auto k = IndirectKey::create_with(sd.pd, 4, {.backend = umr_backend::mlx5}, {is_mlx5, standin_devx_cmd, standin_create_mkey});
+    if (k.has_value()) test_access::disown(k.value()); // never mlx5dv_destroy_mkey on the stand-in
+    CHECK_FALSE(k.has_value());
+    if (!k.has_value()) CHECK(k.error() == errc::unsupported);
+    CHECK(mkey_asked.empty());
+    // chosen automatically: not the mlx5 backend (the software fallback's own query then fails)
+    const auto previous = fault_injection::set_query_device(&failing_query);
+    auto a = IndirectKey::create_with(sd.pd, 4, {}, {is_mlx5, standin_devx_cmd, standin_create_mkey});
+    fault_injection::set_query_device(previous);
+    CHECK(mkey_asked.empty());
+    if (a.has_value()) {
+      CHECK(a.value().backend() != umr_backend::mlx5);
+      test_access::disown(a.value());
+    }
+  }
+  SECTION("repeated_block_disabled and max_indirection 2: a repeat layout and a third level refused") {
+    repeat_disabled = true;
+    max_indirection = 2;
+    auto made = IndirectKey::create_with(sd.pd, 4, {.backend = umr_backend::mlx5}, {is_mlx5, standin_devx_cmd, standin_create_mkey});
+    REQUIRE(made.has_value());
+    mlx5_rig g;
+    IndirectKey &outer = made.value();
+    test_access::to_dv_through(outer, to_dv_recorder);
+    g.rec.qpx.qp_base.pd = pd;
+    mlx5dv_mkey ma{0x8800, 0x8800}, mb{0x9900, 0x9900};
+    IndirectKey a = test_access::mlx5_key(&ma, pd, 32, to_dv_recorder);
+    IndirectKey b = test_access::mlx5_key(&mb, pd, 32, to_dv_recorder);
+    struct disown_all { // whatever fails: never mlx5dv_destroy_mkey on a stand-in
+      IndirectKey *k[3];
+      ~disown_all() {
+        for (IndirectKey *x : k) test_access::disown(*x);
+      }
+    } const guard{{&outer, &a, &b}};
+    const region_ref r = region_ref::raw(0x10000, 4096, 7, 7, rw | access::remote_atomic, pd);
+    configure_confirmed(g, a, layout::list({{r, 0, 64}}), 1); // one level
+    configure_confirmed(g, b, layout::list({{a, 0, 64}}), 2); // two levels
+    g.rec.calls.clear();
+    to_dv_calls = 0;
+    {
+      auto batch = g.qp.start_send();
+      const auto rep = outer.configure(batch, g.qp, layout::repeat(2, {{r, 0, 8, 8}}), rw);
+      CHECK_FALSE(rep.has_value());
+      if (!rep.has_value()) CHECK(layout_errc(rep.error()) == errc::unsupported);
+      CHECK(g.names() == names{"wr_start"}); // nothing reached a builder
+      CHECK_FALSE(outer.pending());
+    }
+    g.rec.calls.clear();
+    {
+      auto batch = g.qp.start_send();
+      const auto deep = outer.configure(batch, g.qp, layout::list({{r, 0, 8}, {b, 0, 64}}), rw);
+      CHECK_FALSE(deep.has_value());
+      if (!deep.has_value()) {
+        CHECK(layout_errc(deep.error()) == errc::out_of_range);
+        CHECK(layout_error_entry(deep.error()) == 1); // the nested key of two levels
+      }
+      CHECK(g.names() == names{"wr_start"}); // nothing reached a builder
+      CHECK_FALSE(outer.pending());
+    } // dropped
+    // two levels are allowed: over `a`
+    configure_confirmed(g, outer, layout::list({{a, 0, 64}}), 3);
+    CHECK(outer.configured());
+    invalidate_confirmed(g, outer, 4);
+    invalidate_confirmed(g, b, 5);
+    invalidate_confirmed(g, a, 6);
+  }
+}
+
+TEST_CASE("mlx5 contract: query_umr_caps reads each UMR capability from its own bits", "[unit][mlx5]") {
+  ibv_context ctx{};
+  struct reset_caps {
+    ~reset_caps() {
+      indirect_disabled = repeat_disabled = atomic_disabled = false;
+      max_indirection = 0;
+    }
+  } const reset;
+  mlx5::umr_hca_caps c;
+  REQUIRE(mlx5::query_umr_caps(&ctx, c, standin_devx_cmd));
+  CHECK_FALSE(c.atomic_disabled); // the neighbours set by the stand-in are not read
+  CHECK_FALSE(c.indirect_mkey_disabled);
+  CHECK_FALSE(c.repeated_block_disabled);
+  CHECK(c.max_indirection == 0);
+  for (int which = 0; which < 3; ++which) {
+    INFO(which);
+    atomic_disabled = which == 0;
+    indirect_disabled = which == 1;
+    repeat_disabled = which == 2;
+    REQUIRE(mlx5::query_umr_caps(&ctx, c, standin_devx_cmd));
+    CHECK(c.atomic_disabled == (which == 0));
+    CHECK(c.indirect_mkey_disabled == (which == 1));
+    CHECK(c.repeated_block_disabled == (which == 2));
+  }
+  for (std::uint8_t v : {std::uint8_t(1), std::uint8_t(2), std::uint8_t(0x80), std::uint8_t(0xff)}) {
+    max_indirection = v;
+    REQUIRE(mlx5::query_umr_caps(&ctx, c, standin_devx_cmd));
+    CHECK(c.max_indirection == v);
+  }
+  // a failed command: nothing known, `c` unchanged, its errno
+  int err = 0;
+  c.max_indirection = 7;
+  CHECK_FALSE(mlx5::query_umr_caps(&ctx, c, failing_devx_cmd, &err));
+  CHECK(err == EPERM);
+  CHECK(c.max_indirection == 7);
+  CHECK_FALSE(mlx5::query_umr_caps(nullptr, c, standin_devx_cmd, &err));
+  CHECK(err == EINVAL);
+  // the limits follow: 0 enforces nothing, a repeat layout is refused only where disabled
+  CHECK(mlx5::limits_for({512, 32}).max_depth == UINT32_MAX);
+  CHECK(mlx5::limits_for({512, 32, 3, false}).max_depth == 3);
+  CHECK(mlx5::limits_for({512, 32}).repeat_layouts);
+  CHECK_FALSE(mlx5::limits_for({512, 32, 0, true}).repeat_layouts);
 }
 
 #endif // RDMAXX_HAVE_MLX5

@@ -69,6 +69,11 @@ inline constexpr access_flags allowed_access =
 struct umr_limits {
   std::uint32_t max_inline_data = 0; ///< the UMR QP's granted max_inline_data
   std::uint32_t mkey_max_entries = 0; ///< the mkey's max_entries as read back after creation
+  /// The HCA's max_indirection (query_umr_caps): the most levels a key may have; 0: not
+  /// reported, not enforced.
+  std::uint32_t max_indirection = 0;
+  /// The HCA reports repeated_block_disabled: no repeat layouts.
+  bool repeat_disabled = false;
 };
 
 /// List entries that fit inline: (max_inline_data + sizeof(mlx5_wqe_inl_data_seg)) /
@@ -91,6 +96,8 @@ struct umr_limits {
   l.interleave_16bit = true;
   l.nested_hardware_only = true;
   l.allowed_access = allowed_access;
+  if (u.max_indirection != 0) l.max_depth = u.max_indirection;
+  l.repeat_layouts = !u.repeat_disabled;
   return l;
 }
 
