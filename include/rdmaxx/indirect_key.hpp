@@ -53,13 +53,16 @@
 /// reset_and_reconnect() answer errc::busy (RESET would drop that completion, mlx5_cq_clean, and
 /// a configure whose outcome is unknown may have made the mkey live): rdmaxx never guesses the
 /// outcome. To give up on an operation, move the QP to ERR (QueuePair::to_error) and hand the
-/// flushed completion over; then reset. destroy() answers errc::operation_unconfirmed meanwhile;
-/// the destructor and a move assignment onto the key do not destroy the mkey under the posted
-/// UMR or local invalidate either: they report it through the destroy-failure hook (EBUSY) and
-/// keep the mkey, its state and its layout's links (each region and nested key of the layout
-/// stays counted, as the mkey may still reach them), letting only the QP go (its reset and
-/// destruction are no longer held). That mkey is never destroyed: hand the completion over
-/// before the key goes.
+/// flushed completion over; then reset. destroy() answers errc::operation_unconfirmed meanwhile.
+/// The destructor and a move assignment onto the key never destroy the mkey under the posted
+/// UMR or local invalidate: on a UMR QP from create_umr_qp (its send queue counted) the
+/// destruction is deferred, as a parent's is while children live (reported through the
+/// destroy-failure hook: errc::busy, one QueuePair still using it), until the queue shows the
+/// operation ended: its completion (or any later one of the QP) handed to QueuePair::retire(),
+/// or the QP reset (to_reset() no longer waits for it) or destroyed. The mkey is then destroyed
+/// and the layout's regions and nested keys and the PD let go. On a QP whose queue is not
+/// counted nothing tells when it ends: the mkey, its state and its layout's links are kept for
+/// good (reported, EBUSY), only the QP is let go.
 ///
 /// Allocation: IndirectKey::create() allocates the key's state (new(nothrow)) and, software, its
 /// segment table and its table of grant slots; mlx5dv_create_mkey allocates inside the provider. configure()
@@ -226,6 +229,18 @@ class IndirectKey {
 public:
   /// An empty (null) key.
   IndirectKey() noexcept = default;
+  /// Destroys the key as destroy() does, reporting failures through the destroy-failure hook;
+  /// under an unconfirmed mlx5 operation the destruction is deferred (see the class comment).
+  ~IndirectKey() { orphan_pending(); }
+  IndirectKey(IndirectKey &&) noexcept = default;
+  /// Destroys the key held before (as the destructor does), then takes `o`'s.
+  IndirectKey &operator=(IndirectKey &&o) noexcept {
+    if (this != &o) {
+      orphan_pending();
+      h_ = std::move(o.h_);
+    }
+    return *this;
+  }
 
   /// Create a key on `pd` whose layouts hold up to `max_entries` entries. mlx5:
   /// mlx5dv_create_mkey (indirect) for `max_entries` + 1 entries (a repeat layout's header takes
@@ -487,7 +502,8 @@ public:
 
   /// Destroy now: software windows deallocated, mlx5 mkey destroyed (mlx5dv_destroy_mkey). The
   /// destructor does the same, except under an unconfirmed mlx5 operation: see the class
-  /// comment (the mkey is kept and the destroy-failure hook told).
+  /// comment (the destruction deferred until the operation ended, and the destroy-failure hook
+  /// told).
   /// \errors On failure the key stays valid:
   /// - errc::operation_unconfirmed: mlx5: a configure or invalidate is posted and its completion
   ///   not handed to complete() (the device may still be writing the mkey).
@@ -574,10 +590,11 @@ private:
     static constexpr std::size_t parents = 2; // PD, software: the QP the windows were bound through
     static int destroy(native *s) noexcept {
 #if RDMAXX_HAVE_MLX5
-      // Never under a posted UMR or local invalidate (the destructor and move assignment reach
-      // here; destroy() refuses before): the mkey, the state and the layout's links to its
-      // regions are kept (reported, EBUSY) and only the QP is let go (see the class comment).
-      if (s->mkey && s->mk.pending()) {
+      // Never under a posted UMR or local invalidate: destroy() refuses before, the destructor
+      // and move assignment defer on a counted queue (orphan_pending) and reach here once the
+      // queue settled the operation; on a QP not counted the mkey, the state and the layout's
+      // links are kept (reported, EBUSY) and only the QP is let go (see the class comment).
+      if (s->mkey && s->mk.pending() && !s->mk.qp_settled) {
         mlx5::abandon_key(s->mk);
         return EBUSY;
       }
@@ -604,6 +621,13 @@ private:
   // mlx5: local use (sges(), nesting) only once the configure is confirmed: work on another QP
   // is not ordered after the UMR, and a configure may still fail.
   [[nodiscard]] bool usable_locally() const noexcept;
+  // Before the handle lets go: an unconfirmed mlx5 operation on a counted send queue defers the
+  // destruction until the queue shows it ended (mlx5::orphan_key).
+  void orphan_pending() noexcept {
+#if RDMAXX_HAVE_MLX5
+    if (h_ && st().mkey && st().mk.pending()) mlx5::orphan_key(st().mk, h_.node());
+#endif
+  }
 #if RDMAXX_HAVE_MLX5
   void sync_mlx5() noexcept { st().configured = st().mk.live(); }
   // The limits of a configure through `qp`: its granted inline size, the mkey's entries, and

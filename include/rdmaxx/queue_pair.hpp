@@ -256,8 +256,10 @@ public:
   /// its work request (the earliest outstanding one with its wr_id) and every earlier one (RC
   /// completes in order); error completions and other QPs' are ignored (after an error,
   /// to_reset() gives every credit back). An IndirectKey's complete() retires its own operation.
-  /// Returns true when room came back; false on a QP that is not counted. Inline,
-  /// allocation-free.
+  /// The operation of an mlx5 IndirectKey destroyed while it was unconfirmed is settled here
+  /// once retired (its own completion, or any later one), and its deferred destruction runs
+  /// (mlx5dv_destroy_mkey). Returns true when room came back; false on a QP that is not
+  /// counted. Inline, allocation-free (a deferred destruction frees what the key held).
   bool retire(const ibv_wc &wc) noexcept {
     detail::sq_credit *c = detail::sq_credit::of(h_.get());
     return c && wc.qp_num == h_.get()->qp_num && c->retire(wc);

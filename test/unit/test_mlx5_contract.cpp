@@ -1920,16 +1920,15 @@ void capture_key_report(const destroy_failure &f) noexcept { key_reports.push_ba
 } // namespace
 
 // The destructor and the move assignment destroyed the mkey under a posted UMR or local
-// invalidate (only destroy() checked). They now keep it, its state and its layout's links,
-// report through the destroy-failure hook, and let only the QP go.
-TEST_CASE("mlx5 contract: a key destroyed or assigned over under a posted operation keeps its mkey and reports it", "[unit][mlx5][ikey]") {
+// invalidate (only destroy() checked). On a counted queue (a UMR QP from create_umr_qp) the
+// destruction is now deferred, as a parent's with live children, until the queue shows the
+// operation ended; on a queue that is not counted the mkey is kept and reported.
+TEST_CASE("mlx5 contract: a key destroyed or assigned over under a posted operation defers the mkey's destruction", "[unit][mlx5][ikey]") {
   struct restore {
     destroy_failure_handler h;
     ~restore() { set_destroy_failure_handler(h); }
   } const r{set_destroy_failure_handler(&capture_key_report)};
   detail::parent_node qp_node, mr_a;
-  mlx5_rig g;
-  g.install_credit(8, &qp_node);
   region_ref a = mr(0x10000, 4096, 7);
   a.node = &mr_a;
   const layout la = layout::list({{a, 0, 64}});
@@ -1941,46 +1940,124 @@ TEST_CASE("mlx5 contract: a key destroyed or assigned over under a posted operat
     test_access::destroy_mkey_through(k, record_destroy_mkey);
     return k;
   };
-  detail::ikey_state *kept = nullptr; // what the library keeps: freed here for the leak checker
-  SECTION("the destructor under a posted configure") {
+  auto deferred = [&] { // the report of a deferred destruction: one QueuePair still uses it
+    REQUIRE(key_reports.size() == 1);
+    CHECK(std::string(key_reports[0].object) == "IndirectKey");
+    CHECK(key_reports[0].error == errc::busy);
+    CHECK(key_reports[0].live_children == 1);
+    CHECK(key_reports[0].children[std::size_t(child_kind::queue_pair)] == 1);
+  };
+  const std::vector<mlx5dv_mkey *> once{&m2};
+  SECTION("the destructor under a posted configure: destroyed when its completion is retired") {
+    mlx5_rig g;
+    g.install_credit(8, &qp_node);
     {
       IndirectKey k = make();
       REQUIRE(k.configure(g.qp, la, rw, {0x70}).has_value());
       CHECK(qp_node.live_children() == 1);
+    }
+    CHECK(destroyed_mkeys.empty()); // the UMR may still run
+    deferred();
+    CHECK(mr_a.live_children() == 1);    // the mkey may still reach the region
+    CHECK(qp_node.live_children() == 0); // the QP is let go at once
+    CHECK(detail::sq_credit::of(&g.rec.qpx)->key_ops.load() == 0); // its reset is not held
+    // the device runs it; its completion (no key left to take it) handed to the QP
+    const auto wcs = g.rec.poll();
+    REQUIRE(wcs.size() == 1);
+    CHECK(g.qp.retire(wcs[0]));
+    CHECK(destroyed_mkeys == once);
+    CHECK(mr_a.live_children() == 0);
+    CHECK(key_reports.size() == 1);
+  }
+  SECTION("a later completion retires it too") {
+    mlx5_rig g;
+    g.install_credit(8, &qp_node);
+    {
+      IndirectKey k = make();
+      REQUIRE(k.configure(g.qp, la, rw, {0x71}).has_value());
+    }
+    {
+      auto b = g.qp.start_send();
+      post_write(b, 0x72, true);
+      REQUIRE(b.submit().has_value());
+    }
+    const auto wcs = g.rec.poll();
+    REQUIRE(wcs.size() == 2);
+    CHECK(g.qp.retire(wcs[1])); // the write's: RC completes in order, so the UMR ended before it
+    CHECK(destroyed_mkeys == once);
+  }
+  SECTION("an error completion retires nothing: the QP's reset settles it") {
+    mlx5_rig g;
+    g.created_v40(8, &qp_node);
+    REQUIRE(g.connect().has_value());
+    IndirectKey k = make();
+    configure_confirmed(g, k, la, 0x73);
+    REQUIRE(k.invalidate(g.qp, {0x74}).has_value());
+    k = IndirectKey{}; // move assignment over the key with a posted invalidate
+    CHECK(destroyed_mkeys.empty());
+    deferred();
+    REQUIRE(g.qp.to_error().has_value());
+    const auto flushed = g.rec.poll();
+    REQUIRE(flushed.size() == 1);
+    CHECK_FALSE(g.qp.retire(flushed[0]));
+    CHECK(destroyed_mkeys.empty());
+    REQUIRE(g.qp.to_reset().has_value()); // not held by the orphaned invalidate
+    CHECK(destroyed_mkeys == once);
+    CHECK(mr_a.live_children() == 0);
+  }
+  SECTION("the QP destroyed first settles it") {
+    {
+      mlx5_rig g;
+      g.install_credit(8, &qp_node);
+      IndirectKey k = make();
+      REQUIRE(k.configure(g.qp, la, rw, {0x75}).has_value());
+      k = IndirectKey{};
+      CHECK(destroyed_mkeys.empty());
+    } // the rig frees the QP's credit as the QP's destruction does (after ibv_destroy_qp)
+    CHECK(destroyed_mkeys == once);
+    CHECK(mr_a.live_children() == 0);
+  }
+  SECTION("its completion retired before the key goes: destroyed at once, nothing reported") {
+    mlx5_rig g;
+    g.install_credit(8, &qp_node);
+    IndirectKey k = make();
+    REQUIRE(k.configure(g.qp, la, rw, {0x76}).has_value());
+    const auto wcs = g.rec.poll();
+    REQUIRE(wcs.size() == 1);
+    CHECK(g.qp.retire(wcs[0])); // handed to the QP, not to the key
+    CHECK(k.pending());
+    k = IndirectKey{};
+    CHECK(destroyed_mkeys == once);
+    CHECK(key_reports.empty());
+  }
+  SECTION("a queue that is not counted: the mkey is kept for good and reported") {
+    mlx5_rig g; // no credit
+    detail::ikey_state *kept = nullptr;
+    {
+      IndirectKey k = make();
+      REQUIRE(k.configure(g.qp, la, rw, {0x77}).has_value());
       kept = test_access::state(k);
     }
     CHECK(destroyed_mkeys.empty());
     REQUIRE(key_reports.size() == 1);
-    CHECK(std::string(key_reports[0].object) == "IndirectKey");
     CHECK(key_reports[0].error == std::errc::device_or_resource_busy);
-    CHECK(mr_a.live_children() == 1);    // the mkey may still reach the region
-    CHECK(qp_node.live_children() == 0); // the QP is let go
-    CHECK(detail::sq_credit::of(&g.rec.qpx)->key_ops.load() == 0); // its reset is not held
-  }
-  SECTION("a move assignment over a key with a posted invalidate") {
-    IndirectKey k = make();
-    configure_confirmed(g, k, la, 0x71);
-    REQUIRE(k.invalidate(g.qp, {0x72}).has_value());
-    kept = test_access::state(k);
-    k = IndirectKey{};
-    CHECK(destroyed_mkeys.empty());
-    REQUIRE(key_reports.size() == 1);
-    CHECK(key_reports[0].error == std::errc::device_or_resource_busy);
+    CHECK(key_reports[0].live_children == 0);
     CHECK(mr_a.live_children() == 1);
-    CHECK(qp_node.live_children() == 0);
+    if (destroyed_mkeys.empty()) { // freed here for the leak checker
+      kept->mkey = nullptr;
+      delete kept;
+    }
   }
   SECTION("confirmed first: the destructor destroys the mkey, nothing reported") {
+    mlx5_rig g;
+    g.install_credit(8, &qp_node);
     {
       IndirectKey k = make();
-      configure_confirmed(g, k, la, 0x73);
+      configure_confirmed(g, k, la, 0x78);
     }
-    CHECK(destroyed_mkeys == std::vector<mlx5dv_mkey *>{&m2});
+    CHECK(destroyed_mkeys == once);
     CHECK(key_reports.empty());
     CHECK(mr_a.live_children() == 0);
-  }
-  if (kept && destroyed_mkeys.empty()) {
-    kept->mkey = nullptr;
-    delete kept;
   }
 }
 

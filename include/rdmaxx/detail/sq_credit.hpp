@@ -77,6 +77,19 @@ struct sq_credit {
   // while any is (RESET would drop its completion, mlx5_cq_clean).
   std::atomic<std::uint32_t> key_ops{0};
   bool refused = false;               // the open batch met a full queue
+  /// A posted operation whose owner went away unconfirmed (an mlx5 IndirectKey destroyed while
+  /// its configure or invalidate was posted): adopt()ed by the credit, which calls settle(o)
+  /// once, on whichever thread finds that the operation ended: a completion handed back retired
+  /// it (retire_through past `pos` of `epoch`), or the QP was reset (reset()) or destroyed
+  /// (free()). settle may free `o` (and its owner).
+  struct orphan {
+    orphan *next = nullptr;
+    std::uint32_t pos = 0;
+    std::uint32_t epoch = 0;
+    void (*settle)(orphan *) noexcept = nullptr;
+    void *owner = nullptr; ///< for settle
+  };
+  std::atomic<orphan *> orphans{nullptr}; // adopted, not settled yet (a stack)
   std::uint64_t *ids = nullptr;       // wr_id by position % max_post
   parent_node *qp_node = nullptr;     // the QP's child counter (a pending key operation holds it)
   ibv_qp_ex saved{};                  // the provider's entries (function pointers only)
@@ -114,6 +127,35 @@ struct sq_credit {
     while (pos - t < h - t && !tail.compare_exchange_weak(t, pos + 1, std::memory_order_release,
                                                           std::memory_order_relaxed)) {
     }
+    if (orphans.load(std::memory_order_acquire)) [[unlikely]] settle_orphans(false);
+  }
+  /// Take `o` (its settle, pos and epoch set): settled once its operation ended (see orphan);
+  /// at once if it already has.
+  void adopt(orphan *o) noexcept {
+    orphan *top = orphans.load(std::memory_order_relaxed);
+    do o->next = top;
+    while (!orphans.compare_exchange_weak(top, o, std::memory_order_acq_rel, std::memory_order_relaxed));
+    settle_orphans(false);
+  }
+  /// Settle the adopted operations that ended (`all`: every one: the QP was reset or destroyed).
+  /// An operation that ends while another thread holds the list is settled at the next call.
+  void settle_orphans(bool all) noexcept {
+    orphan *o = orphans.exchange(nullptr, std::memory_order_acq_rel);
+    const std::uint32_t ep = epoch.load(std::memory_order_relaxed);
+    const std::uint32_t t = tail.load(std::memory_order_acquire);
+    const std::uint32_t h = head.load(std::memory_order_acquire);
+    while (o) {
+      orphan *const next = o->next;
+      // ended: the queue was reset since, or its position is no longer outstanding ([t, h))
+      if (all || o->epoch != ep || o->pos - t >= h - t) {
+        o->settle(o); // may free o
+      } else {
+        orphan *top = orphans.load(std::memory_order_relaxed);
+        do o->next = top;
+        while (!orphans.compare_exchange_weak(top, o, std::memory_order_acq_rel, std::memory_order_relaxed));
+      }
+      o = next;
+    }
   }
   /// Retire by a completion of this QP (see the top of this header). Returns true when it
   /// retired at least one WR.
@@ -137,6 +179,7 @@ struct sq_credit {
     epoch.fetch_add(1, std::memory_order_relaxed);
     nreq.store(0, std::memory_order_relaxed);
     refused = false;
+    settle_orphans(true); // their work requests are gone
   }
   /// Completions of work on the send queue (a successful one's opcode): every IBV_WC_* below
   /// IBV_WC_RECV, and the driver opcodes mlx5 reports for its send-queue work (IBV_WC_DRIVER1
@@ -178,8 +221,13 @@ struct sq_credit {
   static void reroute(ibv_qp_ex *q) noexcept {
     if (sq_credit *c = of(q)) route(q, c);
   }
-  /// Free the credit of a destroyed QP (the qp_context it had; null: none).
-  static void free(void *qp_context) noexcept { delete static_cast<sq_credit *>(qp_context); }
+  /// Free the credit of a destroyed QP (the qp_context it had; null: none), settling the
+  /// operations it adopted first (their work requests went with the QP).
+  static void free(void *qp_context) noexcept {
+    auto *c = static_cast<sq_credit *>(qp_context);
+    if (c) c->settle_orphans(true);
+    delete c;
+  }
 
 private:
   enum kind { op, setter };

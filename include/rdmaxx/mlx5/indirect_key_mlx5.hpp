@@ -291,6 +291,12 @@ struct key_state {
   /// While an operation is unconfirmed: a link to that QP's child counter, so the QP (and its
   /// credit) outlives it.
   detail::child_link qp_link;
+  /// The key's handle went away while its operation was unconfirmed on a counted send queue
+  /// (orphan_key): `orphan` is adopted by that queue, and `self_hold` keeps the key's own node
+  /// counted (its destruction deferred) until the queue settles it (`qp_settled`).
+  detail::sq_credit::orphan orphan;
+  detail::child_link self_hold;
+  bool qp_settled = false;
   /// The key may grant access (configured, or either operation not yet confirmed).
   [[nodiscard]] bool live() const noexcept { return phase != key_phase::idle; }
   /// An operation is posted and not yet confirmed.
@@ -482,11 +488,42 @@ inline bool complete_key(key_state &k, const ibv_wc &wc) noexcept {
   return true;
 }
 
-/// The key goes away (its handle destroyed) while its operation is posted and unconfirmed: the
-/// mkey is not destroyed (the device may still write it) and keeps its state and its links to
-/// the layout's sources; only the QP is let go (its counted queue no longer counts the operation
-/// among its unconfirmed ones, and the QP's reset and destruction are not held: either ends the
-/// posted work request). Its room in the queue comes back with a later completion or a reset.
+/// The key's handle goes away (destructor, move assignment) while its operation is posted and
+/// unconfirmed on a counted send queue (`k.credit`; `own`: the key's own node): its destruction
+/// is deferred until that queue shows the operation ended. `self_hold` counts on `own`, so the
+/// handle defers the destruction to the node as it does for children (and reports it); the
+/// queue adopts the operation (sq_credit::adopt) and settles it (settle_orphan: the hold
+/// dropped, the deferred destruction runs: mlx5dv_destroy_mkey, then the layout's links and the
+/// PD) once a completion handed back retired it (the operation's own handed to
+/// QueuePair::retire, or any later one), or the QP is reset or destroyed. The QP is let go at
+/// once: the operation no longer holds its reset or its destruction (either ends it). Nothing
+/// when the queue is not counted (then the destroy trait keeps the mkey: abandon_key).
+inline void orphan_key(key_state &k, detail::parent_node *own) noexcept;
+/// What the queue calls once the adopted operation ended.
+inline void settle_orphan(detail::sq_credit::orphan *o) noexcept {
+  auto *k = static_cast<key_state *>(o->owner);
+  k->qp_settled = true;
+  k->self_hold.drop(); // may run the deferred destruction, which frees *k
+}
+inline void orphan_key(key_state &k, detail::parent_node *own) noexcept {
+  detail::sq_credit *const c = k.credit;
+  if (!c || !own || !k.pending()) return;
+  k.self_hold = detail::child_link(own, child_kind::queue_pair);
+  k.orphan.pos = k.sq_pos;
+  k.orphan.epoch = k.sq_epoch;
+  k.orphan.settle = &settle_orphan;
+  k.orphan.owner = &k;
+  k.credit = nullptr;
+  c->key_ops.fetch_sub(1, std::memory_order_acq_rel); // the QP's reset no longer waits for it
+  detail::child_link qp = std::move(k.qp_link);
+  c->adopt(&k.orphan); // may settle at once (already retired): the handle still holds the node
+  qp.drop();           // last: the QP (and `c`) may go now; its destruction settles what is left
+}
+
+/// The key goes away (its handle destroyed) while its operation is posted and unconfirmed on a
+/// QP whose send queue is not counted, so nothing can tell when it ends: the mkey is not
+/// destroyed (the device may still write it) and keeps its state and its links to the layout's
+/// sources; only the QP is let go.
 inline void abandon_key(key_state &k) noexcept { release_credit(k, false); }
 
 /// The batch holding the unconfirmed operation was dropped, or its submit() failed: nothing of
