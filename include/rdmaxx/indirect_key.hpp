@@ -232,6 +232,7 @@ public:
   /// Destroys the key as destroy() does, reporting failures through the destroy-failure hook;
   /// under an unconfirmed mlx5 operation the destruction is deferred (see the class comment).
   ~IndirectKey() { orphan_pending(); }
+  /// Takes `o`'s key; `o` is null after.
   IndirectKey(IndirectKey &&) noexcept = default;
   /// Destroys the key held before (as the destructor does), then takes `o`'s.
   IndirectKey &operator=(IndirectKey &&o) noexcept {

@@ -83,11 +83,11 @@ struct sq_credit {
   /// it (retire_through past `pos` of `epoch`), or the QP was reset (reset()) or destroyed
   /// (free()). settle may free `o` (and its owner).
   struct orphan {
-    orphan *next = nullptr;
-    std::uint32_t pos = 0;
-    std::uint32_t epoch = 0;
-    void (*settle)(orphan *) noexcept = nullptr;
-    void *owner = nullptr; ///< for settle
+    orphan *next = nullptr;    ///< the next adopted one (the credit's list)
+    std::uint32_t pos = 0;     ///< the operation's position in the queue
+    std::uint32_t epoch = 0;   ///< the queue's resets when it was posted
+    void (*settle)(orphan *) noexcept = nullptr; ///< called once, when it ended
+    void *owner = nullptr;     ///< for settle
   };
   std::atomic<orphan *> orphans{nullptr}; // adopted, not settled yet (a stack)
   std::uint64_t *ids = nullptr;       // wr_id by position % max_post

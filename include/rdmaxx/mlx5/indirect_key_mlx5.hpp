@@ -292,10 +292,12 @@ struct key_state {
   /// credit) outlives it.
   detail::child_link qp_link;
   /// The key's handle went away while its operation was unconfirmed on a counted send queue
-  /// (orphan_key): `orphan` is adopted by that queue, and `self_hold` keeps the key's own node
-  /// counted (its destruction deferred) until the queue settles it (`qp_settled`).
+  /// (orphan_key): the operation as that queue adopted it (sq_credit::adopt).
   detail::sq_credit::orphan orphan;
+  /// (orphan_key) keeps the key's own node counted, so its destruction is deferred until the
+  /// queue settles the operation (settle_orphan).
   detail::child_link self_hold;
+  /// (settle_orphan) the queue showed the orphaned operation ended: the mkey may be destroyed.
   bool qp_settled = false;
   /// The key may grant access (configured, or either operation not yet confirmed).
   [[nodiscard]] bool live() const noexcept { return phase != key_phase::idle; }
