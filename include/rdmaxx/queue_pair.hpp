@@ -348,7 +348,9 @@ public:
   /// ERR every outstanding work request completes (flushed: not run), so after an error
   /// completion, or to give up on an operation (to_error()), poll the CQ and hand the
   /// completions to the keys (IndirectKey::complete, CompletionDispatcher): the flushed one
-  /// rolls the operation back, and the reset then goes through.
+  /// rolls the operation back, and the reset then goes through. The operation of a key
+  /// destroyed meanwhile does not hold the reset: the reset settles it (the key's deferred
+  /// destruction runs, see IndirectKey).
   /// \errors
   /// - errc::null_handle: the QP is null.
   /// - errc::busy: an mlx5 key operation posted on this UMR QP is unconfirmed (nothing changed).
