@@ -180,7 +180,10 @@ public:
   /// - wc_error(wc) of the first of `obj`'s completions that failed (flushed included): that
   ///   operation and any later one of `obj` were rolled back (the object says its state).
   /// - errc::timeout: still unconfirmed after `timeout_ms` (a deadline of 0 or less polls once):
-  ///   the operation may still execute; settle again, or reset the QP and cancel_pending().
+  ///   the operation may still execute; settle again, or move the QP to ERR
+  ///   (QueuePair::to_error) and settle: the flushed completion rolls the operation back (an
+  ///   mlx5 IndirectKey: the QP's to_reset() answers errc::busy until its completion was handed
+  ///   over; a MemoryWindow may also be reset and cancel_pending()).
   /// - those of CompletionQueue::wait.
   /// \mallocs None.
   template <detail::settle_type T, class OnOther>

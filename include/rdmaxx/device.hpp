@@ -106,6 +106,9 @@ enum class umr_reason : std::uint8_t {
   /// DEVX QUERY_HCA_CAP failed (Capabilities::umr_errno: its errno): umr_modify_atomic_disabled
   /// is unknown, and a failed device query fails closed (no mlx5 backend).
   hca_query_failed,
+  /// The HCA reports umr_indirect_mkey_disabled (DEVX QUERY_HCA_CAP): no indirect mkey can be
+  /// configured through a UMR.
+  umr_indirect_mkey_disabled,
 };
 
 /// One sentence for `r` (static storage).
@@ -121,6 +124,8 @@ enum class umr_reason : std::uint8_t {
   case umr_reason::no_devx: return "not probed, and the context was opened without DEVX";
   case umr_reason::hca_query_failed:
     return "DEVX QUERY_HCA_CAP failed: umr_modify_atomic_disabled unknown (fails closed)";
+  case umr_reason::umr_indirect_mkey_disabled:
+    return "the device reports umr_indirect_mkey_disabled: no indirect mkey can be configured";
   }
   return "unknown";
 }
@@ -657,7 +662,9 @@ private:
       c.umr_why = p.outcome == mlx5::umr_probe::ok                ? umr_reason::chosen
                   : p.outcome == mlx5::umr_probe::atomic_disabled ? umr_reason::umr_modify_atomic_disabled
                   : p.outcome == mlx5::umr_probe::query_failed    ? umr_reason::hca_query_failed
-                                                                  : umr_reason::mkey_creation_failed;
+                  : p.outcome == mlx5::umr_probe::indirect_disabled
+                      ? umr_reason::umr_indirect_mkey_disabled
+                      : umr_reason::mkey_creation_failed;
       c.umr_errno = p.outcome == mlx5::umr_probe::mkey_failed || p.outcome == mlx5::umr_probe::query_failed
                         ? p.err
                         : 0;

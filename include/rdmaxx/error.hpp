@@ -144,8 +144,8 @@ enum class errc : int {
   grant_outstanding,
   /// An operation of the object was posted and its completion has not been handed back yet, so
   /// whether the device did it is unknown (e.g. an mlx5 IndirectKey's configure or invalidate):
-  /// hand the operation's completion to complete() (or cancel it) first. Unlike errc::busy, no
-  /// child object is involved.
+  /// hand the operation's completion to complete() first (after QueuePair::to_error(), its
+  /// flushed completion rolls it back). Unlike errc::busy, no child object is involved.
   operation_unconfirmed,
   /// The key cannot be configured again without a peer's revoked key answering once more (an
   /// mlx5 mkey whose 8-bit tag cannot be rotated further, or at all on this device): destroy it

@@ -48,6 +48,22 @@
 /// until that batch is submitted or dropped: a dropped batch or a failed submit() undoes the
 /// operation through it.
 ///
+/// mlx5, an operation posted and unconfirmed (pending()): only its own completion settles it
+/// (complete(); an error or flushed one rolls it back). Until then the UMR QP's to_reset() and
+/// reset_and_reconnect() answer errc::busy (RESET would drop that completion, mlx5_cq_clean, and
+/// a configure whose outcome is unknown may have made the mkey live): rdmaxx never guesses the
+/// outcome. To give up on an operation, move the QP to ERR (QueuePair::to_error) and hand the
+/// flushed completion over; then reset. destroy() answers errc::operation_unconfirmed meanwhile.
+/// The destructor and a move assignment onto the key never destroy the mkey under the posted
+/// UMR or local invalidate: on a UMR QP from create_umr_qp (its send queue counted) the
+/// destruction is deferred, as a parent's is while children live (reported through the
+/// destroy-failure hook: errc::busy, one QueuePair still using it), until the queue shows the
+/// operation ended: its completion (or any later one of the QP) handed to QueuePair::retire(),
+/// or the QP reset (to_reset() no longer waits for it) or destroyed. The mkey is then destroyed
+/// and the layout's regions and nested keys and the PD let go. On a QP whose queue is not
+/// counted nothing tells when it ends: the mkey, its state and its layout's links are kept for
+/// good (reported, EBUSY), only the QP is let go.
+///
 /// Allocation: IndirectKey::create() allocates the key's state (new(nothrow)) and, software, its
 /// segment table and its table of grant slots; mlx5dv_create_mkey allocates inside the provider. configure()
 /// (software, remote rights) allocates one window per segment (ibv_alloc_mw) and, with the
@@ -74,6 +90,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -145,6 +162,12 @@ struct ikey_state {
   mlx5::key_state mk; // mlx5: what the device did (mk.mkey == mkey)
   // How configure() reaches the mlx5dv_qp_ex of a batch's QP; contract tests hand a recorder's.
   mlx5::to_dv_qp to_dv = mlx5::dv_qp_of;
+  // How the mkey is destroyed (mlx5dv_destroy_mkey); contract tests hand a recorder.
+  int (*destroy_mkey)(::mlx5dv_mkey *) = &::mlx5dv_destroy_mkey;
+  // What the HCA said at create() (QUERY_HCA_CAP): max_indirection, repeated_block_disabled.
+  mlx5::umr_hca_caps hca{};
+  // The configured layout's levels of indirection (layout::depth), for keys nesting this one.
+  std::uint8_t depth = 0;
 #endif
 
   // Deallocating (not invalidating) the windows: never a local invalidate of a type-2 window
@@ -206,6 +229,19 @@ class IndirectKey {
 public:
   /// An empty (null) key.
   IndirectKey() noexcept = default;
+  /// Destroys the key as destroy() does, reporting failures through the destroy-failure hook;
+  /// under an unconfirmed mlx5 operation the destruction is deferred (see the class comment).
+  ~IndirectKey() { orphan_pending(); }
+  /// Takes `o`'s key; `o` is null after.
+  IndirectKey(IndirectKey &&) noexcept = default;
+  /// Destroys the key held before (as the destructor does), then takes `o`'s.
+  IndirectKey &operator=(IndirectKey &&o) noexcept {
+    if (this != &o) {
+      orphan_pending();
+      h_ = std::move(o.h_);
+    }
+    return *this;
+  }
 
   /// Create a key on `pd` whose layouts hold up to `max_entries` entries. mlx5:
   /// mlx5dv_create_mkey (indirect) for `max_entries` + 1 entries (a repeat layout's header takes
@@ -221,8 +257,8 @@ public:
   ///   `max_entries` above mlx5::max_mkey_entries (65532: the provider's round-up to a multiple
   ///   of 4 would wrap its 16-bit field to 0).
   /// - errc::unsupported: backend mlx5 forced on a device or build without it, or on a device
-  ///   reporting umr_modify_atomic_disabled (mlx5::query_umr_atomic; chosen automatically, such
-  ///   a device gets the software backend).
+  ///   reporting umr_modify_atomic_disabled or umr_indirect_mkey_disabled (mlx5::query_umr_caps;
+  ///   chosen automatically, such a device gets the software backend).
   /// - mlx5 forced: the errno of DEVX QUERY_HCA_CAP when it fails (a failed query fails closed;
   ///   chosen automatically, such a device gets the software backend, whose own query decides).
   /// - the errno of mlx5dv_create_mkey when mlx5 is forced.
@@ -312,6 +348,9 @@ public:
       r.lkey = mkey_lkey();
       r.rkey = mkey_rkey();
       r.node = h_.node(); // an outer key configured over this one counts as its child
+#if RDMAXX_HAVE_MLX5
+      r.depth = st().depth;
+#endif
     } else {
       r.segments = st().segs;
       r.nsegments = st().nsegs;
@@ -337,7 +376,7 @@ public:
   /// rkey of an earlier configure answers again; while configured the key counts as a child of
   /// each MemoryRegion and nested key of its layout (a region's dereg() and rereg() answer
   /// errc::region_granted, a nested key's destroy() errc::busy). If the batch is dropped or its submit() fails, the batch undoes the configure
-  /// (mlx5: as cancel_pending(); software: the windows are deallocated, the key
+  /// (mlx5: the operation is dropped, its tag given back; software: the windows are deallocated, the key
   /// is not configured): keep the key alive and in place until then.
   /// \errors Nothing is then added to the batch:
   /// - errc::null_handle: a null key or QP.
@@ -360,7 +399,11 @@ public:
   /// - errc::unsupported: remote rights on a device without memory windows.
   /// - the layout_category() codes of layout::validate (naming the entry), expand and (mlx5)
   ///   mlx5::check_provider_limits (errc::provider_limit: a list entry over 2 GiB, a list of
-  ///   2 GiB or more in total).
+  ///   2 GiB or more in total). mlx5, from the HCA's capabilities read at create():
+  ///   errc::unsupported for a repeat layout where it reports repeated_block_disabled, and
+  ///   errc::out_of_range naming the entry of a nested key that would make this key deeper than
+  ///   its max_indirection (a key over regions only is one level; not enforced where the HCA
+  ///   reports 0).
   /// - the errno of ibv_alloc_mw / ibv_reg_mr_iova2.
   /// \mallocs mlx5: none. Software with remote rights: one window per segment (ibv_alloc_mw)
   /// and, with the exact-region mechanism, one region per segment whose bytes changed since the
@@ -458,7 +501,10 @@ public:
   /// \mallocs None.
   [[nodiscard]] result<ikey_descriptor> descriptor() const noexcept;
 
-  /// Destroy now: software windows deallocated, mlx5 mkey destroyed (mlx5dv_destroy_mkey).
+  /// Destroy now: software windows deallocated, mlx5 mkey destroyed (mlx5dv_destroy_mkey). The
+  /// destructor does the same, except under an unconfirmed mlx5 operation: see the class
+  /// comment (the destruction deferred until the operation ended, and the destroy-failure hook
+  /// told).
   /// \errors On failure the key stays valid:
   /// - errc::operation_unconfirmed: mlx5: a configure or invalidate is posted and its completion
   ///   not handed to complete() (the device may still be writing the mkey).
@@ -486,8 +532,14 @@ public:
   /// (the windows go, the key is not configured); true when it concerned the key.
   /// Inline, allocation-free.
   bool complete(const ibv_wc &wc) noexcept;
-  /// mlx5: undo the unconfirmed operation. Not needed after a dropped batch or a failed submit():
-  /// the batch undoes the operations it carried itself. No effect otherwise.
+  /// No effect (kept for source compatibility). An operation added to a batch is undone by that
+  /// batch when nothing of it is posted (the batch dropped, or its submit() failed); once a
+  /// submit() succeeded the device may run it (a configure may write the mkey with its new tag),
+  /// so only its own completion settles it (complete(): an error or flushed one rolls it back;
+  /// to give up on it, move the QP to ERR, see QueuePair::to_reset). While its batch is still
+  /// open, undoing it here would leave the work request in the batch: the batch's own undo
+  /// covers that case too. Before, this undid the state and gave back a tag a posted UMR may
+  /// have written.
   void cancel_pending() noexcept;
 
   /// The batch form with the arguments in the order of 0.1 (QP first). Every other batch form
@@ -502,7 +554,7 @@ public:
   /// request is signaled (mlx5: always). Never call it while a batch of this thread is open on
   /// `qp`: the provider's send-queue lock is held from ibv_wr_start to ibv_wr_complete
   /// (qp.c:1180, 1215), so a second start deadlocks; use the batch form. If the submit fails the key is left as
-  /// before (the batch's undo: mlx5 as cancel_pending(); software: the windows are deallocated).
+  /// before (the batch's undo: mlx5 the operation dropped; software: the windows are deallocated).
   /// mlx5: hand the completion to complete() before descriptor().
   /// \errors
   /// - those of the batch form.
@@ -538,10 +590,20 @@ private:
     static constexpr const char *verb = "ibv_dealloc_mw / mlx5dv_destroy_mkey";
     static constexpr std::size_t parents = 2; // PD, software: the QP the windows were bound through
     static int destroy(native *s) noexcept {
+#if RDMAXX_HAVE_MLX5
+      // Never under a posted UMR or local invalidate: destroy() refuses before, the destructor
+      // and move assignment defer on a counted queue (orphan_pending) and reach here once the
+      // queue settled the operation; on a QP not counted the mkey, the state and the layout's
+      // links are kept (reported, EBUSY) and only the QP is let go (see the class comment).
+      if (s->mkey && s->mk.pending() && !s->mk.qp_settled) {
+        mlx5::abandon_key(s->mk);
+        return EBUSY;
+      }
+#endif
       if (const int rc = s->release_all()) return rc;
 #if RDMAXX_HAVE_MLX5
       if (s->mkey) {
-        if (const int rc = ::mlx5dv_destroy_mkey(s->mkey)) return rc;
+        if (const int rc = s->destroy_mkey(s->mkey)) return rc;
         s->mkey = nullptr;
       }
 #endif
@@ -560,8 +622,21 @@ private:
   // mlx5: local use (sges(), nesting) only once the configure is confirmed: work on another QP
   // is not ordered after the UMR, and a configure may still fail.
   [[nodiscard]] bool usable_locally() const noexcept;
+  // Before the handle lets go: an unconfirmed mlx5 operation on a counted send queue defers the
+  // destruction until the queue shows it ended (mlx5::orphan_key).
+  void orphan_pending() noexcept {
+#if RDMAXX_HAVE_MLX5
+    if (h_ && st().mkey && st().mk.pending()) mlx5::orphan_key(st().mk, h_.node());
+#endif
+  }
 #if RDMAXX_HAVE_MLX5
   void sync_mlx5() noexcept { st().configured = st().mk.live(); }
+  // The limits of a configure through `qp`: its granted inline size, the mkey's entries, and
+  // what the HCA reported at create() (max_indirection, repeated_block_disabled).
+  [[nodiscard]] mlx5::umr_limits umr_limits_for(const QueuePair &qp) const noexcept {
+    return {qp.caps().max_inline_data, st().max_entries, st().hca.max_indirection,
+            st().hca.repeated_block_disabled};
+  }
 #endif
   // grant_mechanism::type1_exact_region: per segment, a region of exactly its bytes at the same
   // device address (ibv_reg_mr_iova2: the descriptor is unchanged) with a count on the
@@ -619,12 +694,13 @@ inline result<IndirectKey> IndirectKey::create_with(const ProtectionDomain &pd, 
     // of rdma-core 44 (the setter always sets that bit): the software backend, or refused. A
     // failed query is no answer: no mlx5 backend either (automatic: software, whose own
     // device query decides; forced: the command's errno).
+    // So does one that cannot configure indirect mkeys through a UMR (umr_indirect_mkey_disabled).
     int qerr = 0;
-    const mlx5::umr_atomic at = mlx5::query_umr_atomic(pd.context(), v.devx_cmd, &qerr);
-    if (at != mlx5::umr_atomic::allowed) {
+    const bool known = mlx5::query_umr_caps(pd.context(), st->hca, v.devx_cmd, &qerr);
+    if (!known || st->hca.atomic_disabled || st->hca.indirect_mkey_disabled) {
       if (o.backend == umr_backend::mlx5) {
         delete st;
-        if (at == mlx5::umr_atomic::disabled) return make_error_code(errc::unsupported);
+        if (known) return make_error_code(errc::unsupported);
         return errno_code(qerr);
       }
       want_mlx5 = false;
@@ -700,7 +776,7 @@ inline layout_limits IndirectKey::limits(const QueuePair &qp) const noexcept {
   if (!h_) return l;
 #if RDMAXX_HAVE_MLX5
   if (st().backend == umr_backend::mlx5)
-    return mlx5::limits_for({qp.caps().max_inline_data, st().max_entries});
+    return mlx5::limits_for(umr_limits_for(qp));
 #endif
   (void)qp;
   l.max_entries = st().max_entries < layout::capacity ? st().max_entries : std::uint32_t(layout::capacity);
@@ -730,7 +806,8 @@ inline result<void> IndirectKey::configure(SendBatch &batch, QueuePair &qp, cons
     // The mlx5dv builders post through the QP itself: not on the stand-in of a QP before RTS.
     if (!detail::batch_access::on_qp(batch)) return make_error_code(errc::wrong_state);
     RDMAXX_TRYV(mlx5::configure_key(s.mk, qp.mlx5_send_ops(), batch.native_handle(), s.pd, w, l,
-                                    acc, {qp.caps().max_inline_data, s.max_entries}, s.to_dv));
+                                    acc, umr_limits_for(qp), s.to_dv));
+    s.depth = std::uint8_t(std::min<std::uint32_t>(l.depth(), 255)); // validated against max_indirection
     s.length = l.total_length();
     s.access = acc;
     s.configured = s.mk.live();
@@ -890,20 +967,15 @@ inline bool IndirectKey::complete(const ibv_wc &wc) noexcept {
   return true;
 }
 
-inline void IndirectKey::cancel_pending() noexcept {
-#if RDMAXX_HAVE_MLX5
-  if (!h_ || !st().mkey) return;
-  mlx5::cancel_key(st().mk);
-  sync_mlx5();
-#endif
-}
+inline void IndirectKey::cancel_pending() noexcept {}
 
 inline void IndirectKey::undo_op(void *key, std::uint64_t) noexcept {
   auto *self = static_cast<IndirectKey *>(key);
   if (!self->h_) return;
 #if RDMAXX_HAVE_MLX5
-  if (self->st().mkey) {
-    self->cancel_pending();
+  if (self->st().mkey) { // nothing of the batch was posted: the operation never reached the device
+    mlx5::cancel_key(self->st().mk);
+    self->sync_mlx5();
     return;
   }
 #endif

@@ -126,6 +126,9 @@ struct region_ref {
   std::byte *data = nullptr;   ///< a MemoryRegion's first byte in this process (null otherwise)
   detail::parent_node *node = nullptr; ///< a MemoryRegion's child counter (null otherwise)
   errc problem{};              ///< non-zero: the source cannot be used (null_handle, unusable, ...)
+  /// A hardware key's levels of indirection (1: over regions only; a key nesting such a key: 2);
+  /// 0 for a region and a software key.
+  std::uint8_t depth = 0;
 
   /// An empty ref (validation refuses it with errc::null_handle).
   region_ref() noexcept = default;
@@ -188,6 +191,11 @@ struct layout_limits {
   /// Rights a key of this backend can be configured with.
   access_flags allowed_access = access::local_write | access::remote_read | access::remote_write |
                                 access::remote_atomic;
+  /// mlx5: the most levels of indirection a key may have (the HCA's max_indirection): a nested
+  /// hardware key of region_ref::depth d makes the new key d + 1 levels deep.
+  std::uint32_t max_depth = UINT32_MAX;
+  /// mlx5: false where the HCA reports repeated_block_disabled (no repeat layouts).
+  bool repeat_layouts = true;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -293,6 +301,15 @@ public:
     return per * repeat_count();
   }
 
+  /// The levels of indirection of a hardware key configured with this layout: one more than the
+  /// deepest nested key's region_ref::depth (1 over regions only).
+  [[nodiscard]] std::uint32_t depth() const noexcept {
+    std::uint32_t d = 1;
+    for (const auto &e : entries())
+      if (e.source.indirect && std::uint32_t(e.source.depth) + 1 > d) d = std::uint32_t(e.source.depth) + 1;
+    return d;
+  }
+
   /// Check the layout against a backend's limits, the access rights `acc` the key is to grant
   /// and the key's protection domain `pd` (nullptr: not checked). Returns an empty code or a
   /// layout_category() code naming the entry.
@@ -303,7 +320,8 @@ public:
   /// - errc::null_handle / errc::unusable / errc::wrong_state: source not usable or key not
   ///   configured.
   /// - errc::out_of_range: entry outside its region, entry or total too long, 16-bit
-  ///   interleave fields.
+  ///   interleave fields, a nested key too deep for max_depth (naming its entry).
+  /// - errc::unsupported: a repeat layout where the backend has none (repeat_layouts false).
   /// - errc::pd_mismatch: a source on another PD than `pd`.
   /// - errc::missing_access: a right not granted by the region, or mw_bind missing.
   /// - errc::unknown_access_flag: a right the backend cannot grant.
@@ -314,6 +332,7 @@ public:
     if (!acc.subset_of(lim.allowed_access)) return layout_error(errc::unknown_access_flag, no_entry);
     if (auto ec = check_access(acc)) return layout_error(errc(ec.value()), no_entry);
     if (n_ == 0) return layout_error(errc::zero_length, no_entry);
+    if (kind_ == kind::repeat && !lim.repeat_layouts) return layout_error(errc::unsupported, no_entry);
     const std::uint32_t max = kind_ == kind::list ? lim.max_entries : lim.max_repeat_entries;
     if (n_ > max) return layout_error(errc::too_many_entries, max);
     if (kind_ == kind::repeat && repeat_ == 0) return layout_error(errc::zero_length, no_entry);
@@ -329,6 +348,7 @@ public:
         return layout_error(errc::wrong_type, i);
       if (s.indirect && lim.nested_software_only && !s.segments)
         return layout_error(errc::wrong_type, i);
+      if (s.indirect && std::uint32_t(s.depth) + 1 > lim.max_depth) return layout_error(errc::out_of_range, i);
       if (e.length == 0) return layout_error(errc::zero_length, i);
       if (e.length > UINT32_MAX) return layout_error(errc::out_of_range, i);
       // the bytes of the region this entry touches: [offset, offset + span)

@@ -256,8 +256,10 @@ public:
   /// its work request (the earliest outstanding one with its wr_id) and every earlier one (RC
   /// completes in order); error completions and other QPs' are ignored (after an error,
   /// to_reset() gives every credit back). An IndirectKey's complete() retires its own operation.
-  /// Returns true when room came back; false on a QP that is not counted. Inline,
-  /// allocation-free.
+  /// The operation of an mlx5 IndirectKey destroyed while it was unconfirmed is settled here
+  /// once retired (its own completion, or any later one), and its deferred destruction runs
+  /// (mlx5dv_destroy_mkey). Returns true when room came back; false on a QP that is not
+  /// counted. Inline, allocation-free (a deferred destruction frees what the key held).
   bool retire(const ibv_wc &wc) noexcept {
     detail::sq_credit *c = detail::sq_credit::of(h_.get());
     return c && wc.qp_num == h_.get()->qp_num && c->retire(wc);
@@ -331,13 +333,27 @@ public:
   /// \errors
   /// - errc::null_handle: the QP is null.
   /// - errc::wrong_state: never connected.
+  /// - errc::busy: as to_reset() (nothing was changed).
   /// - qp_transition codes.
   /// \mallocs None.
   result<void> reset_and_reconnect() noexcept;
   /// ibv_modify_qp to RESET (a state change, like to_init(): the QP is not destroyed). A counted
   /// send queue (send_queue_room()) gets all its room back, as the provider's does.
+  ///
+  /// A UMR QP (mlx5::create_umr_qp) with an unconfirmed mlx5 IndirectKey configure or invalidate
+  /// posted on it is not reset: RESET drops the QP's unpolled completions (mlx5_cq_clean,
+  /// verbs.c:3019-3026 of rdma-core v44.0) and the operation's own completion is the only thing
+  /// that says whether the device ran it (a configure may have made the mkey live). rdmaxx
+  /// answers errc::busy rather than guess: hand the operation's completion to the key first. In
+  /// ERR every outstanding work request completes (flushed: not run), so after an error
+  /// completion, or to give up on an operation (to_error()), poll the CQ and hand the
+  /// completions to the keys (IndirectKey::complete, CompletionDispatcher): the flushed one
+  /// rolls the operation back, and the reset then goes through. The operation of a key
+  /// destroyed meanwhile does not hold the reset: the reset settles it (the key's deferred
+  /// destruction runs, see IndirectKey).
   /// \errors
   /// - errc::null_handle: the QP is null.
+  /// - errc::busy: an mlx5 key operation posted on this UMR QP is unconfirmed (nothing changed).
   /// - qp_transition codes.
   /// \mallocs None.
   result<void> to_reset() noexcept;
@@ -406,6 +422,14 @@ private:
 
   result<void> modify(ibv_qp_attr &a, int mask, ibv_qp_state from, const connect_options &o) noexcept;
 
+  // After each successful transition rdmaxx makes: what its batches may post (detail::qpx_ptr)
+  // and, on a QP whose send queue is counted, the credit routed again: rdma-core >= 40 rewrites
+  // wr_complete at every state change (detail/sq_credit.hpp). Nothing else for other QPs.
+  void transitioned(ibv_qp_state s) noexcept {
+    qpx_.set_state(s);
+    if (detail::sq_credit::of(h_.get())) [[unlikely]] detail::sq_credit::reroute(qpx_.get());
+  }
+
   // Which attribute of a refused transition is out of the device's limits. Cold: only on failure.
   [[gnu::cold]] int diagnose(const ibv_qp_attr &a, int mask, const connect_options &o) const noexcept;
 
@@ -421,6 +445,9 @@ private:
   bool connected_once_ = false;
   bool sge_list_defect_ = false; // rxe: see SendBatch
   bool no_scatter_to_cqe_ = false; // mlx5: created with MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE
+  // The transitions' verb: ibv_modify_qp (contract tests hand a stand-in that behaves as the
+  // provider, detail::test_access).
+  int (*modify_)(ibv_qp *, ibv_qp_attr *, int) = &::ibv_modify_qp;
 };
 
 namespace detail {
@@ -438,8 +465,8 @@ struct qp_access {
   /// Records that the QP was created with MLX5DV_QP_CREATE_DISABLE_SCATTER_TO_CQE.
   static void set_no_scatter_to_cqe(QueuePair &q) noexcept { q.no_scatter_to_cqe_ = true; }
   /// Records a transition to `s` made outside QueuePair (Connection's rdma_cm INIT/RTR/RTS):
-  /// what its batches may post (detail::qpx_ptr).
-  static void note_state(QueuePair &q, ibv_qp_state s) noexcept { q.qpx_.set_state(s); }
+  /// what its batches may post (detail::qpx_ptr), and a counted send queue routed again.
+  static void note_state(QueuePair &q, ibv_qp_state s) noexcept { q.transitioned(s); }
 };
 } // namespace detail
 
@@ -545,12 +572,14 @@ inline result<void> QueuePair::reset_and_reconnect() noexcept {
 
 inline result<void> QueuePair::to_reset() noexcept {
   if (!h_) return make_error_code(errc::null_handle);
+  if (const auto *c = detail::sq_credit::of(h_.get()); c && c->key_ops.load(std::memory_order_acquire) != 0)
+    return make_error_code(errc::busy); // RESET would drop their completions (mlx5_cq_clean)
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RESET;
-  if (const int rc = ::ibv_modify_qp(h_.get(), &a, IBV_QP_STATE))
+  if (const int rc = modify_(h_.get(), &a, IBV_QP_STATE))
     return qp_transition_error(current_state(), IBV_QPS_RESET, 0, rc);
-  qpx_.set_state(IBV_QPS_RESET);
   if (auto *c = detail::sq_credit::of(h_.get())) c->reset(); // so does the provider's queue
+  transitioned(IBV_QPS_RESET);
   return success();
 }
 
@@ -558,9 +587,9 @@ inline result<void> QueuePair::to_error() noexcept {
   if (!h_) return make_error_code(errc::null_handle);
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_ERR;
-  if (const int rc = ::ibv_modify_qp(h_.get(), &a, IBV_QP_STATE))
+  if (const int rc = modify_(h_.get(), &a, IBV_QP_STATE))
     return qp_transition_error(current_state(), IBV_QPS_ERR, 0, rc);
-  qpx_.set_state(IBV_QPS_ERR);
+  transitioned(IBV_QPS_ERR);
   return success();
 }
 
@@ -629,9 +658,9 @@ inline ibv_qp_state QueuePair::current_state() const noexcept {
 
 inline result<void> QueuePair::modify(ibv_qp_attr &a, int mask, ibv_qp_state from,
                                       const connect_options &o) noexcept {
-  if (const int rc = ::ibv_modify_qp(h_.get(), &a, mask)) [[unlikely]]
+  if (const int rc = modify_(h_.get(), &a, mask)) [[unlikely]]
     return qp_transition_error(from, a.qp_state, diagnose(a, mask, o), rc);
-  qpx_.set_state(a.qp_state);
+  transitioned(a.qp_state);
   return success();
 }
 

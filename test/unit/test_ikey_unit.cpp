@@ -215,7 +215,8 @@ TEST_CASE("Capabilities::umr_why: why the mlx5 backend is or is not chosen", "[u
   const umr_reason all[] = {umr_reason::chosen,          umr_reason::no_mlx5_build,
                             umr_reason::not_mlx5_device, umr_reason::forced_software,
                             umr_reason::umr_modify_atomic_disabled, umr_reason::mkey_creation_failed,
-                            umr_reason::no_devx,         umr_reason::hca_query_failed};
+                            umr_reason::no_devx,         umr_reason::hca_query_failed,
+                            umr_reason::umr_indirect_mkey_disabled};
   for (umr_reason a : all)
     for (umr_reason b : all)
       CHECK((a == b) == (std::string_view(umr_reason_text(a)) == umr_reason_text(b)));

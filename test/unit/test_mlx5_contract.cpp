@@ -65,7 +65,7 @@ struct sq_model {
   unsigned nreq = 0;       // WQEs of the open batch
   int err = 0;             // mqp->err: cleared by wr_start (qp.c:1183), answered by wr_complete
   bool ctx_update_tag = true; // MLX5_CTX_FLAGS_MKEY_UPDATE_TAG_SUPPORTED (mlx5.c:2410-2412)
-  bool in_error = false;   // the QP moved to ERR after an error completion
+  bool in_error = false;   // the QP moved to ERR after an error completion (or to_error())
   int stale_writes = 0;    // builders that wrote through the last posted WQE's control segment
   std::vector<wqe> batch;  // built in the open batch
   std::vector<wqe> posted; // rung, not yet completed
@@ -77,6 +77,11 @@ struct recorder {
   mlx5dv_qp_ex mqp{};
   std::vector<call> calls;
   sq_model sq;
+  // The provider's two wr_complete entries: mlx5_send_wr_complete (qp.c:1200-1218) and, since
+  // rdma-core v40, mlx5_send_wr_complete_error (qp.c:1189-1198), which the provider installs at
+  // RESET (creation included) and replaces at RTS (verbs.c:2250-2268; standin_modify_qp).
+  int (*real_complete)(ibv_qp_ex *) = nullptr;
+  int (*error_complete)(ibv_qp_ex *) = nullptr;
   recorder();
   // _common_wqe_init_op (qp.c:1236-1287): on a full queue (mlx5_wq_overflow, qp.c:186-199:
   // head - tail + nreq >= max_post) it sets ENOMEM and returns without a new cur_ctrl; the
@@ -216,7 +221,60 @@ recorder::recorder() {
     current->sq.batch.clear();
     current->sq.nreq = 0;
   };
+  real_complete = qpx.wr_complete;
+  error_complete = [](ibv_qp_ex *q) { // qp.c:1189-1198: rolls back, answers EINVAL
+    REQUIRE(q == &current->qpx);
+    record("wr_complete_error");
+    current->sq.batch.clear();
+    current->sq.nreq = 0;
+    return EINVAL;
+  };
 }
+
+// ibv_modify_qp on the recorder's QP as rdma-core >= 40 runs it (mlx5_modify_qp, verbs.c of
+// v44.0): on a move to RESET the QP's unpolled CQEs are dropped (mlx5_cq_clean, 3019-3026) and
+// the send queue starts anew (mlx5_init_qp_indices, 3028); then set_qp_operational_state
+// (3063-3064, 2250-2268) rewrites wr_complete: the error variant at RESET, the real one at RTS.
+// A move to ERR flushes every outstanding WQE. libibverbs then records qp->state.
+int standin_modify_qp(ibv_qp *qp, ibv_qp_attr *a, int mask) {
+  REQUIRE(qp == &current->qpx.qp_base);
+  call &c = record("modify_qp");
+  c.key = a->qp_state;
+  if (mask & IBV_QP_STATE) {
+    sq_model &sq = current->sq;
+    if (a->qp_state == IBV_QPS_RESET) {
+      sq.posted.clear();
+      sq.batch.clear();
+      sq.head = sq.tail = sq.nreq = 0;
+      sq.err = 0;
+      sq.in_error = false;
+      current->qpx.wr_complete = current->error_complete;
+    } else if (a->qp_state == IBV_QPS_RTS) {
+      current->qpx.wr_complete = current->real_complete;
+    } else if (a->qp_state == IBV_QPS_ERR) {
+      sq.in_error = true;
+    }
+    qp->state = a->qp_state;
+  }
+  return 0;
+}
+
+// The device context the QP's transitions query (ibv_query_port in to_rtr): a RoCE port.
+struct standin_context {
+  verbs_context v{};
+  standin_context() {
+    v.sz = sizeof(verbs_context);
+    v.context.abi_compat = __VERBS_ABI_IS_EXTENDED;
+    v.query_port = [](ibv_context *, uint8_t, ibv_port_attr *pa, size_t) {
+      *pa = ibv_port_attr{};
+      pa->state = IBV_PORT_ACTIVE;
+      pa->link_layer = IBV_LINK_LAYER_ETHERNET;
+      pa->active_mtu = IBV_MTU_1024;
+      return 0;
+    };
+  }
+};
+standin_context standin_ctx;
 
 constexpr access_flags rw = access::local_write | access::remote_read | access::remote_write;
 ibv_pd *const pd1 = reinterpret_cast<ibv_pd *>(0x1000);
@@ -762,6 +820,12 @@ struct test_access {
     st->to_dv = to_dv;
     return IndirectKey(st, ProtectionDomain{}, new_parent_node());
   }
+  // The key's mkey destroyed through `verb` instead of mlx5dv_destroy_mkey.
+  static void destroy_mkey_through(IndirectKey &k, int (*verb)(mlx5dv_mkey *)) { k.st().destroy_mkey = verb; }
+  // The key's state (to free one the library kept after a refused destruction).
+  static ikey_state *state(const IndirectKey &k) { return k.h_.get(); }
+  // configure() reaches the mlx5dv_qp_ex of a batch's QP through `to_dv`.
+  static void to_dv_through(IndirectKey &k, mlx5::to_dv_qp to_dv) { k.st().to_dv = to_dv; }
   // The grant mechanism a software key chose at creation.
   static grant_mechanism grant(const IndirectKey &k) { return k.st().grant; }
   static std::uint32_t children(const IndirectKey &k) { return k.h_.live_children(); }
@@ -785,6 +849,8 @@ struct test_access {
   static void disown(CompletionQueue &c) { c.h_.replace(nullptr); }
   // A transition as rdmaxx's own record it (the stand-in's state is set by hand).
   static void note_state(QueuePair &q, ibv_qp_state s) { q.qpx_.set_state(s); }
+  // The QP's transitions (to_init ... to_reset, to_error) through `verb` instead of ibv_modify_qp.
+  static void modify_through(QueuePair &q, int (*verb)(ibv_qp *, ibv_qp_attr *, int)) { q.modify_ = verb; }
   // A QueuePair made by a stand-in verb: its node is freed, ibv_destroy_qp never called.
   static void disown_created(QueuePair &q) {
     (void)q.h_.release();
@@ -825,6 +891,26 @@ struct mlx5_rig {
   void install_credit(unsigned max_post, detail::parent_node *node) {
     rec.sq.max_post = max_post;
     REQUIRE(detail::sq_credit::install(&rec.qpx, max_post, node));
+  }
+  // The QP as mlx5::create_umr_qp leaves it on rdma-core >= 40: in RESET, its wr_complete the
+  // provider's error variant (set_qp_operational_state at creation, verbs.c:2652), the credit
+  // installed over that (`max_post`, `node`); its transitions go through the stand-in provider
+  // (standin_modify_qp), which rewrites wr_complete at each of them. connect() to reach RTS.
+  void created_v40(unsigned max_post, detail::parent_node *node) {
+    rec.qpx.qp_base.state = IBV_QPS_RESET;
+    rec.qpx.qp_base.context = &standin_ctx.v.context;
+    rec.qpx.wr_complete = rec.error_complete;
+    test_access::note_state(qp, IBV_QPS_RESET);
+    test_access::modify_through(qp, standin_modify_qp);
+    install_credit(max_post, node);
+  }
+  // QueuePair::connect (RESET -> INIT -> RTR -> RTS) to a peer on the stand-in's RoCE port.
+  [[nodiscard]] result<void> connect() {
+    connect_options o;
+    o.gid_index = 0;
+    endpoint peer;
+    peer.qpn = 0x99;
+    return qp.connect(peer, o);
   }
   [[nodiscard]] std::vector<std::string> names() const {
     std::vector<std::string> v;
@@ -1615,6 +1701,366 @@ TEST_CASE("mlx5 contract: the credit matches completions by wr_id, never retirin
   CHECK_FALSE(detail::sq_credit::is_send_opcode(IBV_WC_TM_RECV));
 }
 
+// rdma-core v40 (988f90bc1) rewrites ibqp->wr_complete at every state change: the error variant
+// at creation and RESET, mlx5_send_wr_complete at RTS (verbs.c:2250-2268, 2652, 3063-3064;
+// qp.c:3536-3550). A credit installed once, right after creation, would be bypassed from the first
+// RTS on: nothing rung would count, a full queue's configure would reach the builders (stale
+// write), and a batch larger than the room would be rung without the work requests refused.
+TEST_CASE("mlx5 contract: the credit still counts after rdma-core >= 40 rewrites wr_complete at RTS", "[unit][mlx5][ikey]") {
+  detail::parent_node qp_node, mr_a;
+  mlx5_rig g;
+  g.created_v40(2, &qp_node);
+  region_ref a = mr(0x10000, 4096, 7);
+  a.node = &mr_a;
+  const layout la = layout::list({{a, 0, 64}});
+  const ibv_sge s{0x5000, 64, 9};
+  REQUIRE(g.connect().has_value());
+  CHECK(g.rec.qpx.qp_base.state == IBV_QPS_RTS);
+  CHECK(g.rec.qpx.wr_complete != g.rec.real_complete); // routed through the credit again
+  CHECK(g.qp.send_queue_room() == 2);
+  {
+    auto b = g.qp.start_send();
+    b.write({0x30}, {0x9000, 0x55}, s);
+    b.write({0x31, send_flag::signaled}, {0x9000, 0x55}, s);
+    REQUIRE(b.submit().has_value());
+  }
+  REQUIRE(g.rec.sq.head == 2); // rung by the provider's real wr_complete
+  CHECK(g.qp.send_queue_room() == 0);
+  g.rec.calls.clear();
+  {
+    // a full queue: the configure reaches no builder, nothing is written to a posted WQE
+    auto batch = g.qp.start_send();
+    CHECK(g.key.configure(batch, g.qp, la, rw, {0x32}).error() == errc::send_queue_full);
+    CHECK(g.names() == names{"wr_start"});
+    CHECK(to_dv_calls == 0);
+    CHECK(g.phase() == mlx5::key_phase::idle);
+    CHECK(mr_a.live_children() == 0);
+    CHECK(qp_node.live_children() == 0);
+  }
+  CHECK(g.rec.sq.stale_writes == 0);
+  CHECK(g.rec.sq.err == 0);
+  // room back through the completion handed back
+  const auto wcs = g.rec.poll();
+  REQUIRE(wcs.size() == 1);
+  CHECK(g.qp.retire(wcs[0]));
+  CHECK(g.qp.send_queue_room() == 2);
+  g.rec.calls.clear();
+  {
+    // a batch of three with room for two: refused whole with send_queue_full; the third write
+    // reaches neither its builder nor its setter, and nothing of the batch is rung
+    auto b = g.qp.start_send();
+    b.write({0x33}, {0x9000, 0x55}, s);
+    b.write({0x34}, {0x9000, 0x55}, s);
+    b.write({0x35, send_flag::signaled}, {0x9000, 0x55}, s);
+    auto r = b.submit();
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error() == errc::send_queue_full);
+    CHECK(g.names() == (names{"wr_start", "rdma_write", "set_sge", "rdma_write", "set_sge", "wr_abort"}));
+  }
+  CHECK(g.rec.sq.head == 2);
+  CHECK(g.rec.sq.posted.empty());
+  CHECK(g.rec.sq.stale_writes == 0);
+  CHECK(g.qp.send_queue_room() == 2);
+
+  // a configure that fits goes through, and its completion gives its room back
+  REQUIRE(g.key.configure(g.qp, la, rw, {0x36}).has_value());
+  CHECK(g.qp.send_queue_room() == 1);
+  REQUIRE(feed(g.key, g.rec.poll()) == 1);
+  CHECK(g.qp.send_queue_room() == 2);
+  invalidate_confirmed(g, g.key, 0x37);
+
+  SECTION("reset_and_reconnect: RESET writes the error variant, RTS the real one; the credit holds") {
+    {
+      auto b = g.qp.start_send();
+      b.write({0x38, send_flag::signaled}, {0x9000, 0x55}, s);
+      REQUIRE(b.submit().has_value());
+    }
+    CHECK(g.qp.send_queue_room() == 1);
+    REQUIRE(g.qp.reset_and_reconnect().has_value()); // the write's CQE is dropped (mlx5_cq_clean)
+    CHECK(g.rec.sq.head == 0);
+    CHECK(g.rec.qpx.wr_complete != g.rec.real_complete);
+    CHECK(g.qp.send_queue_room() == 2); // every credit back, as the provider's indices
+    {
+      auto b = g.qp.start_send();
+      b.write({0x39}, {0x9000, 0x55}, s);
+      b.write({0x3a, send_flag::signaled}, {0x9000, 0x55}, s);
+      REQUIRE(b.submit().has_value());
+    }
+    CHECK(g.qp.send_queue_room() == 0);
+    g.rec.calls.clear();
+    CHECK(g.key.configure(g.qp, la, rw, {0x3b}).error() == errc::send_queue_full);
+    CHECK(g.names() == (names{"wr_start", "wr_abort"})); // the dropped batch of the posting form
+    CHECK(g.rec.sq.stale_writes == 0);
+    CHECK(g.phase() == mlx5::key_phase::idle);
+  }
+  SECTION("a transition rdmaxx did not make (raw ibv_modify_qp, devx): wr_start takes it back") {
+    // the provider rewrote wr_complete behind rdmaxx's back (its state record is unchanged)
+    g.rec.qpx.wr_complete = g.rec.real_complete;
+    {
+      auto b = g.qp.start_send();
+      b.write({0x3c}, {0x9000, 0x55}, s);
+      b.write({0x3d, send_flag::signaled}, {0x9000, 0x55}, s);
+      REQUIRE(b.submit().has_value());
+    }
+    CHECK(g.rec.qpx.wr_complete != g.rec.real_complete);
+    CHECK(g.qp.send_queue_room() == 0);
+    CHECK(g.key.configure(g.qp, la, rw, {0x3e}).error() == errc::send_queue_full);
+    CHECK(g.rec.sq.stale_writes == 0);
+  }
+}
+
+// RESET drops a QP's unpolled CQEs (mlx5_cq_clean, verbs.c:3019-3026): a key operation whose
+// completion is dropped would stay unconfirmed forever (configure and invalidate answering
+// operation_unconfirmed, destroy() refused, the QP busy). to_reset() and reset_and_reconnect()
+// answer errc::busy instead, change nothing, and go through once the operation's completion was
+// handed over: in ERR its flushed completion rolls it back.
+TEST_CASE("mlx5 contract: a reset with an unconfirmed key operation answers busy; ERR flushes it", "[unit][mlx5][ikey]") {
+  detail::parent_node qp_node;
+  mlx5_rig g;
+  g.created_v40(8, &qp_node);
+  REQUIRE(g.connect().has_value());
+  SECTION("an unconfirmed configure") {
+    REQUIRE(g.key.configure(g.qp, one_entry, rw, {0x50}).has_value());
+    g.rec.calls.clear();
+    CHECK(g.qp.to_reset().error() == errc::busy);
+    CHECK(g.qp.reset_and_reconnect().error() == errc::busy);
+    CHECK(g.names().empty()); // no ibv_modify_qp: its completion is still there
+    CHECK(g.rec.qpx.qp_base.state == IBV_QPS_RTS);
+    CHECK(g.rec.sq.posted.size() == 1);
+    CHECK(g.key.pending());
+    // giving up on it: ERR flushes the configure, whose completion rolls it back
+    REQUIRE(g.qp.to_error().has_value());
+    CHECK(feed(g.key, g.rec.poll()) == 1);
+    CHECK(g.phase() == mlx5::key_phase::idle);
+    CHECK(qp_node.live_children() == 0);
+    REQUIRE(g.qp.reset_and_reconnect().has_value());
+    configure_confirmed(g, g.key, one_entry, 0x51); // the key works again, on a new tag
+    CHECK(g.key.rkey() == 0x7701); // the flushed configure's tag stays used
+  }
+  SECTION("an unconfirmed invalidate") {
+    configure_confirmed(g, g.key, one_entry, 0x52);
+    REQUIRE(g.key.invalidate(g.qp, {0x53}).has_value());
+    CHECK(g.qp.to_reset().error() == errc::busy);
+    CHECK(g.key.pending());
+    // its own completion handed over: the reset goes through
+    CHECK(feed(g.key, g.rec.poll()) == 1);
+    CHECK(g.phase() == mlx5::key_phase::idle);
+    REQUIRE(g.qp.to_reset().has_value());
+    CHECK(g.rec.qpx.qp_base.state == IBV_QPS_RESET);
+  }
+  SECTION("other work requests alone do not hold the reset (their completions may be dropped)") {
+    {
+      auto b = g.qp.start_send();
+      post_write(b, 0x54, true);
+      REQUIRE(b.submit().has_value());
+    }
+    REQUIRE(g.qp.to_reset().has_value());
+    CHECK(g.rec.sq.posted.empty());
+    CHECK(g.qp.send_queue_room() == 8);
+  }
+}
+
+// cancel_pending() said "no effect otherwise", yet after a successful submit it undid the state
+// and gave back the tag the posted UMR may have written (the next configure would then re-issue
+// it). Once posted, only the operation's own completion settles it.
+TEST_CASE("mlx5 contract: cancel_pending() after a successful submit changes nothing", "[unit][mlx5][ikey]") {
+  detail::parent_node qp_node;
+  mlx5_rig g;
+  g.install_credit(8, &qp_node);
+  REQUIRE(g.key.configure(g.qp, one_entry, rw, {0x60}).has_value()); // posted
+  g.key.cancel_pending();
+  CHECK(g.phase() == mlx5::key_phase::configuring);
+  CHECK(g.key.pending());
+  CHECK(g.key.configured());
+  CHECK(qp_node.live_children() == 1); // still holds the QP
+  CHECK(g.qp.send_queue_room() == 7);  // and its room
+  CHECK(feed(g.key, g.rec.poll()) == 1); // the device ran it: confirmed
+  CHECK(g.phase() == mlx5::key_phase::configured);
+  CHECK(g.qp.send_queue_room() == 8);
+  invalidate_confirmed(g, g.key, 0x61);
+  // the second generation: its tag stays used
+  REQUIRE(g.key.configure(g.qp, one_entry, rw, {0x62}).has_value());
+  CHECK(g.key.rkey() == 0x7701);
+  g.key.cancel_pending();
+  CHECK(g.key.rkey() == 0x7701);
+  CHECK(g.key.lkey() == 0x7701);
+  CHECK(g.phase() == mlx5::key_phase::configuring);
+  CHECK(feed(g.key, g.rec.poll()) == 1);
+  CHECK(g.phase() == mlx5::key_phase::configured);
+  // a posted invalidate: the key may already be revoked, and stays invalidating until its completion
+  REQUIRE(g.key.invalidate(g.qp, {0x63}).has_value());
+  g.key.cancel_pending();
+  CHECK(g.phase() == mlx5::key_phase::invalidating);
+  CHECK(g.key.descriptor().error() == errc::operation_unconfirmed);
+  CHECK(feed(g.key, g.rec.poll()) == 1);
+  CHECK(g.phase() == mlx5::key_phase::idle);
+  // while the batch is still open it changes nothing either; dropping the batch undoes the
+  // configure (never posted: its tag given back)
+  {
+    auto b = g.qp.start_send();
+    REQUIRE(g.key.configure(b, g.qp, one_entry, rw, {0x64}).has_value());
+    CHECK(g.key.rkey() == 0x7702);
+    g.key.cancel_pending();
+    CHECK(g.phase() == mlx5::key_phase::configuring);
+  }
+  CHECK(g.phase() == mlx5::key_phase::idle);
+  CHECK(g.key.rkey() == 0x7701);
+  CHECK(qp_node.live_children() == 0);
+  CHECK(g.qp.send_queue_room() == 8);
+}
+
+namespace {
+std::vector<mlx5dv_mkey *> destroyed_mkeys;
+int record_destroy_mkey(mlx5dv_mkey *m) {
+  destroyed_mkeys.push_back(m);
+  return 0;
+}
+std::vector<destroy_failure> key_reports;
+void capture_key_report(const destroy_failure &f) noexcept { key_reports.push_back(f); }
+} // namespace
+
+// The destructor and the move assignment destroyed the mkey under a posted UMR or local
+// invalidate (only destroy() checked). On a counted queue (a UMR QP from create_umr_qp) the
+// destruction is now deferred, as a parent's with live children, until the queue shows the
+// operation ended; on a queue that is not counted the mkey is kept and reported.
+TEST_CASE("mlx5 contract: a key destroyed or assigned over under a posted operation defers the mkey's destruction", "[unit][mlx5][ikey]") {
+  struct restore {
+    destroy_failure_handler h;
+    ~restore() { set_destroy_failure_handler(h); }
+  } const r{set_destroy_failure_handler(&capture_key_report)};
+  detail::parent_node qp_node, mr_a;
+  region_ref a = mr(0x10000, 4096, 7);
+  a.node = &mr_a;
+  const layout la = layout::list({{a, 0, 64}});
+  mlx5dv_mkey m2{0x8800, 0x8800};
+  destroyed_mkeys.clear();
+  key_reports.clear();
+  auto make = [&] {
+    IndirectKey k = test_access::mlx5_key(&m2, pd1, 32, to_dv_recorder);
+    test_access::destroy_mkey_through(k, record_destroy_mkey);
+    return k;
+  };
+  auto deferred = [&] { // the report of a deferred destruction: one QueuePair still uses it
+    REQUIRE(key_reports.size() == 1);
+    CHECK(std::string(key_reports[0].object) == "IndirectKey");
+    CHECK(key_reports[0].error == errc::busy);
+    CHECK(key_reports[0].live_children == 1);
+    CHECK(key_reports[0].children[std::size_t(child_kind::queue_pair)] == 1);
+  };
+  const std::vector<mlx5dv_mkey *> once{&m2};
+  SECTION("the destructor under a posted configure: destroyed when its completion is retired") {
+    mlx5_rig g;
+    g.install_credit(8, &qp_node);
+    {
+      IndirectKey k = make();
+      REQUIRE(k.configure(g.qp, la, rw, {0x70}).has_value());
+      CHECK(qp_node.live_children() == 1);
+    }
+    CHECK(destroyed_mkeys.empty()); // the UMR may still run
+    deferred();
+    CHECK(mr_a.live_children() == 1);    // the mkey may still reach the region
+    CHECK(qp_node.live_children() == 0); // the QP is let go at once
+    CHECK(detail::sq_credit::of(&g.rec.qpx)->key_ops.load() == 0); // its reset is not held
+    // the device runs it; its completion (no key left to take it) handed to the QP
+    const auto wcs = g.rec.poll();
+    REQUIRE(wcs.size() == 1);
+    CHECK(g.qp.retire(wcs[0]));
+    CHECK(destroyed_mkeys == once);
+    CHECK(mr_a.live_children() == 0);
+    CHECK(key_reports.size() == 1);
+  }
+  SECTION("a later completion retires it too") {
+    mlx5_rig g;
+    g.install_credit(8, &qp_node);
+    {
+      IndirectKey k = make();
+      REQUIRE(k.configure(g.qp, la, rw, {0x71}).has_value());
+    }
+    {
+      auto b = g.qp.start_send();
+      post_write(b, 0x72, true);
+      REQUIRE(b.submit().has_value());
+    }
+    const auto wcs = g.rec.poll();
+    REQUIRE(wcs.size() == 2);
+    CHECK(g.qp.retire(wcs[1])); // the write's: RC completes in order, so the UMR ended before it
+    CHECK(destroyed_mkeys == once);
+  }
+  SECTION("an error completion retires nothing: the QP's reset settles it") {
+    mlx5_rig g;
+    g.created_v40(8, &qp_node);
+    REQUIRE(g.connect().has_value());
+    IndirectKey k = make();
+    configure_confirmed(g, k, la, 0x73);
+    REQUIRE(k.invalidate(g.qp, {0x74}).has_value());
+    k = IndirectKey{}; // move assignment over the key with a posted invalidate
+    CHECK(destroyed_mkeys.empty());
+    deferred();
+    REQUIRE(g.qp.to_error().has_value());
+    const auto flushed = g.rec.poll();
+    REQUIRE(flushed.size() == 1);
+    CHECK_FALSE(g.qp.retire(flushed[0]));
+    CHECK(destroyed_mkeys.empty());
+    REQUIRE(g.qp.to_reset().has_value()); // not held by the orphaned invalidate
+    CHECK(destroyed_mkeys == once);
+    CHECK(mr_a.live_children() == 0);
+  }
+  SECTION("the QP destroyed first settles it") {
+    {
+      mlx5_rig g;
+      g.install_credit(8, &qp_node);
+      IndirectKey k = make();
+      REQUIRE(k.configure(g.qp, la, rw, {0x75}).has_value());
+      k = IndirectKey{};
+      CHECK(destroyed_mkeys.empty());
+    } // the rig frees the QP's credit as the QP's destruction does (after ibv_destroy_qp)
+    CHECK(destroyed_mkeys == once);
+    CHECK(mr_a.live_children() == 0);
+  }
+  SECTION("its completion retired before the key goes: destroyed at once, nothing reported") {
+    mlx5_rig g;
+    g.install_credit(8, &qp_node);
+    IndirectKey k = make();
+    REQUIRE(k.configure(g.qp, la, rw, {0x76}).has_value());
+    const auto wcs = g.rec.poll();
+    REQUIRE(wcs.size() == 1);
+    CHECK(g.qp.retire(wcs[0])); // handed to the QP, not to the key
+    CHECK(k.pending());
+    k = IndirectKey{};
+    CHECK(destroyed_mkeys == once);
+    CHECK(key_reports.empty());
+  }
+  SECTION("a queue that is not counted: the mkey is kept for good and reported") {
+    mlx5_rig g; // no credit
+    detail::ikey_state *kept = nullptr;
+    {
+      IndirectKey k = make();
+      REQUIRE(k.configure(g.qp, la, rw, {0x77}).has_value());
+      kept = test_access::state(k);
+    }
+    CHECK(destroyed_mkeys.empty());
+    REQUIRE(key_reports.size() == 1);
+    CHECK(key_reports[0].error == std::errc::device_or_resource_busy);
+    CHECK(key_reports[0].live_children == 0);
+    CHECK(mr_a.live_children() == 1);
+    if (destroyed_mkeys.empty()) { // freed here for the leak checker
+      kept->mkey = nullptr;
+      delete kept;
+    }
+  }
+  SECTION("confirmed first: the destructor destroys the mkey, nothing reported") {
+    mlx5_rig g;
+    g.install_credit(8, &qp_node);
+    {
+      IndirectKey k = make();
+      configure_confirmed(g, k, la, 0x78);
+    }
+    CHECK(destroyed_mkeys == once);
+    CHECK(key_reports.empty());
+    CHECK(mr_a.live_children() == 0);
+  }
+}
+
 namespace {
 // mlx5dv_devx_general_cmd as the firmware answers QUERY_HCA_CAP: the command checked as
 // rdma-core 44 builds it (get_hca_general_caps, verbs.c:3784-3796), the reply a 16-byte header
@@ -1622,6 +2068,9 @@ namespace {
 // (mlx5_ifc.h:819-983, 1499-1508; DEVX_SET/GET are big-endian, bit 0 the MSB of dword 0).
 int devx_calls = 0;
 bool atomic_disabled = false;
+bool indirect_disabled = false;   // umr_indirect_mkey_disabled, cmd_hca_cap bit 0x209
+bool repeat_disabled = false;     // repeated_block_disabled, bit 0x206
+std::uint8_t max_indirection = 0; // max_indirection, bits 0x100-0x107 (0: none reported)
 int standin_devx_cmd(ibv_context *, const void *in, size_t inlen, void *out, size_t outlen) {
   ++devx_calls;
   REQUIRE(inlen == 16);
@@ -1635,9 +2084,18 @@ int standin_devx_cmd(ibv_context *, const void *in, size_t inlen, void *out, siz
     const std::size_t b = 128 + cap_bit;
     o[b / 32] = htobe32(be32toh(o[b / 32]) | (1u << (31 - b % 32)));
   };
+  set_bit(0x205); // ib_striding_wq
   set_bit(0x207); // umr_modify_entity_size_disabled
-  set_bit(0x209); // umr_indirect_mkey_disabled
+  set_bit(0x20a); // umr_fence
+  if (indirect_disabled) set_bit(0x209); // umr_indirect_mkey_disabled
+  if (repeat_disabled) set_bit(0x206);   // repeated_block_disabled
   if (atomic_disabled) set_bit(0x208);
+  // max_indirection, bits 0x100-0x107, between log_max_eq (0xfc-0xff) and fixed_buffer_size
+  // (0x108), both set
+  for (std::size_t b = 0xfc; b < 0x100; ++b) set_bit(b);
+  set_bit(0x108);
+  for (std::size_t b = 0; b < 8; ++b)
+    if (max_indirection & (0x80u >> b)) set_bit(0x100 + b);
   return 0;
 }
 int failing_devx_cmd(ibv_context *, const void *, size_t, void *, size_t) {
@@ -1650,6 +2108,7 @@ TEST_CASE("mlx5 contract: umr_modify_atomic_disabled is read from the HCA capabi
   ibv_context ctx{};
   devx_calls = 0;
   atomic_disabled = false;
+  indirect_disabled = repeat_disabled = true; // both neighbours of 0x208 set
   CHECK(mlx5::query_umr_atomic(&ctx, standin_devx_cmd) == mlx5::umr_atomic::allowed);
   atomic_disabled = true;
   CHECK(mlx5::query_umr_atomic(&ctx, standin_devx_cmd) == mlx5::umr_atomic::disabled);
@@ -1665,6 +2124,7 @@ TEST_CASE("mlx5 contract: umr_modify_atomic_disabled is read from the HCA capabi
   CHECK(err == 0);
   CHECK(mlx5::query_umr_atomic(nullptr, standin_devx_cmd, &err) == mlx5::umr_atomic::unknown);
   CHECK(err == EINVAL);
+  indirect_disabled = repeat_disabled = false;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2182,6 +2642,134 @@ TEST_CASE(GRANT_CONTRACT_TYPE2 " (mlx5 key, device-free: the mkey is no window; 
       CHECK(test_access::grant(k.value()) == expect[i]);
     }
   }
+}
+
+// The HCA's UMR capabilities besides umr_modify_atomic_disabled (cmd_hca_cap, mlx5_ifc.h of
+// v44.0 lines 870, 981, 984): umr_indirect_mkey_disabled (0x209) makes the mlx5 backend unusable,
+// repeated_block_disabled (0x206) takes repeat layouts away, max_indirection (0x100-0x107) bounds
+// how deep keys nest. Read at create() from the same QUERY_HCA_CAP and enforced before any
+// mlx5dv call.
+TEST_CASE("mlx5 contract: umr_indirect_mkey_disabled, repeated_block_disabled and max_indirection are read and enforced", "[unit][mlx5][ikey]") {
+  standin_device sd;
+  ibv_pd *const pd = sd.pd.native_handle();
+  struct reset_caps {
+    ~reset_caps() {
+      indirect_disabled = repeat_disabled = atomic_disabled = false;
+      max_indirection = 0;
+    }
+  } const reset;
+  SECTION("umr_indirect_mkey_disabled: a forced mlx5 backend is refused, no mkey is made") {
+    indirect_disabled = true;
+    mkey_asked.clear();
+    auto k = IndirectKey::create_with(sd.pd, 4, {.backend = umr_backend::mlx5}, {is_mlx5, standin_devx_cmd, standin_create_mkey});
+    if (k.has_value()) test_access::disown(k.value()); // never mlx5dv_destroy_mkey on the stand-in
+    CHECK_FALSE(k.has_value());
+    if (!k.has_value()) CHECK(k.error() == errc::unsupported);
+    CHECK(mkey_asked.empty());
+    // chosen automatically: not the mlx5 backend (the software fallback's own query then fails)
+    const auto previous = fault_injection::set_query_device(&failing_query);
+    auto a = IndirectKey::create_with(sd.pd, 4, {}, {is_mlx5, standin_devx_cmd, standin_create_mkey});
+    fault_injection::set_query_device(previous);
+    CHECK(mkey_asked.empty());
+    if (a.has_value()) {
+      CHECK(a.value().backend() != umr_backend::mlx5);
+      test_access::disown(a.value());
+    }
+  }
+  SECTION("repeated_block_disabled and max_indirection 2: a repeat layout and a third level refused") {
+    repeat_disabled = true;
+    max_indirection = 2;
+    auto made = IndirectKey::create_with(sd.pd, 4, {.backend = umr_backend::mlx5}, {is_mlx5, standin_devx_cmd, standin_create_mkey});
+    REQUIRE(made.has_value());
+    mlx5_rig g;
+    IndirectKey &outer = made.value();
+    test_access::to_dv_through(outer, to_dv_recorder);
+    g.rec.qpx.qp_base.pd = pd;
+    mlx5dv_mkey ma{0x8800, 0x8800}, mb{0x9900, 0x9900};
+    IndirectKey a = test_access::mlx5_key(&ma, pd, 32, to_dv_recorder);
+    IndirectKey b = test_access::mlx5_key(&mb, pd, 32, to_dv_recorder);
+    struct disown_all { // whatever fails: never mlx5dv_destroy_mkey on a stand-in
+      IndirectKey *k[3];
+      ~disown_all() {
+        for (IndirectKey *x : k) test_access::disown(*x);
+      }
+    } const guard{{&outer, &a, &b}};
+    const region_ref r = region_ref::raw(0x10000, 4096, 7, 7, rw | access::remote_atomic, pd);
+    configure_confirmed(g, a, layout::list({{r, 0, 64}}), 1); // one level
+    configure_confirmed(g, b, layout::list({{a, 0, 64}}), 2); // two levels
+    g.rec.calls.clear();
+    to_dv_calls = 0;
+    {
+      auto batch = g.qp.start_send();
+      const auto rep = outer.configure(batch, g.qp, layout::repeat(2, {{r, 0, 8, 8}}), rw);
+      CHECK_FALSE(rep.has_value());
+      if (!rep.has_value()) CHECK(layout_errc(rep.error()) == errc::unsupported);
+      CHECK(g.names() == names{"wr_start"}); // nothing reached a builder
+      CHECK_FALSE(outer.pending());
+    }
+    g.rec.calls.clear();
+    {
+      auto batch = g.qp.start_send();
+      const auto deep = outer.configure(batch, g.qp, layout::list({{r, 0, 8}, {b, 0, 64}}), rw);
+      CHECK_FALSE(deep.has_value());
+      if (!deep.has_value()) {
+        CHECK(layout_errc(deep.error()) == errc::out_of_range);
+        CHECK(layout_error_entry(deep.error()) == 1); // the nested key of two levels
+      }
+      CHECK(g.names() == names{"wr_start"}); // nothing reached a builder
+      CHECK_FALSE(outer.pending());
+    } // dropped
+    // two levels are allowed: over `a`
+    configure_confirmed(g, outer, layout::list({{a, 0, 64}}), 3);
+    CHECK(outer.configured());
+    invalidate_confirmed(g, outer, 4);
+    invalidate_confirmed(g, b, 5);
+    invalidate_confirmed(g, a, 6);
+  }
+}
+
+TEST_CASE("mlx5 contract: query_umr_caps reads each UMR capability from its own bits", "[unit][mlx5]") {
+  ibv_context ctx{};
+  struct reset_caps {
+    ~reset_caps() {
+      indirect_disabled = repeat_disabled = atomic_disabled = false;
+      max_indirection = 0;
+    }
+  } const reset;
+  mlx5::umr_hca_caps c;
+  REQUIRE(mlx5::query_umr_caps(&ctx, c, standin_devx_cmd));
+  CHECK_FALSE(c.atomic_disabled); // the neighbours set by the stand-in are not read
+  CHECK_FALSE(c.indirect_mkey_disabled);
+  CHECK_FALSE(c.repeated_block_disabled);
+  CHECK(c.max_indirection == 0);
+  for (int which = 0; which < 3; ++which) {
+    INFO(which);
+    atomic_disabled = which == 0;
+    indirect_disabled = which == 1;
+    repeat_disabled = which == 2;
+    REQUIRE(mlx5::query_umr_caps(&ctx, c, standin_devx_cmd));
+    CHECK(c.atomic_disabled == (which == 0));
+    CHECK(c.indirect_mkey_disabled == (which == 1));
+    CHECK(c.repeated_block_disabled == (which == 2));
+  }
+  for (std::uint8_t v : {std::uint8_t(1), std::uint8_t(2), std::uint8_t(0x80), std::uint8_t(0xff)}) {
+    max_indirection = v;
+    REQUIRE(mlx5::query_umr_caps(&ctx, c, standin_devx_cmd));
+    CHECK(c.max_indirection == v);
+  }
+  // a failed command: nothing known, `c` unchanged, its errno
+  int err = 0;
+  c.max_indirection = 7;
+  CHECK_FALSE(mlx5::query_umr_caps(&ctx, c, failing_devx_cmd, &err));
+  CHECK(err == EPERM);
+  CHECK(c.max_indirection == 7);
+  CHECK_FALSE(mlx5::query_umr_caps(nullptr, c, standin_devx_cmd, &err));
+  CHECK(err == EINVAL);
+  // the limits follow: 0 enforces nothing, a repeat layout is refused only where disabled
+  CHECK(mlx5::limits_for({512, 32}).max_depth == UINT32_MAX);
+  CHECK(mlx5::limits_for({512, 32, 3, false}).max_depth == 3);
+  CHECK(mlx5::limits_for({512, 32}).repeat_layouts);
+  CHECK_FALSE(mlx5::limits_for({512, 32, 0, true}).repeat_layouts);
 }
 
 #endif // RDMAXX_HAVE_MLX5

@@ -21,6 +21,19 @@
 /// alike. Not counted: ibv_post_send and mlx5dv_wr_* builders called by the caller (rdmaxx's
 /// own mkey configure admits itself).
 ///
+/// The provider rewrites one of those entries by itself: since rdma-core v40 (commit 988f90bc1,
+/// "Enforce IB spec QP state behaviour on post_send()/recv()") every state change of an mlx5 QP
+/// sets ibqp->wr_complete (set_qp_operational_state, verbs.c:2250-2268 of v44.0, called by
+/// mlx5_modify_qp at 3063-3064 and at creation at 2652): the error variant at RESET
+/// (mlx5_send_wr_complete_error, qp.c:1189-1198, which rolls the batch back and answers EINVAL),
+/// mlx5_send_wr_complete at RTS (qp.c:3536-3550). A credit installed after creation would be
+/// bypassed from the first RTS on: head would never advance and a refused batch would be rung
+/// without its refused work requests. So the credit routes itself again (reroute()) after each
+/// transition rdmaxx makes (QueuePair's to_init/to_rtr/to_rts/connect, to_reset, to_error,
+/// reset_and_reconnect, and those a Connection makes), and its wr_start checks wr_complete once
+/// more under the provider's lock (a transition rdmaxx did not make: a raw ibv_modify_qp,
+/// mlx5dv_devx_qp_modify). Only QPs with a credit pay for either; SendBatch is unchanged.
+///
 /// Credits come back only through completions handed back: a successful send completion of the
 /// QP (QueuePair::retire, or IndirectKey::complete for its own operation) retires its WR and
 /// every earlier one (RC completes the send queue in order, and the provider's tail does the
@@ -59,7 +72,24 @@ struct sq_credit {
   // WRs admitted into the open batch: written under the provider's lock, read by used() on any
   // thread (relaxed: a batch still open elsewhere is seen approximately).
   std::atomic<std::uint32_t> nreq{0};
+  // Unconfirmed mlx5 key operations posted on the QP (IndirectKey's configure and invalidate,
+  // mlx5/indirect_key_mlx5.hpp hold_credit / release_credit): QueuePair::to_reset() refuses
+  // while any is (RESET would drop its completion, mlx5_cq_clean).
+  std::atomic<std::uint32_t> key_ops{0};
   bool refused = false;               // the open batch met a full queue
+  /// A posted operation whose owner went away unconfirmed (an mlx5 IndirectKey destroyed while
+  /// its configure or invalidate was posted): adopt()ed by the credit, which calls settle(o)
+  /// once, on whichever thread finds that the operation ended: a completion handed back retired
+  /// it (retire_through past `pos` of `epoch`), or the QP was reset (reset()) or destroyed
+  /// (free()). settle may free `o` (and its owner).
+  struct orphan {
+    orphan *next = nullptr;    ///< the next adopted one (the credit's list)
+    std::uint32_t pos = 0;     ///< the operation's position in the queue
+    std::uint32_t epoch = 0;   ///< the queue's resets when it was posted
+    void (*settle)(orphan *) noexcept = nullptr; ///< called once, when it ended
+    void *owner = nullptr;     ///< for settle
+  };
+  std::atomic<orphan *> orphans{nullptr}; // adopted, not settled yet (a stack)
   std::uint64_t *ids = nullptr;       // wr_id by position % max_post
   parent_node *qp_node = nullptr;     // the QP's child counter (a pending key operation holds it)
   ibv_qp_ex saved{};                  // the provider's entries (function pointers only)
@@ -97,6 +127,35 @@ struct sq_credit {
     while (pos - t < h - t && !tail.compare_exchange_weak(t, pos + 1, std::memory_order_release,
                                                           std::memory_order_relaxed)) {
     }
+    if (orphans.load(std::memory_order_acquire)) [[unlikely]] settle_orphans(false);
+  }
+  /// Take `o` (its settle, pos and epoch set): settled once its operation ended (see orphan);
+  /// at once if it already has.
+  void adopt(orphan *o) noexcept {
+    orphan *top = orphans.load(std::memory_order_relaxed);
+    do o->next = top;
+    while (!orphans.compare_exchange_weak(top, o, std::memory_order_acq_rel, std::memory_order_relaxed));
+    settle_orphans(false);
+  }
+  /// Settle the adopted operations that ended (`all`: every one: the QP was reset or destroyed).
+  /// An operation that ends while another thread holds the list is settled at the next call.
+  void settle_orphans(bool all) noexcept {
+    orphan *o = orphans.exchange(nullptr, std::memory_order_acq_rel);
+    const std::uint32_t ep = epoch.load(std::memory_order_relaxed);
+    const std::uint32_t t = tail.load(std::memory_order_acquire);
+    const std::uint32_t h = head.load(std::memory_order_acquire);
+    while (o) {
+      orphan *const next = o->next;
+      // ended: the queue was reset since, or its position is no longer outstanding ([t, h))
+      if (all || o->epoch != ep || o->pos - t >= h - t) {
+        o->settle(o); // may free o
+      } else {
+        orphan *top = orphans.load(std::memory_order_relaxed);
+        do o->next = top;
+        while (!orphans.compare_exchange_weak(top, o, std::memory_order_acq_rel, std::memory_order_relaxed));
+      }
+      o = next;
+    }
   }
   /// Retire by a completion of this QP (see the top of this header). Returns true when it
   /// retired at least one WR.
@@ -120,6 +179,7 @@ struct sq_credit {
     epoch.fetch_add(1, std::memory_order_relaxed);
     nreq.store(0, std::memory_order_relaxed);
     refused = false;
+    settle_orphans(true); // their work requests are gone
   }
   /// Completions of work on the send queue (a successful one's opcode): every IBV_WC_* below
   /// IBV_WC_RECV, and the driver opcodes mlx5 reports for its send-queue work (IBV_WC_DRIVER1
@@ -150,6 +210,54 @@ struct sq_credit {
     }
     c->max_post = max_post;
     c->qp_node = node;
+    route(q, c);
+    q->qp_base.qp_context = c;
+    return true;
+  }
+  /// After a state change of `q`: route again each entry the provider rewrote (rdma-core >= 40
+  /// rewrites wr_complete at every transition, see the top of this header); entries still
+  /// routed through the credit are left alone. Nothing when `q` has no credit. Not while a batch
+  /// is open on `q` (a transition never is).
+  static void reroute(ibv_qp_ex *q) noexcept {
+    if (sq_credit *c = of(q)) route(q, c);
+  }
+  /// Free the credit of a destroyed QP (the qp_context it had; null: none), settling the
+  /// operations it adopted first (their work requests went with the QP).
+  static void free(void *qp_context) noexcept {
+    auto *c = static_cast<sq_credit *>(qp_context);
+    if (c) c->settle_orphans(true);
+    delete c;
+  }
+
+private:
+  enum kind { op, setter };
+  template <auto F, kind K, class Fn>
+  struct entry;
+  template <auto F, kind K, class... A>
+  struct entry<F, K, void (*)(ibv_qp_ex *, A...)> {
+    static void call(ibv_qp_ex *q, A... a) noexcept {
+      sq_credit *c = of(q);
+      if (!c) [[unlikely]] return; // never: installed with the entry (said for GCC 12's warnings)
+      if (K == op ? !c->admit(q) : c->refused) return; // the provider's entry is never reached
+      (c->saved.*F)(q, a...);
+    }
+  };
+  // Route entry F of `q` through `ours`, keeping the provider's in `c->saved`: an entry the QP
+  // lacks stays absent, one already routed stays as it is (reroute() after a transition).
+  template <auto F, class Fn>
+  static void hook_to(ibv_qp_ex *q, sq_credit *c, Fn ours) noexcept {
+    if (!(q->*F) || q->*F == ours) return;
+    c->saved.*F = q->*F;
+    q->*F = ours;
+  }
+  template <auto F, kind K>
+  static void hook(ibv_qp_ex *q, sq_credit *c) noexcept {
+    using fn = std::remove_reference_t<decltype(q->*F)>;
+    hook_to<F>(q, c, fn(&entry<F, K, fn>::call));
+  }
+  // Every entry the credit counts through: the op entries admit, the setters follow a refusal,
+  // and the batch verbs open, ring and abort.
+  static void route(ibv_qp_ex *q, sq_credit *c) noexcept {
     hook<&ibv_qp_ex::wr_atomic_cmp_swp, op>(q, c);
     hook<&ibv_qp_ex::wr_atomic_fetch_add, op>(q, c);
     hook<&ibv_qp_ex::wr_bind_mw, op>(q, c);
@@ -168,42 +276,17 @@ struct sq_credit {
     hook<&ibv_qp_ex::wr_set_inline_data_list, setter>(q, c);
     hook<&ibv_qp_ex::wr_set_sge, setter>(q, c);
     hook<&ibv_qp_ex::wr_set_sge_list, setter>(q, c);
-    c->saved.wr_start = q->wr_start;
-    c->saved.wr_complete = q->wr_complete;
-    c->saved.wr_abort = q->wr_abort;
-    q->wr_start = &start;
-    q->wr_complete = &complete;
-    q->wr_abort = &abort;
-    q->qp_base.qp_context = c;
-    return true;
-  }
-  /// Free the credit of a destroyed QP (the qp_context it had; null: none).
-  static void free(void *qp_context) noexcept { delete static_cast<sq_credit *>(qp_context); }
-
-private:
-  enum kind { op, setter };
-  template <auto F, kind K, class Fn>
-  struct entry;
-  template <auto F, kind K, class... A>
-  struct entry<F, K, void (*)(ibv_qp_ex *, A...)> {
-    static void call(ibv_qp_ex *q, A... a) noexcept {
-      sq_credit *c = of(q);
-      if (!c) [[unlikely]] return; // never: installed with the entry (said for GCC 12's warnings)
-      if (K == op ? !c->admit(q) : c->refused) return; // the provider's entry is never reached
-      (c->saved.*F)(q, a...);
-    }
-  };
-  template <auto F, kind K>
-  static void hook(ibv_qp_ex *q, sq_credit *c) noexcept {
-    using fn = std::remove_reference_t<decltype(q->*F)>;
-    if (!(q->*F)) return; // an operation the QP was not created with stays absent
-    c->saved.*F = q->*F;
-    q->*F = &entry<F, K, fn>::call;
+    hook_to<&ibv_qp_ex::wr_start>(q, c, &start);
+    hook_to<&ibv_qp_ex::wr_complete>(q, c, &complete);
+    hook_to<&ibv_qp_ex::wr_abort>(q, c, &abort);
   }
   static void start(ibv_qp_ex *q) noexcept {
     sq_credit *c = of(q);
     if (!c) [[unlikely]] return;
     c->saved.wr_start(q); // takes the provider's send-queue lock
+    // A transition rdmaxx did not make (reroute() not called) rewrote wr_complete: take it back
+    // before anything of the batch is built (under the provider's lock).
+    if (q->wr_complete != &complete) [[unlikely]] hook_to<&ibv_qp_ex::wr_complete>(q, c, &complete);
     c->nreq.store(0, std::memory_order_relaxed);
     c->refused = false;
   }

@@ -59,6 +59,62 @@ inline constexpr std::uint16_t hca_cap_general_cur = 1;
 inline constexpr std::size_t hca_cap_out_bytes = 16 + 4096;
 /// The bit of umr_modify_atomic_disabled in the reply (after the 16-byte header).
 inline constexpr std::size_t umr_modify_atomic_disabled_bit = 16 * 8 + 0x208;
+/// The bit of umr_indirect_mkey_disabled (cmd_hca_cap bit 0x209, mlx5_ifc.h:984): the device
+/// cannot configure an indirect mkey through a UMR.
+inline constexpr std::size_t umr_indirect_mkey_disabled_bit = 16 * 8 + 0x209;
+/// The bit of repeated_block_disabled (cmd_hca_cap bit 0x206, mlx5_ifc.h:981): no repeat
+/// (interleaved, strided) block in a UMR.
+inline constexpr std::size_t repeated_block_disabled_bit = 16 * 8 + 0x206;
+/// The first bit of max_indirection, 8 bits (cmd_hca_cap bits 0x100-0x107, mlx5_ifc.h:870): the
+/// most levels of indirect mkeys one access may go through.
+inline constexpr std::size_t max_indirection_bit = 16 * 8 + 0x100;
+
+/// The UMR capabilities of the device's general HCA caps that rdmaxx reads.
+struct umr_hca_caps {
+  /// umr_modify_atomic_disabled: rdma-core 44 sets the atomic bit in every access-flags setter's
+  /// mask (qp.c:2929-2933), so every mkey configure fails at completion.
+  bool atomic_disabled = false;
+  /// umr_indirect_mkey_disabled: an indirect mkey cannot be configured through a UMR.
+  bool indirect_mkey_disabled = false;
+  /// repeated_block_disabled: no repeat layout (mlx5dv_wr_set_mkey_layout_interleaved).
+  bool repeated_block_disabled = false;
+  /// max_indirection: levels of indirect mkeys one access may go through (a key over regions
+  /// only is one level, a key nesting such a key two). 0: the device reports none; rdmaxx then
+  /// does not enforce a depth (see limits_for).
+  std::uint8_t max_indirection = 0;
+};
+
+/// Read the UMR capabilities (umr_hca_caps) with one QUERY_HCA_CAP (mlx5dv_devx_general_cmd;
+/// the contract tests hand a stand-in `cmd`) into `out`. Returns false when nothing is known:
+/// a null `ctx` (`err`: EINVAL), or the command failed (`err`: its errno; on a context of
+/// another provider it answers EOPNOTSUPP, verbs.c:5883-5892, mlx5.c:2732-2740); `out` is then
+/// unchanged. `err`, when given, is 0 on success. Allocation-free (the 4 KiB reply is on the
+/// stack).
+[[nodiscard]] inline bool query_umr_caps(ibv_context *ctx, umr_hca_caps &out,
+                                         devx_cmd_verb cmd = &::mlx5dv_devx_general_cmd,
+                                         int *err = nullptr) noexcept {
+  if (err) *err = ctx ? 0 : EINVAL;
+  if (!ctx) return false;
+  std::uint32_t in[4] = {};
+  in[0] = htobe32(std::uint32_t(query_hca_cap_opcode) << 16);
+  in[1] = htobe32(hca_cap_general_cur);
+  std::uint32_t reply[hca_cap_out_bytes / 4] = {};
+  if (const int rc = cmd(ctx, in, sizeof in, reply, sizeof reply); rc != 0) {
+    if (err) *err = rc > 0 ? rc : EIO; // the provider answers an errno; never report success
+    return false;
+  }
+  const auto bit = [&reply](std::size_t b) {
+    return ((be32toh(reply[b / 32]) >> (31 - b % 32)) & 1) != 0;
+  };
+  umr_hca_caps c;
+  c.atomic_disabled = bit(umr_modify_atomic_disabled_bit);
+  c.indirect_mkey_disabled = bit(umr_indirect_mkey_disabled_bit);
+  c.repeated_block_disabled = bit(repeated_block_disabled_bit);
+  static_assert(max_indirection_bit % 32 == 0, "max_indirection is the top byte of its dword");
+  c.max_indirection = std::uint8_t(be32toh(reply[max_indirection_bit / 32]) >> 24);
+  out = c;
+  return true;
+}
 
 /// What the device says about changing the atomic right of an mkey through a UMR.
 enum class umr_atomic : std::uint8_t {
@@ -76,19 +132,9 @@ enum class umr_atomic : std::uint8_t {
 [[nodiscard]] inline umr_atomic query_umr_atomic(ibv_context *ctx,
                                                  devx_cmd_verb cmd = &::mlx5dv_devx_general_cmd,
                                                  int *err = nullptr) noexcept {
-  if (err) *err = ctx ? 0 : EINVAL;
-  if (!ctx) return umr_atomic::unknown;
-  std::uint32_t in[4] = {};
-  in[0] = htobe32(std::uint32_t(query_hca_cap_opcode) << 16);
-  in[1] = htobe32(hca_cap_general_cur);
-  std::uint32_t out[hca_cap_out_bytes / 4] = {};
-  if (const int rc = cmd(ctx, in, sizeof in, out, sizeof out); rc != 0) {
-    if (err) *err = rc > 0 ? rc : EIO; // the provider answers an errno; never report success
-    return umr_atomic::unknown;
-  }
-  const std::size_t bit = umr_modify_atomic_disabled_bit;
-  const std::uint32_t dw = be32toh(out[bit / 32]);
-  return ((dw >> (31 - bit % 32)) & 1) ? umr_atomic::disabled : umr_atomic::allowed;
+  umr_hca_caps c;
+  if (!query_umr_caps(ctx, c, cmd, err)) return umr_atomic::unknown;
+  return c.atomic_disabled ? umr_atomic::disabled : umr_atomic::allowed;
 }
 
 /// What probe_umr_outcome() found.
@@ -97,9 +143,10 @@ struct umr_probe {
   enum kind : std::uint8_t {
     ok,              ///< an indirect mkey was created and destroyed
     not_mlx5,        ///< `pd` is null or not on an mlx5 device
-    atomic_disabled, ///< the device reports umr_modify_atomic_disabled (query_umr_atomic)
+    atomic_disabled, ///< the device reports umr_modify_atomic_disabled (query_umr_caps)
     mkey_failed,     ///< mlx5dv_create_mkey failed (`err`: its errno, EOPNOTSUPP without DEVX)
     query_failed,    ///< QUERY_HCA_CAP failed (`err`: its errno): nothing known, no mlx5 (fails closed)
+    indirect_disabled, ///< the device reports umr_indirect_mkey_disabled (query_umr_caps)
   };
   kind outcome = not_mlx5; ///< what was found
   int err = 0; ///< with mkey_failed: the errno of mlx5dv_create_mkey; query_failed: the command's
@@ -107,16 +154,17 @@ struct umr_probe {
 
 /// Whether an indirect mkey (4 entries) can be created on `pd` (mlx5dv_create_mkey, then
 /// mlx5dv_destroy_mkey), and if not, why: the context has DEVX and the device UMR, and the
-/// device does not report umr_modify_atomic_disabled (query_umr_atomic, asked first: every
-/// configure would fail there; a failed query fails closed). The live probe behind
-/// Capabilities::mlx5_devx / umr / umr_why; IndirectKey::create decides the same way, in the
-/// same order.
+/// device reports neither umr_modify_atomic_disabled nor umr_indirect_mkey_disabled
+/// (query_umr_caps, asked first: every configure would fail there; a failed query fails
+/// closed). The live probe behind Capabilities::mlx5_devx / umr / umr_why; IndirectKey::create
+/// decides the same way, in the same order.
 [[nodiscard]] inline umr_probe probe_umr_outcome(ibv_pd *pd) noexcept {
   if (!pd || !::mlx5dv_is_supported(pd->context->device)) return {umr_probe::not_mlx5, 0};
   int qerr = 0;
-  const umr_atomic at = query_umr_atomic(pd->context, &::mlx5dv_devx_general_cmd, &qerr);
-  if (at == umr_atomic::disabled) return {umr_probe::atomic_disabled, 0};
-  if (at == umr_atomic::unknown) return {umr_probe::query_failed, qerr};
+  umr_hca_caps caps;
+  if (!query_umr_caps(pd->context, caps, &::mlx5dv_devx_general_cmd, &qerr)) return {umr_probe::query_failed, qerr};
+  if (caps.atomic_disabled) return {umr_probe::atomic_disabled, 0};
+  if (caps.indirect_mkey_disabled) return {umr_probe::indirect_disabled, 0};
   mlx5dv_mkey_init_attr a{};
   a.pd = pd;
   a.create_flags = MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT;

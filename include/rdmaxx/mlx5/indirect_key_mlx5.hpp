@@ -69,6 +69,11 @@ inline constexpr access_flags allowed_access =
 struct umr_limits {
   std::uint32_t max_inline_data = 0; ///< the UMR QP's granted max_inline_data
   std::uint32_t mkey_max_entries = 0; ///< the mkey's max_entries as read back after creation
+  /// The HCA's max_indirection (query_umr_caps): the most levels a key may have; 0: not
+  /// reported, not enforced.
+  std::uint32_t max_indirection = 0;
+  /// The HCA reports repeated_block_disabled: no repeat layouts.
+  bool repeat_disabled = false;
 };
 
 /// List entries that fit inline: (max_inline_data + sizeof(mlx5_wqe_inl_data_seg)) /
@@ -91,6 +96,8 @@ struct umr_limits {
   l.interleave_16bit = true;
   l.nested_hardware_only = true;
   l.allowed_access = allowed_access;
+  if (u.max_indirection != 0) l.max_depth = u.max_indirection;
+  l.repeat_layouts = !u.repeat_disabled;
   return l;
 }
 
@@ -284,6 +291,14 @@ struct key_state {
   /// While an operation is unconfirmed: a link to that QP's child counter, so the QP (and its
   /// credit) outlives it.
   detail::child_link qp_link;
+  /// The key's handle went away while its operation was unconfirmed on a counted send queue
+  /// (orphan_key): the operation as that queue adopted it (sq_credit::adopt).
+  detail::sq_credit::orphan orphan;
+  /// (orphan_key) keeps the key's own node counted, so its destruction is deferred until the
+  /// queue settles the operation (settle_orphan).
+  detail::child_link self_hold;
+  /// (settle_orphan) the queue showed the orphaned operation ended: the mkey may be destroyed.
+  bool qp_settled = false;
   /// The key may grant access (configured, or either operation not yet confirmed).
   [[nodiscard]] bool live() const noexcept { return phase != key_phase::idle; }
   /// An operation is posted and not yet confirmed.
@@ -323,8 +338,10 @@ using to_dv_qp = mlx5dv_qp_ex *(*)(ibv_qp_ex *) noexcept;
 }
 
 /// While an operation of `k` is unconfirmed: the counted send queue it was posted on, its
-/// position there, and a link to the QP (see key_state::credit).
+/// position there, and a link to the QP (see key_state::credit); the queue counts it among its
+/// unconfirmed key operations (sq_credit::key_ops: the QP's to_reset() answers errc::busy).
 inline void hold_credit(key_state &k, detail::sq_credit *c, std::uint32_t pos) noexcept {
+  if (c) c->key_ops.fetch_add(1, std::memory_order_acq_rel); // QueuePair::to_reset() refuses
   k.credit = c;
   k.sq_pos = pos;
   k.sq_epoch = c ? c->epoch.load(std::memory_order_relaxed) : 0;
@@ -334,6 +351,7 @@ inline void hold_credit(key_state &k, detail::sq_credit *c, std::uint32_t pos) n
 /// earlier WR of its QP's counted send queue (RC completes in order); then the QP is let go.
 inline void release_credit(key_state &k, bool done) noexcept {
   if (done && k.credit) k.credit->retire_through(k.sq_pos, k.sq_epoch);
+  if (k.credit) k.credit->key_ops.fetch_sub(1, std::memory_order_acq_rel);
   k.credit = nullptr;
   k.qp_link.drop();
 }
@@ -471,6 +489,44 @@ inline bool complete_key(key_state &k, const ibv_wc &wc) noexcept {
   release_credit(k, false); // an error completion retires nothing (QueuePair::retire)
   return true;
 }
+
+/// The key's handle goes away (destructor, move assignment) while its operation is posted and
+/// unconfirmed on a counted send queue (`k.credit`; `own`: the key's own node): its destruction
+/// is deferred until that queue shows the operation ended. `self_hold` counts on `own`, so the
+/// handle defers the destruction to the node as it does for children (and reports it); the
+/// queue adopts the operation (sq_credit::adopt) and settles it (settle_orphan: the hold
+/// dropped, the deferred destruction runs: mlx5dv_destroy_mkey, then the layout's links and the
+/// PD) once a completion handed back retired it (the operation's own handed to
+/// QueuePair::retire, or any later one), or the QP is reset or destroyed. The QP is let go at
+/// once: the operation no longer holds its reset or its destruction (either ends it). Nothing
+/// when the queue is not counted (then the destroy trait keeps the mkey: abandon_key).
+inline void orphan_key(key_state &k, detail::parent_node *own) noexcept;
+/// What the queue calls once the adopted operation ended.
+inline void settle_orphan(detail::sq_credit::orphan *o) noexcept {
+  auto *k = static_cast<key_state *>(o->owner);
+  k->qp_settled = true;
+  k->self_hold.drop(); // may run the deferred destruction, which frees *k
+}
+inline void orphan_key(key_state &k, detail::parent_node *own) noexcept {
+  detail::sq_credit *const c = k.credit;
+  if (!c || !own || !k.pending()) return;
+  k.self_hold = detail::child_link(own, child_kind::queue_pair);
+  k.orphan.pos = k.sq_pos;
+  k.orphan.epoch = k.sq_epoch;
+  k.orphan.settle = &settle_orphan;
+  k.orphan.owner = &k;
+  k.credit = nullptr;
+  c->key_ops.fetch_sub(1, std::memory_order_acq_rel); // the QP's reset no longer waits for it
+  detail::child_link qp = std::move(k.qp_link);
+  c->adopt(&k.orphan); // may settle at once (already retired): the handle still holds the node
+  qp.drop();           // last: the QP (and `c`) may go now; its destruction settles what is left
+}
+
+/// The key goes away (its handle destroyed) while its operation is posted and unconfirmed on a
+/// QP whose send queue is not counted, so nothing can tell when it ends: the mkey is not
+/// destroyed (the device may still write it) and keeps its state and its links to the layout's
+/// sources; only the QP is let go.
+inline void abandon_key(key_state &k) noexcept { release_credit(k, false); }
 
 /// The batch holding the unconfirmed operation was dropped, or its submit() failed: nothing of
 /// it was posted, undo it (a configure gives its tag back: the device never saw it).

@@ -113,8 +113,10 @@ struct qp_factory {
 /// (verbs.c:1667-1669 writes it back), and IndirectKey::limits() derives the entry limits from
 /// it. Its send queue is counted (detail/sq_credit.hpp): a work request that would find it full
 /// is refused before the provider's builder runs (rdma-core 44's would write it into the last
-/// one posted), SendBatch::submit() answering errc::send_queue_full and IndirectKey's configure
-/// and invalidate refusing at once; hand the QP's send completions to QueuePair::retire() (a
+/// one posted), SendBatch::submit() answering errc::send_queue_full for the whole batch and
+/// IndirectKey's configure and invalidate refusing at once. rdma-core 40 and later rewrite the
+/// QP's wr_complete at every state change: the credit is routed again after each transition
+/// QueuePair makes (and checked at each ibv_wr_start), so move the QP through QueuePair; hand the QP's send completions to QueuePair::retire() (a
 /// key's own to IndirectKey::complete()) to give the room back, and post on it only with
 /// ibv_wr_* (SendBatch), never ibv_post_send. Lifetime: as any QueuePair (a child of `pd`,
 /// `send_cq` and `recv_cq`); an unconfirmed key operation posted on it counts as its child.
