@@ -233,7 +233,12 @@ start_vm() {
 	[[ -n ${RXE_VM_QEMU_ARGS:-} ]] && cmd+=(${RXE_VM_QEMU_ARGS})
 	: >"$run/console.log"
 	: >"$run/output"
-	"${cmd[@]}" </dev/null >"$run/qemu.err" 2>&1 &
+	# QEMU gets SIGKILL when the front end dies (setpriv --pdeathsig, util-linux): the EXIT trap
+	# (cleanup) stops the VMs on every exit the shell sees, but a front end killed with SIGKILL
+	# runs no trap, and its VMs would run on until their command ends, if ever.
+	local pdeath=()
+	if command -v setpriv >/dev/null; then pdeath=(setpriv --pdeathsig KILL); fi
+	"${pdeath[@]}" "${cmd[@]}" </dev/null >"$run/qemu.err" 2>&1 &
 	qpids[idx]=$!
 	# The guest writes the command's output to $run/output (9p); stream it from there.
 	if [[ ${pair:-0} == 1 ]]; then
@@ -297,12 +302,26 @@ report_vm() {
 }
 
 # ---------------------------------------------------------------- run
+# start_watchdog: at RXE_VM_TIMEOUT, mark the run timed out and stop every VM (SIGTERM, SIGKILL
+# 5 s later). Call it after the last start_vm: the watchdog is a subshell, it knows the VMs that
+# qpids holds when it forks and no later one (a watchdog started before the VMs kills nothing).
+# It checks the front end once a second: if that was killed outright (SIGKILL, no trap ran), its
+# VMs died with it (start_vm's parent-death signal) and the watchdog leaves, rather than signal
+# their process ids after they may have been reused.
 start_watchdog() {
+	if [[ ${#qpids[@]} -eq 0 ]]; then
+		msg "internal error: start_watchdog before start_vm"
+		exit 125
+	fi
+	local front=$$ deadline=$((SECONDS + timeout_s))
 	(
 		trap 'kill $sp 2>/dev/null; exit 0' TERM
-		sleep "$timeout_s" &
-		sp=$!
-		wait $sp
+		while ((SECONDS < deadline)); do
+			kill -0 "$front" 2>/dev/null || exit 0
+			sleep 1 &
+			sp=$!
+			wait $sp
+		done
 		touch "$top/timed-out"
 		kill "${qpids[@]}" 2>/dev/null
 		sleep 5 &
