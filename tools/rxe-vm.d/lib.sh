@@ -55,7 +55,8 @@ Environment:
   RXE_VM_WRITABLE=D1:D2  absolute host directories mounted writable at the same path
   RXE_VM_ENV="A B"       extra environment variable names to pass into the VM
   RXE_VM_VERBOSE=1       show the guest's console (boot log) on stderr
-  RXE_VM_FORCE=1         boot a VM even if the host has an rxe device
+  RXE_VM_FORCE=1         boot a VM even if the host has an rxe device (so does a RXE_VM_KVER
+                         that the host kernel does not match)
   RXE_VM_KEEP=1          keep the per-run directory (console log etc.) for debugging
   RXE_VM_APPEND=ARGS     extra kernel command line arguments
   RXE_VM_QEMU_ARGS=ARGS  extra QEMU arguments (split on blanks)
