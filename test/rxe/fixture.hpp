@@ -145,12 +145,25 @@ inline ibv_wc_status read_one(QueuePair &qp, CompletionQueue &cq, const ibv_sge 
   return wait_wc(cq, 1).front().status;
 }
 /// After a remote error both QPs are in ERR: drain flushed work and reconnect both.
+/// Linux 6.12's rxe finishes a failed request on a workqueue: that work can run after the
+/// application reset the QP and move it back to ERR, and the reconnect's RESET->INIT then fails
+/// with EINVAL (measured: 2 of 300 reconnects right after a remote access error; never on 6.1).
+/// QueuePair::reset_and_reconnect does not handle that yet (docs/kernels.md): the test pairs
+/// reset again, at most 3 times, when the QP is found back in ERR.
+inline result<void> reconnect_after_error(QueuePair &q) {
+  auto r = q.reset_and_reconnect();
+  for (int i = 0; i < 3 && !r && q.state() && q.state().value() == IBV_QPS_ERR; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    r = q.reset_and_reconnect();
+  }
+  return r;
+}
 inline void recover_pair(QueuePair &a, CompletionQueue &cq_a, QueuePair &b, CompletionQueue &cq_b) {
   ibv_wc wc[16];
   while (cq_a.poll(wc).value() > 0) {}
   while (cq_b.poll(wc).value() > 0) {}
-  need(a.reset_and_reconnect(), "reconnect a");
-  need(b.reset_and_reconnect(), "reconnect b");
+  need(reconnect_after_error(a), "reconnect a");
+  need(reconnect_after_error(b), "reconnect b");
 }
 
 /// Post one work request on a peer's QP with plain libibverbs (ibv_post_send, no rdmaxx checks in
