@@ -20,9 +20,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <array>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <poll.h>
+#include <sys/utsname.h>
 #include <span>
 #include <string_view>
 
@@ -256,11 +259,13 @@ struct Capabilities {
   tristate mw_bounds_enforced = tristate::unknown;
   /// Whether the kernel panics when a peer's send-with-invalidate names a type-2 window that is
   /// allocated but not bound (the owner invalidated it, or the peer already did once): yes on rxe
-  /// (NULL dereference in rxe_invalidate_mw from the responder; measured on the kernel named in
-  /// defect_measured_on), no on mlx5 (hardware; not run here), unknown elsewhere. Known from the
-  /// device, not probed (the probe would be the panic).
+  /// (NULL dereference in rxe_invalidate_mw from the responder; measured on the kernels named in
+  /// defect_measured_on, Linux 6.1 and 6.12, and assumed on any other), no on mlx5 (hardware; not
+  /// run here), unknown elsewhere. Known from the device, not probed (the probe would be the panic).
   tristate remote_inv_unbound_mw_panics = tristate::unknown;
-  /// Where remote_inv_unbound_mw_panics was measured (empty when not measured).
+  /// Where remote_inv_unbound_mw_panics was measured (empty when not measured); on rxe under a
+  /// kernel of another series it also says so, with that kernel's release: "...; not on this
+  /// kernel (Linux 6.8.0-31-generic): assumed to panic".
   const char *defect_measured_on = "";
   /// The grant mechanism the library uses on this device (see grant_mechanism) and why.
   grant_mechanism grant = grant_mechanism::none;
@@ -312,12 +317,44 @@ struct grant_choice {
             true};
   return {grant_mechanism::type2_window, "only type-2 windows (defect not known for this device)"};
 }
-/// What is known of the remote-invalidate panic for a device (see Capabilities).
+/// The kernels whose rxe was measured to panic on a peer's send-with-invalidate of an unbound
+/// type-2 window (test/rxe/run-canaries: 4 of 4 on each; docs/kernels.md).
+inline constexpr const char *rxe_defect_measured_kernels =
+    "Linux 6.1.0-57-amd64 and 6.12.118+deb12-amd64 (Debian 12), rdma-core 44, rxe";
+/// Whether a kernel release (uname -r, "6.12.118+deb12-amd64") is of a series the panic was
+/// measured on: 6.1 or 6.12 ("6.1.x" and "6.1-x", not "6.10").
+[[nodiscard]] constexpr bool rxe_defect_measured(std::string_view release) noexcept {
+  for (const std::string_view series : {std::string_view("6.1"), std::string_view("6.12")}) {
+    if (release.substr(0, series.size()) != series) continue;
+    if (release.size() == series.size() || release[series.size()] == '.' || release[series.size()] == '-')
+      return true;
+  }
+  return false;
+}
+/// Capabilities::defect_measured_on of rxe on the running kernel: the kernels measured and, on
+/// any other kernel, that this one was not measured and the panic is assumed (fail closed). Built
+/// once per process from uname(2): a process's kernel does not change.
+[[nodiscard]] inline const char *rxe_defect_measured_on() noexcept {
+  static const std::array<char, 320> text = [] {
+    std::array<char, 320> t{};
+    utsname u{};
+    const bool known = ::uname(&u) == 0;
+    if (known && rxe_defect_measured(u.release))
+      std::snprintf(t.data(), t.size(), "%s", rxe_defect_measured_kernels);
+    else
+      std::snprintf(t.data(), t.size(), "%s; not on this kernel (Linux %s): assumed to panic",
+                    rxe_defect_measured_kernels, known ? u.release : "of unknown version");
+    return t;
+  }();
+  return text.data();
+}
+/// What is known of the remote-invalidate panic for a device (see Capabilities). rxe: yes on every
+/// kernel, measured on 6.1 and 6.12 and assumed on any other (the text says which).
 inline void known_invalidate_defect(std::uint32_t vendor_id, bool mlx5dv, tristate &panics,
                                     const char *&measured_on) noexcept {
   if (vendor_id == rxe_vendor_id) {
     panics = tristate::yes;
-    measured_on = "Linux 6.1.0-57-amd64 (Debian 12), rdma-core 44, rxe";
+    measured_on = rxe_defect_measured_on();
   } else if (mlx5dv) {
     panics = tristate::no;
     measured_on = "";

@@ -8,7 +8,9 @@
 
 #include <dirent.h>
 #include <poll.h>
+#include <sys/utsname.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -143,12 +145,25 @@ inline ibv_wc_status read_one(QueuePair &qp, CompletionQueue &cq, const ibv_sge 
   return wait_wc(cq, 1).front().status;
 }
 /// After a remote error both QPs are in ERR: drain flushed work and reconnect both.
+/// Linux 6.12's rxe finishes a failed request on a workqueue: that work can run after the
+/// application reset the QP and move it back to ERR, and the reconnect's RESET->INIT then fails
+/// with EINVAL (measured: 2 of 300 reconnects right after a remote access error; never on 6.1).
+/// QueuePair::reset_and_reconnect does not handle that yet (docs/kernels.md): the test pairs
+/// reset again, at most 3 times, when the QP is found back in ERR.
+inline result<void> reconnect_after_error(QueuePair &q) {
+  auto r = q.reset_and_reconnect();
+  for (int i = 0; i < 3 && !r && q.state() && q.state().value() == IBV_QPS_ERR; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    r = q.reset_and_reconnect();
+  }
+  return r;
+}
 inline void recover_pair(QueuePair &a, CompletionQueue &cq_a, QueuePair &b, CompletionQueue &cq_b) {
   ibv_wc wc[16];
   while (cq_a.poll(wc).value() > 0) {}
   while (cq_b.poll(wc).value() > 0) {}
-  need(a.reset_and_reconnect(), "reconnect a");
-  need(b.reset_and_reconnect(), "reconnect b");
+  need(reconnect_after_error(a), "reconnect a");
+  need(reconnect_after_error(b), "reconnect b");
 }
 
 /// Post one work request on a peer's QP with plain libibverbs (ibv_post_send, no rdmaxx checks in
@@ -200,6 +215,56 @@ struct qp_pair {
     return read_one(a, cq_a, dst, src, id);
   }
 };
+
+/// The running kernel (uname): rxe is part of the kernel, and a few of its answers differ between
+/// the kernels the suite is run on (docs/kernels.md). A test that expects a kernel-specific value
+/// names the kernel it was measured on and checks the property that matters on every kernel.
+struct kernel_version {
+  int major = 0, minor = 0;
+  std::string release;
+  bool is(int ma, int mi) const { return major == ma && minor == mi; }
+};
+inline const kernel_version &running_kernel() {
+  static const kernel_version k = [] {
+    kernel_version v;
+    utsname u{};
+    if (::uname(&u) == 0) {
+      v.release = u.release;
+      std::sscanf(u.release, "%d.%d", &v.major, &v.minor);
+    }
+    return v;
+  }();
+  return k;
+}
+
+/// A region registered without remote access grants nothing remotely. rxe on Linux 6.1 gives it
+/// rkey 0; rxe on 6.12 gives it rkey == lkey (rxe_mr_init sets both keys alike since "RDMA/rxe:
+/// Let rkey == lkey for local access"), and its responder refuses that key for lack of remote
+/// rights. The value is checked on those two kernels; on every kernel, a plain-verbs RDMA write and
+/// RDMA read with the region's rkey from QP a of `pair` must be refused (remote access error) with
+/// `mem` (the region's bytes) and `scratch` (a's local buffer, in the MR `scratch_mr`) unchanged.
+/// Recovers the pair.
+inline void check_local_only_rkey(qp_pair &pair, const MemoryRegion &mr, const unsigned char *mem,
+                                  std::size_t len, const MemoryRegion &scratch_mr, unsigned char *scratch,
+                                  std::size_t scratch_len) {
+  const kernel_version &k = running_kernel();
+  INFO("kernel " << k.release << ", local-only MR rkey " << mr.rkey() << ", lkey " << mr.lkey());
+  if (k.is(6, 1)) CHECK(mr.rkey() == 0);
+  if (k.is(6, 12)) CHECK(mr.rkey() == mr.lkey());
+  const std::vector<unsigned char> before(mem, mem + len), scratch_before(scratch, scratch + scratch_len);
+  const auto n = std::uint32_t(std::min<std::size_t>({len, scratch_len, 256}));
+  const std::uint64_t addr = mr.iova();
+  const ibv_wc_status w = peer_post(pair.a, pair.cq_a, IBV_WR_RDMA_WRITE, scratch_mr.sge(0, n), addr, mr.rkey());
+  INFO("write with the local-only rkey: " << ibv_wc_status_str(w));
+  CHECK(w == IBV_WC_REM_ACCESS_ERR);
+  pair.recover();
+  const ibv_wc_status r = peer_post(pair.a, pair.cq_a, IBV_WR_RDMA_READ, scratch_mr.sge(0, n), addr, mr.rkey());
+  INFO("read with the local-only rkey: " << ibv_wc_status_str(r));
+  CHECK(r == IBV_WC_REM_ACCESS_ERR);
+  pair.recover();
+  CHECK(std::memcmp(mem, before.data(), len) == 0);
+  CHECK(std::memcmp(scratch, scratch_before.data(), scratch_len) == 0);
+}
 
 /// The device and a PD: the base of `loopback`, so that both exist before its QPs and outlive them.
 struct device_pd {

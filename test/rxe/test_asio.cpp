@@ -112,7 +112,10 @@ TEST_CASE("[asio] 64 waiters on one CQ and channel, 4 QPs, completions in anothe
     CHECK(ok == ops);
     CHECK(ok_r == 16);
     REQUIRE(finish_order.size() == std::size_t(ops));
-    CHECK(finish_order.front() == ops - 1); // the last waiter's write was posted first
+    // The first waiter to finish is the one of the first write posted on some QP (63 to 60, one per
+    // QP): completions are ordered per QP only. Linux 6.12's rxe runs each QP's work on a workqueue,
+    // and QP 2's first write (62) can complete before QP 3's (63), posted just before it.
+    CHECK(finish_order.front() >= ops - 4);
     CHECK(router.stats().routed == std::uint64_t(ops + 16));
     CHECK(router.stats().unclaimed == 0);
     CHECK(router.stats().events >= 1);

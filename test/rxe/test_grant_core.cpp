@@ -443,13 +443,20 @@ TEST_CASE("a GrantPool with lazy slots makes each slot at its first lease; a fai
     CHECK(l.slot() == 0);
     CHECK(pool.stats().slots_made == 1);
     CHECK(mr_count() == mrs0 + 1);
+    std::vector<unsigned char> src(slot + 1, 0x5A), sink(8, 0);
+    auto src_mr = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "src");
+    auto sink_mr = need(MemoryRegion::reg(lb.pd, sink.data(), sink.size(), remote_rw), "sink");
     auto b = lb.b.start_send();
     const remote_descriptor d = need(pool.grant(b, lb.b, l, access::remote_write), "grant");
+    // The grant's bind is unsignaled and works once executed: a fenced, signaled write after it in
+    // the batch tells when (grant()'s contract: the request follows with a fence). On Linux 6.1 rxe
+    // executed it within submit(); on 6.12 a workqueue does, and the peer's write below could
+    // otherwise reach the window before it was bound.
+    b.write({99, send_flag::fence | send_flag::signaled}, {sink_mr.iova(), sink_mr.rkey()}, src_mr.sge(0, 8));
     need(b.submit(), "submit");
+    REQUIRE(wait_wc(lb.cq_b, 1).front().status == IBV_WC_SUCCESS);
     CHECK(d.addr == reinterpret_cast<std::uintptr_t>(bytes));
     CHECK(d.length == slot);
-    std::vector<unsigned char> src(slot + 1, 0x5A);
-    auto src_mr = need(MemoryRegion::reg(lb.pd, src.data(), src.size(), access::local_write), "src");
     // One byte past the slot is refused (its exact region), the slot itself lands.
     CHECK(is_denial(peer_post(lb.a, lb.cq_a, IBV_WR_RDMA_WRITE, src_mr.sge(0, std::uint32_t(slot + 1)),
                               d.addr, d.rkey)));
@@ -474,7 +481,7 @@ TEST_CASE("a GrantPool with lazy slots makes each slot at its first lease; a fai
     auto l3 = need(pool.acquire(), "a second slot");
     CHECK(l3.slot() == 1);
     CHECK(pool.stats().slots_made == 2);
-    CHECK(mr_count() == mrs0 + 3); // two slots' exact regions and src
+    CHECK(mr_count() == mrs0 + 4); // two slots' exact regions, src and sink
     need(pool.release(l2), "release");
     need(pool.release(l3), "release");
     need(pool.destroy(), "destroy");

@@ -5,6 +5,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <sys/utsname.h>
+
 #include <string_view>
 #include <type_traits>
 
@@ -223,6 +225,21 @@ TEST_CASE("grant mechanism: no key a peer could turn into a panic unless the cal
   detail::known_invalidate_defect(rxe_vendor_id, false, p, on);
   CHECK(p == tristate::yes);
   CHECK(std::string_view(on).find("6.1.0-57") != std::string_view::npos);
+  CHECK(std::string_view(on).find("6.12.118") != std::string_view::npos);
+  // The series measured, by release; any other rxe kernel is assumed to panic (p stays yes above,
+  // whatever this host runs) and the text names it.
+  CHECK(detail::rxe_defect_measured("6.1.0-57-amd64"));
+  CHECK(detail::rxe_defect_measured("6.12.118+deb12-amd64"));
+  CHECK(detail::rxe_defect_measured("6.12"));
+  CHECK_FALSE(detail::rxe_defect_measured("6.10.3"));
+  CHECK_FALSE(detail::rxe_defect_measured("6.123.0"));
+  CHECK_FALSE(detail::rxe_defect_measured("6.8.0-31-generic"));
+  CHECK_FALSE(detail::rxe_defect_measured("5.15.0"));
+  utsname u{};
+  REQUIRE(::uname(&u) == 0);
+  const bool here_measured = detail::rxe_defect_measured(u.release);
+  CHECK((std::string_view(on).find("assumed to panic") != std::string_view::npos) == !here_measured);
+  CHECK((std::string_view(on).find(u.release) != std::string_view::npos) == !here_measured);
   p = tristate::unknown;
   detail::known_invalidate_defect(0x02c9, true, p, on);
   CHECK(p == tristate::no);

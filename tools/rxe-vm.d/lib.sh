@@ -23,8 +23,10 @@ env_script() {
 
 usage() {
 	cat <<'EOF'
-usage: tools/rxe-vm CMD [ARGS...]
-       tools/rxe-vm --pair 'CMD_A' 'CMD_B'   (the same as tools/rxe-vm-pair 'CMD_A' 'CMD_B')
+usage: tools/rxe-vm [--kernel VERSION] CMD [ARGS...]
+       tools/rxe-vm [--kernel VERSION] --pair 'CMD_A' 'CMD_B'   (the same as tools/rxe-vm-pair ...)
+
+--kernel VERSION is RXE_VM_KVER=VERSION (below): `tools/rxe-vm --kernel 6.12 ibv_devinfo`.
 
 Runs CMD where a Soft-RoCE device rxe0 exists and exits with CMD's exit status.
 Without an rxe device on the host, boots a throwaway QEMU VM (TCG) of the installed
@@ -43,14 +45,18 @@ Environment:
   RXE_VM_SMP=N           guest CPUs (default 2; 1 per VM with --pair)
   RXE_VM_KERNEL=PATH     kernel image (default: the newest /boot/vmlinuz-* with its modules,
                          else the newest in the kernel cache, which `tools/dev example` fills)
-  RXE_VM_KVER=VERSION    kernel version, if it cannot be read from RXE_VM_KERNEL
+  RXE_VM_KVER=VERSION    boot the kernel of this version (6.1, 6.12, 6.12.118+deb12-amd64: the
+                         newest installed or cached one that matches; `tools/dev kernel VERSION`
+                         fetches one into the cache); default: the newest in /boot, else the
+                         cache's 6.1. With RXE_VM_KERNEL: that image's version, if it cannot be read
   RXE_VM_MODROOT=DIR     module root: modules in DIR/lib/modules/VERSION (default /); without
                          RXE_VM_KERNEL, the kernel is the newest DIR/boot/vmlinuz-*
   RXE_VM_CACHE=DIR       the kernel cache is DIR/kernel (default ~/.cache/rdmaxx)
   RXE_VM_WRITABLE=D1:D2  absolute host directories mounted writable at the same path
   RXE_VM_ENV="A B"       extra environment variable names to pass into the VM
   RXE_VM_VERBOSE=1       show the guest's console (boot log) on stderr
-  RXE_VM_FORCE=1         boot a VM even if the host has an rxe device
+  RXE_VM_FORCE=1         boot a VM even if the host has an rxe device (so does a RXE_VM_KVER
+                         that the host kernel does not match)
   RXE_VM_KEEP=1          keep the per-run directory (console log etc.) for debugging
   RXE_VM_APPEND=ARGS     extra kernel command line arguments
   RXE_VM_QEMU_ARGS=ARGS  extra QEMU arguments (split on blanks)
@@ -62,6 +68,25 @@ Passed into the VM: PATH HOME USER LOGNAME LANG LANGUAGE LC_* TZ CI, RDMAXX_*, C
 Exit status: the command's; 124 timeout; 125 guest kernel panic/oops or VM failure;
 127 missing prerequisite (the message names the Debian package).
 EOF
+}
+
+# kernel_opt ARGS...: a leading --kernel VERSION or --kernel=VERSION exports RXE_VM_KVER=VERSION
+# and sets kernel_shift to the number of arguments it took (0 without it).
+# shellcheck disable=SC2034 # kernel_shift is read by the caller
+kernel_opt() {
+	kernel_shift=0
+	case "${1-}" in
+	--kernel=*) RXE_VM_KVER=${1#--kernel=} kernel_shift=1 ;;
+	--kernel)
+		if [[ $# -lt 2 || -z $2 ]]; then
+			msg "--kernel needs a version: --kernel 6.12"
+			exit 2
+		fi
+		RXE_VM_KVER=$2 kernel_shift=2
+		;;
+	*) return 0 ;;
+	esac
+	export RXE_VM_KVER
 }
 
 msg() { printf '%s: %s\n' "${prog:-rxe-vm}" "$*" >&2; }
@@ -233,7 +258,12 @@ start_vm() {
 	[[ -n ${RXE_VM_QEMU_ARGS:-} ]] && cmd+=(${RXE_VM_QEMU_ARGS})
 	: >"$run/console.log"
 	: >"$run/output"
-	"${cmd[@]}" </dev/null >"$run/qemu.err" 2>&1 &
+	# QEMU gets SIGKILL when the front end dies (setpriv --pdeathsig, util-linux): the EXIT trap
+	# (cleanup) stops the VMs on every exit the shell sees, but a front end killed with SIGKILL
+	# runs no trap, and its VMs would run on until their command ends, if ever.
+	local pdeath=()
+	if command -v setpriv >/dev/null; then pdeath=(setpriv --pdeathsig KILL); fi
+	"${pdeath[@]}" "${cmd[@]}" </dev/null >"$run/qemu.err" 2>&1 &
 	qpids[idx]=$!
 	# The guest writes the command's output to $run/output (9p); stream it from there.
 	if [[ ${pair:-0} == 1 ]]; then
@@ -297,12 +327,26 @@ report_vm() {
 }
 
 # ---------------------------------------------------------------- run
+# start_watchdog: at RXE_VM_TIMEOUT, mark the run timed out and stop every VM (SIGTERM, SIGKILL
+# 5 s later). Call it after the last start_vm: the watchdog is a subshell, it knows the VMs that
+# qpids holds when it forks and no later one (a watchdog started before the VMs kills nothing).
+# It checks the front end once a second: if that was killed outright (SIGKILL, no trap ran), its
+# VMs died with it (start_vm's parent-death signal) and the watchdog leaves, rather than signal
+# their process ids after they may have been reused.
 start_watchdog() {
+	if [[ ${#qpids[@]} -eq 0 ]]; then
+		msg "internal error: start_watchdog before start_vm"
+		exit 125
+	fi
+	local front=$$ deadline=$((SECONDS + timeout_s))
 	(
 		trap 'kill $sp 2>/dev/null; exit 0' TERM
-		sleep "$timeout_s" &
-		sp=$!
-		wait $sp
+		while ((SECONDS < deadline)); do
+			kill -0 "$front" 2>/dev/null || exit 0
+			sleep 1 &
+			sp=$!
+			wait $sp
+		done
 		touch "$top/timed-out"
 		kill "${qpids[@]}" 2>/dev/null
 		sleep 5 &
@@ -330,12 +374,24 @@ usable_kernel() {
 	done
 }
 
+# The kernel series the VM boots when none is asked for and none is installed in /boot: the one
+# the project's tests are measured on (docs/kernels.md). `tools/dev example` fetches it.
+default_kver=6.1
+
+# kver_matches VERSION WANT: VERSION (a kernel release, 6.12.118+deb12-amd64) is WANT, or WANT
+# followed by '.' or '-': 6.12 matches 6.12.118+deb12-amd64, 6.1 matches 6.1.0-57-amd64 and not 6.12.
+kver_matches() {
+	[[ $1 == "$2" || $1 == "$2".* || $1 == "$2"-* ]]
+}
+
 # find_kernel: sets kernel (the image), kver and modroot (modules in modroot/lib/modules/kver):
-# RXE_VM_KERNEL (modules under RXE_VM_MODROOT, default /); else the newest
-# RXE_VM_MODROOT/boot/vmlinuz-*; else the newest installed /boot/vmlinuz-* with its modules,
-# then the newest in the kernel cache. Exits 127 (missing) or 2 (bad setting).
+# RXE_VM_KERNEL (modules under RXE_VM_MODROOT, default /; RXE_VM_KVER is then its version);
+# else the newest RXE_VM_MODROOT/boot/vmlinuz-*; else the newest installed /boot/vmlinuz-* with
+# its modules, then the newest of the default series in the kernel cache, then the cache's newest.
+# Without RXE_VM_KERNEL, RXE_VM_KVER=VER takes only kernels whose version matches VER
+# (kver_matches). Exits 127 (missing) or 2 (bad setting).
 find_kernel() {
-	local k v root
+	local k v root want=''
 	kernel='' kver='' modroot=${RXE_VM_MODROOT:-/}
 	if [[ $modroot != /* || ! -d $modroot ]]; then
 		msg "RXE_VM_MODROOT '$modroot' is not an absolute path to an existing directory"
@@ -357,9 +413,15 @@ find_kernel() {
 			exit 2
 		}
 	else
+		want=${RXE_VM_KVER:-}
+		if [[ -n $want && ! $want =~ ^[0-9]+(\.[0-9]+)*([.+~-][A-Za-z0-9.+~-]*)?$ ]]; then
+			msg "bad kernel version '$want' (RXE_VM_KVER or --kernel; for example 6.1 or 6.12)"
+			exit 2
+		fi
 		while IFS= read -r k; do
 			v=${k##*/vmlinuz-}
 			root=${k%/boot/vmlinuz-*}
+			[[ -z $want ]] || kver_matches "$v" "$want" || continue
 			if usable_kernel "${root:-/}" "$v"; then
 				kernel=$k kver=$v modroot=${root:-/}
 				break
@@ -370,9 +432,19 @@ find_kernel() {
 				compgen -G "${modroot%/}/boot/vmlinuz-*" | sort -rV || true
 			else
 				compgen -G '/boot/vmlinuz-*' | sort -rV || true
+				# The cache may hold several series (tools/dev kernel VER): without a version asked
+				# for, the default series comes first, so that fetching another one does not change
+				# what a plain run boots.
+				compgen -G "$(kernel_cache)/*/boot/vmlinuz-${default_kver}[.-]*" | sort -rV || true
 				compgen -G "$(kernel_cache)/*/boot/vmlinuz-*" | sort -rV || true
 			fi
 		)
+		if [[ -z $kernel && -n $want ]]; then
+			msg "missing prerequisite: a kernel $want with rdma_rxe \
+($([[ -n ${RXE_VM_MODROOT:-} ]] && echo "in ${modroot%/}/boot" || echo "in /boot or $(kernel_cache)")); \
+\`tools/dev kernel $want\` fetches Debian's package into the kernel cache (not installed)"
+			exit 127
+		fi
 		if [[ -z $kernel && -n ${RXE_VM_MODROOT:-} ]]; then
 			missing "a kernel with rdma_rxe in ${modroot%/}/boot, modules in ${modroot%/}/lib/modules \
 (RXE_VM_MODROOT)" linux-image-amd64
