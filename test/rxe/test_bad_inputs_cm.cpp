@@ -119,9 +119,9 @@ TEST_CASE("bad inputs: Connection", "[bad-input][connection][bad-inputs-cm][cm]"
       {"retry backoff_ms -5", {.total_ms = 1000, .backoff_ms = -5}},
       {"retry max_backoff_ms below backoff_ms", {.total_ms = 1000, .backoff_ms = 100, .max_backoff_ms = 50}},
   };
-  for (const auto &[input, r] : bad_retry)
-    t.add("Connection::connect (retry_options)", input, is(errc::invalid_argument),
-          [&] { return err(Connection::connect(nowhere, {.timeout_ms = 200}, r)); });
+  for (const auto &row : bad_retry)
+    t.add("Connection::connect (retry_options)", row.first, is(errc::invalid_argument),
+          [&, r = row.second] { return err(Connection::connect(nowhere, {.timeout_ms = 200}, r)); });
   t.add("Connection::resolve", "private data (it belongs to connect_with)", is(errc::invalid_argument),
         [&] { return err(Connection::resolve(nowhere, {.private_data = std::span(bytes).first(8)})); });
   t.add("Connection::advance", "null connection", is(errc::null_handle), [&] { return err(null_c.advance()); });
