@@ -6,7 +6,9 @@
 // the revocation's confirmation before it reads the slot and hands it back. The server writes its
 // answer through the grant, then replies. Every answer is checked byte for byte.
 //
-//   tools/rxe-vm build/examples/09_asio_grant_service       # 3 clients x 20 requests
+//   tools/rxe-vm build/examples/09_asio_grant_service       # 3 clients x 20 requests, one process
+//   09_asio_grant_service server PORT                       # one role each, across two hosts:
+//   09_asio_grant_service client ADDR:PORT
 //
 // Exit status 0 only if every request was answered with the right bytes in the client's slot.
 #include <rdmaxx/asio.hpp>
@@ -99,7 +101,8 @@ ra::task<result<int>> client(service &s, address to) {
   co_return good;
 }
 
-result<int> run() {
+// Both roles (`role` null), or the server on port `to`, or the clients of the server at `to`.
+result<int> run(const char *role, const char *to) {
   service s;
   RDMAXX_TRY(ctx_, Context::open_first());
   s.ctx = std::move(ctx_);
@@ -109,38 +112,51 @@ result<int> run() {
   s.ch = std::move(ch_);
   RDMAXX_TRY(cq_, CompletionQueue::create(s.ctx, 1024, &s.ch));
   s.cq = std::move(cq_);
-  RDMAXX_TRY(at, address::of_device(s.ctx));
-  RDMAXX_TRY(l, Listener::listen(at.with_port(7482)));
+  RDMAXX_TRY(here, address::of_device(s.ctx));
+  RDMAXX_TRY(at, to ? address::parse(to) : result<address>(here.with_port(7482)));
+  const bool serving = !role || std::strcmp(role, "server") == 0, asking = !role || !serving;
+  Listener l;
+  if (serving) {
+    RDMAXX_TRY(listening, Listener::listen(at));
+    l = std::move(listening);
+  }
   boost::asio::io_context io;
   RDMAXX_TRY(router_, ra::CompletionRouter::create(io.get_executor(), s.cq, s.ch));
   s.router = std::move(router_);
-  int answered = 0, failed = 0;
+  int answered = 0, failed = 0, served = 0;
   auto note = [&](const std::error_code &ec) { ++failed, std::fprintf(stderr, "09: %s\n", ec.message().c_str()); };
-  boost::asio::co_spawn(io, [&]() -> ra::task<void> { // the server: one coroutine per client
-    for (int i = 0; i < clients; ++i) {
-      auto req = co_await ra::next_request(l, 60000);
-      if (!req) co_return note(req.error());
-      boost::asio::co_spawn(io, [&, r = std::move(req).value()]() mutable -> ra::task<void> {
-        if (auto e = co_await serve(s, std::move(r)); !e) note(e.error());
-      }, boost::asio::detached);
-    }
-  }, boost::asio::detached);
-  for (int c = 0; c < clients; ++c)
+  if (serving)
+    boost::asio::co_spawn(io, [&]() -> ra::task<void> { // the server: one coroutine per client
+      for (int i = 0; i < clients; ++i) {
+        auto req = co_await ra::next_request(l, 60000);
+        if (!req) co_return note(req.error());
+        boost::asio::co_spawn(io, [&, r = std::move(req).value()]() mutable -> ra::task<void> {
+          if (auto e = co_await serve(s, std::move(r)); !e) note(e.error());
+          else ++served;
+        }, boost::asio::detached);
+      }
+    }, boost::asio::detached);
+  for (int c = 0; asking && c < clients; ++c)
     boost::asio::co_spawn(io, [&]() -> ra::task<void> {
-      auto n = co_await client(s, at.with_port(7482));
+      auto n = co_await client(s, at);
       if (!n) co_return note(n.error());
       answered += n.value();
     }, boost::asio::detached);
   io.run(); // returns once every coroutine has ended
   s.router.close();
-  std::printf("09_asio_grant_service: %d of %d requests answered through their grants, %d failures\n",
-              answered, clients * requests, failed);
-  return answered == clients * requests && failed == 0 ? 0 : 1;
+  std::printf("09_asio_grant_service: %d of %d requests answered through their grants, %d clients "
+              "served, %d failures\n", answered, asking ? clients * requests : 0, served, failed);
+  const bool ok = (!asking || answered == clients * requests) && (!serving || served == clients);
+  return ok && failed == 0 ? 0 : 1;
 }
 } // namespace
 
-int main() {
-  auto r = run();
+int main(int argc, char **argv) {
+  if (argc != 1 && !(argc == 3 && (std::strcmp(argv[1], "server") == 0 || std::strcmp(argv[1], "client") == 0))) {
+    std::fprintf(stderr, "usage: 09_asio_grant_service [server PORT | client ADDR:PORT]\n");
+    return 2;
+  }
+  auto r = run(argc == 3 ? argv[1] : nullptr, argc == 3 ? argv[2] : nullptr);
   if (!r) std::fprintf(stderr, "09_asio_grant_service: %s\n", r.error().message().c_str());
   return r ? r.value() : 1;
 }
