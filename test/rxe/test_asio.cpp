@@ -1161,20 +1161,21 @@ TEST_CASE("[asio] EventPump: bad inputs and a closed pump", "[asio][shared-chann
 TEST_CASE("[asio] attached grants and keys: settled() after each grant and revoke, the program's waiter too", "[asio]") {
   const std::string before = kernel_resources();
   {
-    Context ctx = open_device();
-    auto pd = need(ProtectionDomain::alloc(ctx), "pd");
-    auto ch = need(CompletionChannel::create(ctx), "channel");
-    auto cq_o = need(CompletionQueue::create(ctx, 128, &ch), "cq owner");
-    auto cq_p = need(CompletionQueue::create(ctx, 128), "cq peer");
-    auto qo = need(QueuePair::create(pd, cq_o, cq_o), "qp owner");
-    auto qp = need(QueuePair::create(pd, cq_p, cq_p), "qp peer");
-    need(connect_loopback(qo, qp), "connect");
+    // The owner is the fixture's QP a (its CQ has the channel), the peer its QP b; the program's
+    // own write goes from src to dst.
+    channel_pair f(64, 0x6B);
+    std::memset(f.src.data(), 0x6B, f.src.size());
+    auto &pd = f.pd;
+    auto &ch = f.ch;
+    auto &cq_o = f.cq;
+    auto &cq_p = f.cq_b;
+    auto &qo = f.a;
+    auto &qp = f.b;
+    auto &smr = f.smr;
+    auto &kmr = f.dmr;
+    unsigned char *sink = f.dst.data();
     auto mr = need(MemoryRegion::allocate(pd, 8 * 4096, access::local_write | access::mw_bind), "owner");
     auto *mem = static_cast<unsigned char *>(mr.address());
-    static unsigned char src[64], sink[64];
-    std::memset(src, 0x6B, sizeof src);
-    auto smr = need(MemoryRegion::reg(pd, src, sizeof src, access::local_write), "src");
-    auto kmr = need(MemoryRegion::reg(pd, sink, sizeof sink, access::local_write | access::remote_write), "sink");
     auto a = need(StrictGrant::create(pd, mr, {0, 4096}), "a");
     auto b = need(StrictGrant::create(pd, mr, {4096, 4096}), "b");
     auto k = need(IndirectKey::create(pd, 4, {.backend = umr_backend::software}), "key");
