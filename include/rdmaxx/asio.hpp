@@ -67,10 +67,14 @@
 ///
 /// The parts, each usable alone: asio/basics.hpp (task, deadlines, watch_stop), asio/cm_steps.hpp
 /// (the rdma_cm steps), asio/router.hpp (CompletionRouter, Waiter, settled, watch), asio/pump.hpp
-/// (EventPump, connect with retries).
+/// (EventPump, connect with retries), asio/task_group.hpp (TaskGroup, serve: spawning and
+/// counting a service's coroutines), asio/node.hpp (Node: device, PD, CQ, channel and router in
+/// one object).
 #pragma once
 
 #include "asio/basics.hpp"
 #include "asio/cm_steps.hpp"
 #include "asio/router.hpp"
 #include "asio/pump.hpp"
+#include "asio/task_group.hpp"
+#include "asio/node.hpp"

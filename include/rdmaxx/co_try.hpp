@@ -56,4 +56,4 @@ template <class R>
   auto RDMAXX_CAT_(rdmaxx_co_try_, __LINE__) = (__VA_ARGS__);                                  \
   if (!RDMAXX_CAT_(rdmaxx_co_try_, __LINE__).has_value()) [[unlikely]]                         \
     co_return RDMAXX_CAT_(rdmaxx_co_try_, __LINE__).error();                                   \
-  auto &&var = std::move(RDMAXX_CAT_(rdmaxx_co_try_, __LINE__)).assume_value()
+  [[maybe_unused]] auto &&var = std::move(RDMAXX_CAT_(rdmaxx_co_try_, __LINE__)).assume_value()

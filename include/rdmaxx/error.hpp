@@ -70,7 +70,7 @@ using outcome::success;
   auto &&RDMAXX_CAT_(rdmaxx_try_, __LINE__) = (__VA_ARGS__);                                   \
   if (!RDMAXX_CAT_(rdmaxx_try_, __LINE__)) [[unlikely]]                                        \
     return RDMAXX_CAT_(rdmaxx_try_, __LINE__).error();                                         \
-  auto &&var = std::move(RDMAXX_CAT_(rdmaxx_try_, __LINE__)).assume_value()
+  [[maybe_unused]] auto &&var = std::move(RDMAXX_CAT_(rdmaxx_try_, __LINE__)).assume_value()
 
 /// What rdmaxx detects on its own, before or after calling verbs. One code per meaning; after
 /// each, what the caller should do about it. Unless a function says otherwise, a call that

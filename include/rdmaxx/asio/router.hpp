@@ -542,6 +542,44 @@ task<T> ready_value(T v) {
 } // namespace detail
 
 class Waiter;
+class CompletionRouter;
+
+/// One object's completions routed through a CompletionRouter, from CompletionRouter::route() to
+/// this handle's end (destruction, reset() or move-assignment): the scoped form of attach() and
+/// detach(), so that a coroutine that returns early (RDMAXX_CO_TRY) never leaves the router
+/// holding the address of an object it destroyed. Declare it after the object it routes: it is
+/// then destroyed first. It keeps the router's core (not its CQ) alive; once the router is closed
+/// it does nothing. Move-only, null after move.
+class Route {
+public:
+  Route() noexcept = default;
+  Route(Route &&o) noexcept
+      : c_(std::exchange(o.c_, nullptr)), obj_(std::exchange(o.obj_, nullptr)), pool_(o.pool_) {}
+  Route &operator=(Route &&o) noexcept {
+    if (this != &o) {
+      reset();
+      c_ = std::exchange(o.c_, nullptr);
+      obj_ = std::exchange(o.obj_, nullptr);
+      pool_ = o.pool_;
+    }
+    return *this;
+  }
+  Route(const Route &) = delete;
+  Route &operator=(const Route &) = delete;
+  /// reset().
+  ~Route() { reset(); }
+
+  /// True while it routes (until reset or moved from).
+  [[nodiscard]] explicit operator bool() const noexcept { return c_ != nullptr; }
+  /// Stop routing the object's completions now (detach): the object may then move or go.
+  void reset() noexcept;
+
+private:
+  friend class CompletionRouter;
+  detail::router_core *c_ = nullptr;
+  const void *obj_ = nullptr; // the pool, or the object's table key
+  bool pool_ = false;
+};
 
 /// One CompletionQueue with its CompletionChannel, served on an io_context: completions routed
 /// by QP and wr_id to Waiters, GrantPool completions to their pools. Move-only, null after move.
@@ -664,6 +702,23 @@ public:
   void detach(const T &obj) noexcept {
     if (c_) c_->targets.remove(&obj);
   }
+  /// attach(pool, qp) for as long as the returned Route lives (see Route): the form to use in
+  /// coroutines, where an early return would otherwise leave the pool attached after it is gone.
+  /// \errors As attach(pool, qp).
+  /// \mallocs None.
+  [[nodiscard]] result<Route> route(GrantPool &pool, const QueuePair &qp) noexcept {
+    if (auto r = attach(pool, qp); !r) return r.error();
+    return make_route(&pool, true);
+  }
+  /// attach(obj) for as long as the returned Route lives (see Route).
+  /// \errors As attach(obj).
+  /// \mallocs None.
+  template <::rdmaxx::detail::completion_target_type T>
+    requires(!std::same_as<T, GrantPool>)
+  [[nodiscard]] result<Route> route(T &obj) noexcept {
+    if (auto r = attach(obj); !r) return r.error();
+    return make_route(&obj, false);
+  }
   /// Called for completions no waiter and no pool took (stale completions of a connection that
   /// is gone, unsignaled work's errors...); without one they are counted and dropped.
   void on_unclaimed(void (*f)(void *, const ibv_wc &), void *ctx) noexcept {
@@ -700,7 +755,16 @@ public:
   }
 
 private:
+  Route make_route(const void *obj, bool pool) noexcept {
+    Route r;
+    r.c_ = c_;
+    r.obj_ = obj;
+    r.pool_ = pool;
+    ++c_->refs;
+    return r;
+  }
   friend class Waiter;
+  friend class Route;
   friend task<result<void>> settled(CompletionRouter &, const GrantPool &, const GrantLease &, std::uint32_t,
                                     deadline);
   template <::rdmaxx::detail::settle_type T>
@@ -725,6 +789,12 @@ public:
     n_.core = r.c_;
     if (n_.core && n_.core->open) n_.core->link(n_);
     else n_.failed = make_error_code(errc::null_handle);
+  }
+  /// Register for `wr_id` of `qp` (its QP number; a null QP: wait() fails with
+  /// errc::null_handle).
+  Waiter(CompletionRouter &r, std::uint64_t wr_id, const QueuePair &qp) noexcept
+      : Waiter(r, wr_id, qp ? qp.qp_num() : 0) {
+    if (!qp && !n_.failed) n_.failed = make_error_code(errc::null_handle);
   }
   Waiter(const Waiter &) = delete;
   Waiter &operator=(const Waiter &) = delete;
@@ -775,9 +845,38 @@ public:
         net::use_awaitable);
   }
 
+  /// The next successful completion of this wr_id: wait(until), then rearm() (the Waiter is
+  /// ready for the next one, e.g. a receive posted again), with a completion of failed status
+  /// returned as its error (wc_error(wc)). The loop form of wait().
+  /// \errors Those of wait(); wc_error(wc) of a failed completion (flushed included).
+  /// \mallocs As wait(), and this coroutine's frame (recycled per thread).
+  task<result<ibv_wc>> next(deadline until) {
+    auto r = co_await wait(until);
+    if (n_.done) rearm();
+    if (!r) co_return r.error();
+    if (auto ec = wc_error(r.value())) co_return ec;
+    co_return r.value();
+  }
+
 private:
   detail::waiter_node n_;
 };
+
+inline void Route::reset() noexcept {
+  detail::router_core *c = std::exchange(c_, nullptr);
+  if (!c) return;
+  if (pool_) {
+    for (std::size_t i = 0; i < c->n_pools; ++i)
+      if (c->pools[i].pool == obj_) {
+        c->pools[i] = c->pools[--c->n_pools];
+        break;
+      }
+  } else {
+    c->targets.remove(obj_);
+  }
+  obj_ = nullptr;
+  detail::router_core::unref(c);
+}
 
 /// Wait until `lease`'s revocation (GrantPool::revoke) is confirmed (lease_state::ready): its
 /// pool must be attached to `r`. `qp_num`: the connection whose failure ends the wait.
@@ -811,6 +910,22 @@ inline task<result<void>> settled(CompletionRouter &r, const GrantPool &pool, co
   if (n.done || lease.state() == lease_state::ready) co_return success();
   if (n.failed) co_return n.failed;
   co_return make_error_code(errc::timeout);
+}
+
+/// GrantPool::revoke(qp, lease), then settled(): the co_await form that returns once the
+/// revocation is confirmed (the peer's access with the old key refused from then on) and the
+/// lease's buffer is the program's again. `pool` must be attached to `r` (route() or attach()).
+/// A lease already revoked or never granted returns at once.
+/// \errors
+/// - those of GrantPool::revoke (nothing was posted; the lease keeps its state);
+/// - those of settled() for a lease: on errc::timeout or the connection's error the grant may
+///   still be live: GrantPool::revoke_all() once the QP's completions were polled (or the QP
+///   reset).
+/// \mallocs As settled().
+inline task<result<void>> revoke(CompletionRouter &r, GrantPool &pool, QueuePair &qp, GrantLease &lease,
+                                 deadline until) {
+  RDMAXX_CO_TRYV(pool.revoke(qp, lease));
+  co_return co_await settled(r, pool, lease, qp.qp_num(), until);
 }
 
 /// Wait until `obj` (a MemoryWindow, StrictGrant or IndirectKey attached to `r`) has no
@@ -894,6 +1009,27 @@ task<std::error_code> watch_with(W w, Connection &c, CompletionRouter &r, watch_
 /// \mallocs As advance(), per rdma_cm event.
 inline task<std::error_code> watch(Connection &c, CompletionRouter &r, watch_stop &stop) {
   return detail::watch_with(detail::own_channel{}, c, r, stop);
+}
+
+/// Wait until the peer ends `c` (its DISCONNECTED event): the last step of a server's coroutine
+/// whose client leaves when it is done. Then every waiter of the QP on `r` fails with the
+/// connection's error, as watch() does, and the wait returns success. The connection's own fd is
+/// waited on, at most until `until`.
+/// \errors
+/// - errc::null_handle: a null connection.
+/// - errc::timeout: still connected at `until` (nothing was failed).
+/// - errc::invalid_argument: on a shared EventChannel (use watch(pump, ...)).
+/// - those of advance() (a connection that fails otherwise, e.g. an rdma_cm error event).
+/// \mallocs As advance(), per rdma_cm event.
+inline task<result<void>> disconnected(Connection &c, CompletionRouter &r, deadline until) {
+  if (!c) co_return make_error_code(errc::null_handle);
+  const std::uint32_t qpn = c.qp() ? c.qp().qp_num() : 0;
+  while (c.state() != conn_state::disconnected) {
+    if (clock::now() >= until) co_return make_error_code(errc::timeout);
+    RDMAXX_CO_TRYV(co_await advance(c, until));
+  }
+  r.fail(qpn, cm_error(RDMA_CM_EVENT_DISCONNECTED, 0));
+  co_return success();
 }
 
 } // namespace rdmaxx::asio
