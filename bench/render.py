@@ -81,7 +81,7 @@ def svg_dots(rs, path, title):
     rs = [r for r in rs if isinstance(r["value"], (int, float))]
     if not rs:
         return False
-    W, left, right, row = 900, 430, 40, 22
+    W, left, right, row = 1040, 560, 50, 22
     H = 60 + row * len(rs) + 30
     lo = min([r["value"] for r in rs] + [s for r in rs if r["spread"] for s in r["spread"]])
     hi = max([r["value"] for r in rs] + [s for r in rs if r["spread"] for s in r["spread"]])
@@ -91,21 +91,27 @@ def svg_dots(rs, path, title):
     lo = 0 if not ratio else lo
     pad = (hi - lo) * 0.05 or 0.05
     lo, hi = lo - (pad if ratio else 0), hi + pad
-    X = lambda v: left + (W - left - right) * (v - lo) / (hi - lo)
+    import math
+    logx = ratio and lo > 0 and hi / lo > 3
+    if logx:
+        X = lambda v: left + (W - left - right) * (math.log(v) - math.log(lo)) / (math.log(hi) - math.log(lo))
+        ticks = [t for t in (0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7, 10) if lo <= t <= hi]
+    else:
+        X = lambda v: left + (W - left - right) * (v - lo) / (hi - lo)
+        ticks = [lo + (hi - lo) * k / 5 for k in range(6)]
     o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
          'font-family="sans-serif" font-size="12">',
          f'<rect width="{W}" height="{H}" fill="white"/>',
          f'<text x="10" y="22" font-size="15" font-weight="bold">{html.escape(title)}</text>']
     y0, y1 = 40, 40 + row * len(rs)
-    for k in range(6):
-        v = lo + (hi - lo) * k / 5
+    for v in ticks:
         o.append(f'<line x1="{X(v):.1f}" y1="{y0}" x2="{X(v):.1f}" y2="{y1}" stroke="#ddd"/>')
         o.append(f'<text x="{X(v):.1f}" y="{y1 + 16}" text-anchor="middle" fill="#444">{v:.3g}</text>')
     if ratio:
         o.append(f'<line x1="{X(1):.1f}" y1="{y0 - 4}" x2="{X(1):.1f}" y2="{y1}" stroke="#333" stroke-dasharray="4,3"/>')
     for i, r in enumerate(rs):
         y = y0 + row * i + row / 2
-        name = r["name"] if len(r["name"]) <= 66 else r["name"][:63] + "..."
+        name = r["name"] if len(r["name"]) <= 86 else r["name"][:83] + "..."
         o.append(f'<text x="{left - 8}" y="{y + 4}" text-anchor="end">{html.escape(name)}</text>')
         if r["spread"]:
             a, b = r["spread"]
@@ -116,7 +122,7 @@ def svg_dots(rs, path, title):
         o.append(f'<text x="{W - right + 4}" y="{y + 4}" fill="#444" font-size="10">{fmt(r["value"])}</text>')
     unit = rs[0]["unit"] if len({r["unit"] for r in rs}) == 1 else "value"
     o.append(f'<text x="{(left + W - right) / 2}" y="{H - 6}" text-anchor="middle" fill="#444">{html.escape(unit)}'
-             + (' (dashed: 1, parity; bar: spread; red ring: A/A)' if ratio else ' (bar: spread)') + '</text>')
+             + (' (log scale)' if logx else '') + (' (dashed: 1, parity; bar: spread; red ring: A/A)' if ratio else ' (bar: spread)') + '</text>')
     o.append("</svg>")
     open(path, "w").write("\n".join(o) + "\n")
     return True
