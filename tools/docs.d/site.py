@@ -50,9 +50,8 @@ def inline(t, src):
         p = html.escape(p, quote=False)
         p = re.sub(r"!\[([^\]]*)\]\(([^)\s]+)\)", lambda m: f'<img alt="{m.group(1)}" src="{href(m.group(2), src)}">', p)
         p = re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", lambda m: f'<a href="{href(m.group(2), src)}">{m.group(1)}</a>', p)
-        p = re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", p)
         o.append(p)
-    return "".join(o)
+    return re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", "".join(o))
 
 
 def convert(src):
