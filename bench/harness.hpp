@@ -43,6 +43,7 @@ struct outcome {
   double ratio_best = 0; // best rep of each side: less sensitive to an emulated VM's stalls
   int reps = 0;
   long iters = 0;
+  std::vector<double> raw_s, rdmaxx_s; // every repetition's seconds per op (records: "values")
 };
 
 inline void report(const outcome &o, const char *unit = "ops/s") {
@@ -54,9 +55,18 @@ inline void report(const outcome &o, const char *unit = "ops/s") {
       std::fprintf(f,
                    "{\"benchmark\": \"%s\", \"raw\": %.1f, \"rdmaxx\": %.1f, \"ratio\": %.4f, "
                    "\"ratio_best\": %.4f, \"unit\": \"%s\", \"repetitions\": %d, "
-                   "\"iterations\": %ld}\n",
+                   "\"iterations\": %ld",
                    o.name.c_str(), o.raw_ops, o.rdmaxx_ops, o.ratio, o.ratio_best, unit, o.reps,
                    o.iters);
+      // Every repetition (seconds per op), where the caller kept them.
+      for (int side = 0; side < 2; ++side) {
+        const auto &v = side == 0 ? o.raw_s : o.rdmaxx_s;
+        if (v.empty()) continue;
+        std::fprintf(f, ", \"%s_s\": [", side == 0 ? "raw" : "rdmaxx");
+        for (std::size_t i = 0; i < v.size(); ++i) std::fprintf(f, "%s%.9g", i ? ", " : "", v[i]);
+        std::fprintf(f, "]");
+      }
+      std::fprintf(f, "}\n");
       std::fclose(f);
     }
   }
@@ -82,7 +92,7 @@ inline bool compare(const std::string &name, int reps, long iters,
   }
   outcome o{name, 1.0 / median(tr), 1.0 / median(to), median(to) / median(tr),
             *std::min_element(to.begin(), to.end()) / *std::min_element(tr.begin(), tr.end()),
-            reps, iters};
+            reps, iters, tr, to};
   report(o);
   return true;
 }
