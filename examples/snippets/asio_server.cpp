@@ -1,60 +1,39 @@
-// README "On a Boost.Asio event loop", a server: one io_context thread, a coroutine per
-// connection, one CQ for all (the CompletionRouter routes each completion to its Waiter); each
-// client's message is echoed back, then the server waits until the client leaves.
+// docs/asio.md "A server skeleton": one io_context thread, a coroutine per connection, one CQ for
+// all (the Node's router routes each completion to its Waiter); each client's message is echoed
+// back, then the server waits until the client leaves.
 #include <rdmaxx/asio.hpp>
 #include <rdmaxx/rdmaxx.hpp>
-
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
 
 #include <array>
 #include <cstddef>
 
 namespace ra = rdmaxx::asio;
 
-ra::task<rdmaxx::result<void>> echo(rdmaxx::ConnectRequest req, rdmaxx::ProtectionDomain &pd,
-                                    rdmaxx::CompletionQueue &cq, ra::CompletionRouter &router) {
+ra::task<rdmaxx::result<void>> echo(rdmaxx::ConnectRequest req, ra::Node &n) {
   using namespace rdmaxx;
-  RDMAXX_CO_TRY(conn, req.prepare({.pd = &pd, .send_cq = &cq, .recv_cq = &cq, .timeout_ms = 20000}));
+  RDMAXX_CO_TRY(conn, req.prepare(n.connection_options()));
   std::array<std::byte, 64> buf{};
-  RDMAXX_CO_TRY(mr, MemoryRegion::reg(pd, buf.data(), buf.size(), access::local_write));
-  ra::Waiter got(router, 1, conn.qp().qp_num()), sent(router, 2, conn.qp().qp_num());
+  RDMAXX_CO_TRY(mr, MemoryRegion::reg(n.pd(), buf.data(), buf.size(), access::local_write));
+  ra::Waiter got(n.router(), 1, conn.qp()), sent(n.router(), 2, conn.qp());
   RDMAXX_CO_TRYV(conn.qp().post_recv(1, mr.sge()));
   RDMAXX_CO_TRYV(co_await ra::accept(conn));
-  RDMAXX_CO_TRY(in, co_await got.wait(ra::after_ms(20000))); // the client's message
-  if (auto ec = wc_error(in)) co_return ec;
+  RDMAXX_CO_TRY(in, co_await got.next(ra::after_ms(20000))); // the client's message
   auto b = conn.qp().start_send();
   b.send({.id = 2, .flags = send_flag::signaled}, mr.sge(0, in.byte_len)); // echo it
   RDMAXX_CO_TRYV(b.submit());
-  RDMAXX_CO_TRY(out, co_await sent.wait(ra::after_ms(20000)));
-  if (auto ec = wc_error(out)) co_return ec;
-  ra::watch_stop stop;                               // until the client disconnects
-  auto gone = co_await ra::watch(conn, router, stop); // (stop.stop() would end it sooner)
-  if (gone != std::errc::connection_reset) co_return gone;
-  co_return success();
+  RDMAXX_CO_TRYV(co_await sent.next(ra::after_ms(20000)));
+  co_return co_await ra::disconnected(conn, n.router(), ra::after_ms(20000)); // the client leaves
 }
 
 rdmaxx::result<int> asio_server(int clients) {
   using namespace rdmaxx;
-  RDMAXX_TRY(at, address::parse("7475"));
-  RDMAXX_TRY(l, Listener::listen(at));
-  RDMAXX_TRY(ctx, Context::open_first());
-  RDMAXX_TRY(pd, ProtectionDomain::alloc(ctx));
-  RDMAXX_TRY(ch, CompletionChannel::create(ctx));
-  RDMAXX_TRY(cq, CompletionQueue::create(ctx, 256, &ch));
   boost::asio::io_context io;
-  RDMAXX_TRY(router, ra::CompletionRouter::create(io.get_executor(), cq, ch));
-  int echoed = 0;
-  boost::asio::co_spawn(io, [&]() -> ra::task<void> {
-    for (int i = 0; i < clients; ++i) {
-      auto req = co_await ra::next_request(l, 60000);
-      if (!req) co_return;
-      boost::asio::co_spawn(io, [&, r = std::move(req).value()]() mutable -> ra::task<void> {
-        if (co_await echo(std::move(r), pd, cq, router)) ++echoed;
-      }, boost::asio::detached);
-    }
-  }, boost::asio::detached);
-  io.run();       // returns once every client was served: an idle router keeps nothing running
-  router.close(); // before the CQ and the channel go
-  return echoed;
+  RDMAXX_TRY(n, ra::Node::open(io.get_executor(), {.timeout_ms = 20000})); // device, PD, CQ, router
+  RDMAXX_TRY(at, address::parse("7475"));
+  ra::TaskGroup tasks(io.get_executor()); // counts the coroutines, keeps the first error
+  // One coroutine echo(request, n) per connection request, spawned in the group:
+  tasks.spawn(ra::serve(tasks, at, {.requests = std::size_t(clients), .idle_ms = 60000}, echo, n));
+  io.run(); // returns once every coroutine has ended: an idle router keeps nothing running
+  if (tasks.counts().failed) return tasks.first_error();
+  return int(tasks.counts().succeeded) - 1; // the connections served (not the accept loop)
 }

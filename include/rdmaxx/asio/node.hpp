@@ -11,12 +11,14 @@
 
 #include "basics.hpp"
 #include "router.hpp"
+#include "../cm_address.hpp"
 #include "../completion_queue.hpp"
 #include "../connection.hpp"
 #include "../device.hpp"
 #include "../protection_domain.hpp"
 
 #include <memory>
+#include <cstdint>
 #include <new>
 #include <string_view>
 
@@ -102,6 +104,15 @@ public:
     c.recv_cq = &p_->cq;
     c.timeout_ms = p_->timeout_ms;
     return c;
+  }
+
+  /// The address peers reach this node's device at (address::of_device of its first port), with
+  /// TCP port `port`: what a server on this node listens on, and what a client in the same
+  /// process connects to.
+  /// \errors Those of address::of_device (no IP address on the device's netdev: errc::no_device).
+  [[nodiscard]] result<address> local_address(std::uint16_t port) const noexcept {
+    RDMAXX_TRY(a, address::of_device(p_->ctx));
+    return a.with_port(port);
   }
 
   /// Close the router (its waiters fail with errc::null_handle), then destroy the CQ, the

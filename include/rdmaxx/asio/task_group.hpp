@@ -128,18 +128,20 @@ struct serve_options {
 };
 
 /// The accept loop of a service: listen on `at`, then hand each connection request, as it
-/// arrives, to `handler` (a callable taking ConnectRequest and returning task<result<T>>: it
-/// prepares, accepts and serves that connection), spawned in `g`, so that the next request is
-/// taken while earlier ones are served. Returns once `o.requests` were handed out (their
-/// coroutines may still run: the group counts them), or with the error of a failed wait.
+/// arrives, to `handler(request, args...)` (a callable returning task<result<T>>: it prepares,
+/// accepts and serves that connection), spawned in `g`, so that the next request is taken while
+/// earlier ones are served. `args` are passed by reference (e.g. the Node the connections use):
+/// they must outlive every coroutine spawned, as anything a coroutine refers to. Returns once
+/// `o.requests` were handed out (their coroutines may still run: the group counts them), or with
+/// the error of a failed wait.
 /// \errors
 /// - those of Listener::listen (EADDRINUSE...): nothing was listened on.
 /// - a cm timeout (cm_step::request): no request within o.idle_ms.
 /// - those of next_request().
 /// \mallocs The Listener's (rdma_cm), per request as next_request(), and the spawned coroutine's
 ///   frames.
-template <class F>
-task<result<void>> serve(TaskGroup &g, address at, serve_options o, F handler) {
+template <class F, class... Args>
+task<result<void>> serve(TaskGroup &g, address at, serve_options o, F handler, Args &...args) {
   RDMAXX_CO_TRY(l, Listener::listen(at, o.listen));
   // A wait without limit is a chain of day-long waits (a deadline past the clock's range
   // would overflow).
@@ -149,7 +151,7 @@ task<result<void>> serve(TaskGroup &g, address at, serve_options o, F handler) {
     if (!req && o.idle_ms <= 0 && is_cm_timeout(req.error())) continue;
     if (!req) co_return req.error();
     ++handed;
-    g.spawn([handler, r = std::move(req).value()]() mutable { return handler(std::move(r)); });
+    g.spawn([handler, &args..., r = std::move(req).value()]() mutable { return handler(std::move(r), args...); });
   }
   co_return success();
 }
