@@ -137,7 +137,7 @@ inline constexpr std::uint64_t max_list_entry_length = std::uint64_t(1) << 31;
 #define RDMAXX_MLX5_LIST_TOTAL_FIXED 0
 #endif
 /// The longest list layout in total: rdma-core before 61 sums the entry lengths into an int
-/// (qp.c:2102, 2115) and stores it sign-extended as the mkey length (qp.c:2121, 3036).
+/// (qp.c:2102, 2115) and stores it sign-extended as the mkey length (qp.c:2122, 3036).
 inline constexpr std::uint64_t max_list_total =
     RDMAXX_MLX5_LIST_TOTAL_FIXED ? UINT64_MAX : (std::uint64_t(1) << 31) - 1;
 
