@@ -164,6 +164,20 @@ enum class type2_risk : std::uint8_t {
   accept_kernel_panic_by_any_peer, ///< allocate anyway, knowing the whole device is exposed
 };
 
+/// How a revoked mlx5 indirect key's rkey is kept from answering again, across keys
+/// (Capabilities::umr_revocation; mlx5/indirect_key_mlx5.hpp).
+enum class mkey_revocation : std::uint8_t {
+  none,         ///< no mlx5 backend here (or not probed)
+  /// The kernel has mkey tag update: each key starts at a process-wide rotating variant and
+  /// rotates its 8-bit tag at each configure; it retires when the tag comes back to its start.
+  tag_rotation,
+  /// No tag update (an mkey's only rkey is index << 8): rdmaxx quarantines every mkey index whose
+  /// rkey it handed to the device, for the process's life (one 2 MiB table per device), refuses
+  /// to configure an mkey the firmware created on such an index (errc::key_retired), and
+  /// IndirectKey::create asks for another; one configure per key.
+  quarantine,
+};
+
 struct Capabilities;
 
 /// Opt-ins for StrictGrant::create (and anything else that hands a peer a key).
@@ -254,6 +268,10 @@ struct Capabilities {
   /// With umr_reason::mkey_creation_failed: the errno of the probe's mlx5dv_create_mkey; with
   /// umr_reason::hca_query_failed: the errno of its QUERY_HCA_CAP; else 0.
   int umr_errno = 0;
+  /// With the mlx5 backend (probed): how revoked rkeys stay dead across keys, tag rotation where
+  /// the kernel has mkey tag update, quarantine of mkey indexes where it has not (the firmware's
+  /// index allocation is never relied on). mkey_revocation::none otherwise.
+  mkey_revocation umr_revocation = mkey_revocation::none;
   /// Whether accesses through a window's rkey are confined to the window (rxe: no, only the MR's
   /// bounds are checked). Only probe_window_bounds() (probe.hpp) sets it.
   tristate mw_bounds_enforced = tristate::unknown;
@@ -705,6 +723,8 @@ private:
       c.umr_errno = p.outcome == mlx5::umr_probe::mkey_failed || p.outcome == mlx5::umr_probe::query_failed
                         ? p.err
                         : 0;
+      if (p.outcome == mlx5::umr_probe::ok)
+        c.umr_revocation = p.update_tag ? mkey_revocation::tag_rotation : mkey_revocation::quarantine;
     }
 #endif
     ::ibv_dealloc_pd(pd);

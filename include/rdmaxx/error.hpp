@@ -148,8 +148,9 @@ enum class errc : int {
   /// flushed completion rolls it back). Unlike errc::busy, no child object is involved.
   operation_unconfirmed,
   /// The key cannot be configured again without a peer's revoked key answering once more (an
-  /// mlx5 mkey whose 8-bit tag cannot be rotated further, or at all on this device): destroy it
-  /// and create a new one.
+  /// mlx5 mkey whose 8-bit tag cannot be rotated further, or at all on this device; or, without
+  /// tag update, an mkey on an index whose rkey was handed out before, which rdmaxx
+  /// quarantines): destroy it and create a new one.
   key_retired,
   /// The QP's send queue has no room for another work request (an mlx5 UMR QP counts them: its
   /// provider would write a full queue's work request into the last one posted): hand the QP's
@@ -181,6 +182,11 @@ enum class errc : int {
   /// the old memory (which the caller may then free). Destroy or revoke the grant first
   /// (MemoryRegion::live_grants() counts them); the region is unchanged.
   region_granted,
+  /// An mlx5 IndirectKey was configured over another key that has since been invalidated or
+  /// given a new tag (reconfigured): the device refuses every access through it, so it hands out
+  /// no descriptor, SGE or nesting. Invalidate the key (IndirectKey::invalidate) and configure
+  /// it again over the nested key as it is now.
+  stale_key,
 };
 
 namespace detail {
@@ -253,6 +259,9 @@ public:
     case errc::region_granted:
       return "the region is granted: an ExactGrant, StrictGrant, GrantPool or IndirectKey reaches its "
              "memory; destroy or revoke the grant first";
+    case errc::stale_key:
+      return "stale key: a key nested in its layout was invalidated or re-tagged since it was configured; "
+             "invalidate it and configure it again";
     case errc::bad_grant_rights:
       return "bad grant rights: a peer can be granted only remote_read, remote_write and remote_atomic "
              "(at least one); local_write and mw_bind belong to the region's registration";
@@ -273,6 +282,7 @@ public:
     case errc::region_granted: return std::errc::device_or_resource_busy;
     case errc::operation_unconfirmed: return std::errc::operation_in_progress;
     case errc::key_retired: return std::errc::operation_not_permitted;
+    case errc::stale_key: return std::errc::operation_not_permitted;
     case errc::send_queue_full: return std::errc::resource_unavailable_try_again;
     case errc::scatter_to_cqe: return std::errc::operation_not_supported;
     case errc::unsafe_grant: return std::errc::operation_not_permitted;

@@ -64,6 +64,17 @@
 /// counted nothing tells when it ends: the mkey, its state and its layout's links are kept for
 /// good (reported, EBUSY), only the QP is let go.
 ///
+/// Threads: an IndirectKey is used by one thread at a time, like the SendBatch it posts through
+/// (the provider holds the QP's send-queue lock from ibv_wr_start to ibv_wr_complete, so a
+/// thread must not configure or invalidate while another thread's batch is open on that QP).
+/// Every member, const ones included, reads state another thread's configure(), invalidate()
+/// or complete() writes without a lock: give a key and the completions that concern it to one
+/// thread (the one polling its QP's CQ), or serialize them. On mlx5 an outer key reads the state
+/// of the keys nested in it (stale()): nested keys follow the same rule together. What is shared
+/// with other threads is synchronized by rdmaxx: the UMR QP's send-queue credit (atomics:
+/// QueuePair::retire may run on the polling thread), the deferred destruction (handles' nodes),
+/// the process-wide tag variant and the quarantine of mkey indexes (mlx5/indirect_key_mlx5.hpp).
+///
 /// Allocation: IndirectKey::create() allocates the key's state (new(nothrow)) and, software, its
 /// segment table and its table of grant slots; mlx5dv_create_mkey allocates inside the provider. configure()
 /// (software, remote rights) allocates one window per segment (ibv_alloc_mw) and, with the
@@ -216,6 +227,7 @@ struct ikey_mlx5_verbs {
   bool (*is_mlx5)(ibv_device *) = &::mlx5dv_is_supported;    ///< mlx5dv_is_supported
   mlx5::devx_cmd_verb devx_cmd = &::mlx5dv_devx_general_cmd; ///< QUERY_HCA_CAP (query_umr_atomic)
   mlx5::create_mkey_verb create_mkey = &::mlx5dv_create_mkey; ///< the indirect mkey (create_mkey)
+  mlx5::destroy_mkey_verb destroy_mkey = &::mlx5dv_destroy_mkey; ///< mlx5dv_destroy_mkey
 #endif
 };
 } // namespace detail
@@ -301,6 +313,17 @@ public:
   /// A configure (or, mlx5, an invalidate) added to a batch is not confirmed yet (hand its
   /// completion to complete(); a dropped batch or a failed submit() undoes it).
   [[nodiscard]] bool pending() const noexcept;
+  /// mlx5: configured over a nested key that has since been invalidated or re-tagged (or is
+  /// itself stale): the device refuses every access through this key, so descriptor(), sges()
+  /// and nesting answer errc::stale_key until it is invalidated and configured again. Software:
+  /// false (a nested software key is copied at configure time).
+  [[nodiscard]] bool stale() const noexcept {
+#if RDMAXX_HAVE_MLX5
+    return h_ && st().mkey && st().mk.phase == mlx5::key_phase::configured && mlx5::stale(st().mk);
+#else
+    return false;
+#endif
+  }
   /// Bytes of the configured layout (0 when not configured).
   [[nodiscard]] std::uint64_t length() const noexcept { return configured() ? st().length : 0; }
   /// The rights the key was configured with (empty when not configured).
@@ -340,6 +363,10 @@ public:
       r.problem = errc::operation_unconfirmed;
       return r;
     }
+    if (stale()) {
+      r.problem = errc::stale_key;
+      return r;
+    }
     r.indirect = true;
     r.pd = st().pd;
     r.length = st().length;
@@ -350,6 +377,7 @@ public:
       r.node = h_.node(); // an outer key configured over this one counts as its child
 #if RDMAXX_HAVE_MLX5
       r.depth = st().depth;
+      r.hw_key = &st().mk; // an outer key tells when this one was re-tagged (mlx5::stale)
 #endif
     } else {
       r.segments = st().segs;
@@ -467,6 +495,7 @@ public:
   /// - errc::wrong_state: not configured.
   /// - errc::operation_unconfirmed: mlx5: the configure or an invalidate is unconfirmed (work on
   ///   another QP is not ordered after the configure, and it may still fail).
+  /// - errc::stale_key: mlx5: a key nested in the layout was invalidated or re-tagged (stale()).
   /// - errc::zero_length: `length` is 0.
   /// - errc::out_of_range: beyond the layout.
   /// - errc::buffer_too_small: more SGEs than `out` holds.
@@ -495,6 +524,8 @@ public:
   /// - errc::wrong_state: not configured.
   /// - errc::operation_unconfirmed: the configure's completion was not handed to complete() yet
   ///   (mlx5: also an unconfirmed invalidate).
+  /// - errc::stale_key: mlx5: a key nested in the layout was invalidated or re-tagged since the
+  ///   configure (stale()): the device would refuse the peer; invalidate and configure again.
   /// - errc::missing_access: no remote rights.
   /// - errc::too_many_entries / out_of_range: an mlx5 key longer than one segment can say (more
   ///   than 4 GiB).
@@ -521,8 +552,11 @@ public:
   /// Hand a completion to the key (mlx5, see mlx5::complete_key): the unconfirmed operation's own
   /// completion (the QP it was posted on, its wr_id and, when successful, its opcode) confirms
   /// it (success) or undoes it (error: configure -> not configured, invalidate -> still
-  /// configured); no other completion confirms anything. A receive completion of any QP with
-  /// IBV_WC_WITH_INV naming the key's rkey (a peer's send-with-invalidate) revokes it. The
+  /// configured); no other completion confirms anything. A receive completion with
+  /// IBV_WC_WITH_INV naming the key's rkey (a peer's send-with-invalidate) revokes it when the
+  /// key was created with ikey_options::remote_invalidate and the receive arrived on the QP the
+  /// key was configured through (a receive on another QP: complete(wc, qp)); the same rkey value
+  /// on any other QP is not this key's (another device numbers its keys alike). The
   /// operation's own successful completion also gives its room (and that of every earlier work
   /// request) back to the UMR QP's counted send queue (QueuePair::send_queue_room); while
   /// unconfirmed, the operation counts as a child of that QP. Returns true when the key's state
@@ -532,6 +566,11 @@ public:
   /// (the windows go, the key is not configured); true when it concerned the key.
   /// Inline, allocation-free.
   bool complete(const ibv_wc &wc) noexcept;
+  /// complete(wc), where a peer's send-with-invalidate counts when it arrived on `qp` (wc.qp_num
+  /// is qp's, and qp is on the key's PD: mlx5 invalidates an mkey only for a QP of its PD)
+  /// instead of on the QP the key was configured through. Software: as complete(wc).
+  /// Inline, allocation-free.
+  bool complete(const ibv_wc &wc, const QueuePair &qp) noexcept;
   /// No effect (kept for source compatibility). An operation added to a batch is undone by that
   /// batch when nothing of it is posted (the batch dropped, or its submit() failed); once a
   /// submit() succeeded the device may run it (a configure may write the mkey with its new tag),
@@ -710,19 +749,26 @@ inline result<IndirectKey> IndirectKey::create_with(const ProtectionDomain &pd, 
   if (want_mlx5) {
 #if RDMAXX_HAVE_MLX5
     // One entry more than asked: `max_entries` repeat entries are promised (mkey_entries_for).
-    auto k = mlx5::create_mkey(st->pd, mlx5::mkey_entries_for(max_entries), o.remote_invalidate,
-                               v.create_mkey);
+    // Without tag update an mkey's only rkey is index << 8: one on an index whose rkey was
+    // handed out before is refused (mlx5::seen_indexes), another one asked for.
+    auto k = mlx5::create_fresh_mkey(st->pd, mlx5::mkey_entries_for(max_entries), o.remote_invalidate,
+                                     v.create_mkey, v.destroy_mkey, pd.context()->device);
     if (k) {
       // The key's child counter: an outer key nesting this one, while configured, counts here.
       detail::parent_node *node = detail::new_parent_node();
       if (!node) {
-        (void)::mlx5dv_destroy_mkey(k.value().mkey);
+        (void)v.destroy_mkey(k.value().mkey);
         delete st;
         return std::make_error_code(std::errc::not_enough_memory);
       }
       st->backend = umr_backend::mlx5;
       st->mkey = k.value().mkey;
-      mlx5::init_key(st->mk, k.value().mkey, k.value().update_tag);
+      st->destroy_mkey = v.destroy_mkey;
+      mlx5::init_key(st->mk, k.value().mkey, k.value().update_tag, o.remote_invalidate);
+      // Tag update: a variant of its own before the first configure. Without: the quarantine of
+      // its device (create_fresh_mkey made sure the index is not in it).
+      mlx5::start_at_variant(st->mk, mlx5::next_variant());
+      st->mk.seen = k.value().seen;
       st->max_entries = k.value().max_entries;
       return IndirectKey(st, pd, node);
     }
@@ -898,6 +944,7 @@ inline result<std::size_t> IndirectKey::sges(std::uint64_t offset, std::uint64_t
   const detail::ikey_state &s = st();
   if (!s.configured) return make_error_code(errc::wrong_state);
   if (!usable_locally()) return make_error_code(errc::operation_unconfirmed);
+  if (stale()) return make_error_code(errc::stale_key);
   if (length == 0) return make_error_code(errc::zero_length);
   if (offset > s.length || length > s.length - offset) return make_error_code(errc::out_of_range);
   if (s.mkey) {
@@ -936,6 +983,7 @@ inline result<ikey_descriptor> IndirectKey::descriptor() const noexcept {
   if (s.mkey && s.mk.pending()) return make_error_code(errc::operation_unconfirmed);
 #endif
   if (s.binds_unconfirmed) return make_error_code(errc::operation_unconfirmed);
+  if (stale()) return make_error_code(errc::stale_key);
   const access_flags rights = s.access & ikey_descriptor::remote_rights;
   if (rights.empty()) return make_error_code(errc::missing_access);
   std::array<remote_segment, ikey_descriptor::max_segments> rs;
@@ -967,6 +1015,19 @@ inline bool IndirectKey::complete(const ibv_wc &wc) noexcept {
   return true;
 }
 
+inline bool IndirectKey::complete(const ibv_wc &wc, const QueuePair &qp) noexcept {
+#if RDMAXX_HAVE_MLX5
+  if (h_ && st().mkey) {
+    // A send-with-invalidate counts on `qp` only if it is on the key's PD; else on no QP.
+    const std::uint32_t on = qp && qp.pd() == st().pd ? qp.qp_num() : st().mk.conf_qp_num;
+    const bool changed = mlx5::complete_key_on(st().mk, wc, on);
+    sync_mlx5();
+    return changed;
+  }
+#endif
+  (void)qp;
+  return complete(wc);
+}
 inline void IndirectKey::cancel_pending() noexcept {}
 
 inline void IndirectKey::undo_op(void *key, std::uint64_t) noexcept {

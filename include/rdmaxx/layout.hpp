@@ -129,6 +129,9 @@ struct region_ref {
   /// A hardware key's levels of indirection (1: over regions only; a key nesting such a key: 2);
   /// 0 for a region and a software key.
   std::uint8_t depth = 0;
+  /// A hardware (mlx5) key's state, so that a key configured over it can tell when it was
+  /// re-tagged or invalidated (mlx5::stale); null otherwise.
+  const void *hw_key = nullptr;
 
   /// An empty ref (validation refuses it with errc::null_handle).
   region_ref() noexcept = default;

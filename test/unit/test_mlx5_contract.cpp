@@ -433,7 +433,8 @@ TEST_CASE("mlx5 contract: invalidation is a local invalidate of the mkey", "[uni
   CHECK(rec.calls[0].name == "local_inv");
   CHECK(rec.calls[0].key == 0xabcd01);
   CHECK(rec.calls[0].wr_id == 77);
-  CHECK(rec.calls[0].wr_flags == unsigned(IBV_SEND_SIGNALED));
+  // fenced whatever w.flags says (qp.c:1272-1274: MLX5_WQE_CTRL_FENCE): earlier reads land first
+  CHECK(rec.calls[0].wr_flags == unsigned(IBV_SEND_SIGNALED | IBV_SEND_FENCE));
   CHECK(mlx5::post_invalidate(&rec.qpx, nullptr, {}).error() == errc::null_handle);
 }
 
@@ -694,7 +695,7 @@ TEST_CASE("mlx5 contract: key state follows the submit and the completion", "[un
   CHECK(k.phase == mlx5::key_phase::configured);
   rec.calls.clear();
   REQUIRE(mlx5::invalidate_key(k, &rec.qpx, {11}).has_value()); // asked unsignaled: posted signaled
-  CHECK(rec.calls.back().wr_flags == unsigned(IBV_SEND_SIGNALED));
+  CHECK(rec.calls.back().wr_flags == unsigned(IBV_SEND_SIGNALED | IBV_SEND_FENCE));
   CHECK_FALSE(mlx5::complete_key(k, wc_of(12, 0x22, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE))); // another WR
   CHECK_FALSE(mlx5::complete_key(k, wc_of(11, 0x22, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE))); // same id, a write
   CHECK(k.phase == mlx5::key_phase::invalidating);
@@ -809,14 +810,16 @@ struct test_access {
     q.qpx_.release();
   }
   // As IndirectKey::create makes one (a child counter of its own, the tag-update choice).
+  // `remote_inv`: created with MLX5DV_MKEY_INIT_ATTR_FLAGS_REMOTE_INVALIDATE. The key keeps the
+  // mkey's tag (no variant) and has no quarantine (see quarantine_in).
   static IndirectKey mlx5_key(mlx5dv_mkey *mkey, ibv_pd *pd, std::uint32_t max_entries,
-                              mlx5::to_dv_qp to_dv, bool update_tag = true) {
+                              mlx5::to_dv_qp to_dv, bool update_tag = true, bool remote_inv = true) {
     auto *st = new ikey_state;
     st->backend = umr_backend::mlx5;
     st->pd = pd;
     st->max_entries = max_entries;
     st->mkey = mkey;
-    mlx5::init_key(st->mk, mkey, update_tag);
+    mlx5::init_key(st->mk, mkey, update_tag, remote_inv);
     st->to_dv = to_dv;
     return IndirectKey(st, ProtectionDomain{}, new_parent_node());
   }
@@ -830,6 +833,8 @@ struct test_access {
   static grant_mechanism grant(const IndirectKey &k) { return k.st().grant; }
   static std::uint32_t children(const IndirectKey &k) { return k.h_.live_children(); }
   static const mlx5::key_state &mk(const IndirectKey &k) { return k.st().mk; }
+  // A key without tag update checked against the quarantine `q` (as IndirectKey::create sets it).
+  static void quarantine_in(IndirectKey &k, mlx5::seen_indexes *q) { k.st().mk.seen = q; }
   // Never mlx5dv_destroy_mkey on the stand-in mkey.
   static void disown(IndirectKey &k) {
     if (k) k.st().mkey = nullptr;
@@ -1121,7 +1126,7 @@ TEST_CASE("mlx5 contract: IndirectKey posts the configure, then follows its comp
   REQUIRE(g.names() == (names{"wr_start", "local_inv"}));
   CHECK(g.rec.calls[1].key == 0x7700);
   CHECK(g.rec.calls[1].wr_id == 0x61);
-  CHECK(g.rec.calls[1].wr_flags == unsigned(IBV_SEND_SIGNALED));
+  CHECK(g.rec.calls[1].wr_flags == unsigned(IBV_SEND_SIGNALED | IBV_SEND_FENCE));
   CHECK(g.phase() == mlx5::key_phase::invalidating);
   CHECK(g.key.configured()); // it may still work
   CHECK(g.key.descriptor().error() == errc::operation_unconfirmed);
@@ -1134,7 +1139,7 @@ TEST_CASE("mlx5 contract: IndirectKey posts the configure, then follows its comp
   auto b3 = g.qp.start_send();
   g.rec.calls.clear();
   REQUIRE(g.key.invalidate(b3, {0x62}).has_value()); // asked unsignaled: posted signaled
-  CHECK(g.rec.calls.back().wr_flags == unsigned(IBV_SEND_SIGNALED));
+  CHECK(g.rec.calls.back().wr_flags == unsigned(IBV_SEND_SIGNALED | IBV_SEND_FENCE));
   REQUIRE(b3.submit().has_value());
   CHECK_FALSE(g.key.complete(wc_of(0x63, umr_qpn, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE))); // another WR
   CHECK(g.phase() == mlx5::key_phase::invalidating);
@@ -1482,7 +1487,7 @@ TEST_CASE("mlx5 contract: destroy() refuses while an operation is unconfirmed", 
 TEST_CASE("mlx5 contract: a peer's send-with-invalidate revokes the key", "[unit][mlx5][ikey]") {
   // cq.c:313-316: MLX5_CQE_RESP_SEND_INV gives IBV_WC_RECV, IBV_WC_WITH_INV and the rkey, on
   // whatever QP the peer's send arrived (not the UMR QP).
-  auto recv_inv = [](std::uint32_t rkey, std::uint32_t qpn = 0x99) {
+  auto recv_inv = [](std::uint32_t rkey, std::uint32_t qpn = umr_qpn) { // the key's own QP
     ibv_wc wc{};
     wc.wr_id = 0x4242;
     wc.qp_num = qpn;
@@ -2296,7 +2301,7 @@ TEST_CASE(GRANT_CONTRACT_OWN_COMPLETION " (mlx5 key, device-free)", "[unit][mlx5
     post_write(batch, 0x20, true);
     REQUIRE(g.key.invalidate(batch, {0x21}).has_value()); // asked unsignaled
     CHECK(g.rec.calls.back().name == "local_inv");
-    CHECK(g.rec.calls.back().wr_flags == unsigned(IBV_SEND_SIGNALED));
+    CHECK(g.rec.calls.back().wr_flags == unsigned(IBV_SEND_SIGNALED | IBV_SEND_FENCE));
     REQUIRE(batch.submit().has_value());
     const auto wcs = g.rec.poll();
     REQUIRE(wcs.size() == 2);
@@ -2770,6 +2775,310 @@ TEST_CASE("mlx5 contract: query_umr_caps reads each UMR capability from its own 
   CHECK(mlx5::limits_for({512, 32, 3, false}).max_depth == 3);
   CHECK(mlx5::limits_for({512, 32}).repeat_layouts);
   CHECK_FALSE(mlx5::limits_for({512, 32, 0, true}).repeat_layouts);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 42, the rest: tags across keys, the stale outer key, remote invalidation by QP, the
+// fenced local invalidate.
+
+namespace {
+// mlx5dv_create_mkey and mlx5dv_destroy_mkey over a firmware index allocator: rdma-core 44
+// creates every mkey at tag 0 (lkey = mkey_index << 8, rkey = lkey, verbs.c:6832-6833) and asks
+// for UPDATE_TAG only where the context has it (verbs.c:6751-6762); the index comes from the
+// firmware, which here hands a destroyed mkey's index out again first (LIFO), the case that
+// would re-issue a revoked rkey. `fixed`: every mkey lands on index 0x2a (a firmware whose free
+// list holds only quarantined indexes).
+struct index_firmware {
+  std::vector<std::uint32_t> free_list;
+  std::uint32_t next = 0x300;
+  bool fixed = false;
+  int creates = 0;
+  int destroys = 0;
+};
+index_firmware fw;
+mlx5dv_mkey *fw_create_mkey(mlx5dv_mkey_init_attr *a) {
+  if ((a->create_flags & MLX5DV_MKEY_INIT_ATTR_FLAGS_UPDATE_TAG) && !ctx_update_tag) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  a->max_entries = std::uint16_t((a->max_entries + 3) & ~3u);
+  std::uint32_t idx = fw.next;
+  if (fw.fixed) {
+    idx = 0x2a;
+  } else if (!fw.free_list.empty()) {
+    idx = fw.free_list.back();
+    fw.free_list.pop_back();
+  } else {
+    ++fw.next;
+  }
+  ++fw.creates;
+  return new mlx5dv_mkey{idx << 8, idx << 8};
+}
+int fw_destroy_mkey(mlx5dv_mkey *m) {
+  fw.free_list.push_back(m->lkey >> 8);
+  ++fw.destroys;
+  delete m;
+  return 0;
+}
+// One device for these cases (the quarantine has a table per device, for the process's life).
+struct standin_device &fw_device() {
+  static standin_device d;
+  return d;
+}
+region_ref fw_region(ibv_pd *pd) { return region_ref::raw(0x10000, 4096, 7, 7, rw | access::remote_atomic, pd); }
+// An mlx5 key made by IndirectKey::create over the stand-in firmware, configured through `g`.
+IndirectKey fw_key(mlx5_rig &g) {
+  auto k = IndirectKey::create_with(fw_device().pd, 4, {.backend = umr_backend::mlx5},
+                                    {is_mlx5, standin_devx_cmd, fw_create_mkey, fw_destroy_mkey});
+  REQUIRE(k.has_value());
+  test_access::to_dv_through(k.value(), to_dv_recorder);
+  g.rec.qpx.qp_base.pd = &fw_device().raw_pd;
+  return std::move(k.value());
+}
+} // namespace
+
+// mlx5dv_create_mkey creates tag 0, so with a tag rotation that starts at the mkey's own tag
+// every new key began at 0: a key on an index the firmware reused answered, at its first
+// configure, to the rkey a peer held for the destroyed key's first configure.
+TEST_CASE("mlx5 contract: each new key starts at a process-wide rotating variant, set before its first configure; it retires when its tag comes back",
+          "[unit][mlx5][ikey]") {
+  mlx5_rig g;
+  ctx_update_tag = true;
+  fw = {};
+  IndirectKey a = fw_key(g);
+  IndirectKey b = fw_key(g);
+  const std::uint8_t ta = std::uint8_t(a.rkey() & 0xff), tb = std::uint8_t(b.rkey() & 0xff);
+  CHECK(tb == std::uint8_t(ta + 1)); // consecutive variants (no other key made in between)
+  CHECK((a.rkey() >> 8) == 0x300);
+  CHECK((b.rkey() >> 8) == 0x301);
+  CHECK(a.lkey() == a.rkey());
+  // a's index reused by the firmware for c: c does not start where a started
+  REQUIRE(a.destroy().has_value());
+  IndirectKey c = fw_key(g);
+  CHECK((c.rkey() >> 8) == 0x300);
+  CHECK(std::uint8_t(c.rkey() & 0xff) != ta);
+  // the first configure writes the variant into the mkey context (qp.c:2870-2876)
+  const layout l = layout::list({{fw_region(&fw_device().raw_pd), 0, 64}});
+  const std::uint8_t tc = std::uint8_t(c.rkey() & 0xff);
+  std::set<std::uint32_t> rkeys;
+  for (int i = 0; i < 256; ++i) {
+    g.rec.calls.clear();
+    configure_confirmed(g, c, l, 1);
+    REQUIRE(g.rec.calls.size() >= 2);
+    CHECK(g.rec.calls[1].name == "mkey_configure");
+    CHECK(g.rec.calls[1].tag == std::uint8_t(tc + i));
+    rkeys.insert(c.rkey());
+    invalidate_confirmed(g, c, 2);
+  }
+  CHECK(rkeys.size() == 256);
+  CHECK(c.configure(g.qp, l, rw, {3}).error() == errc::key_retired); // the tag would be tc again
+  CHECK(c.rkey() == ((0x300u << 8) | std::uint8_t(tc + 255)));
+  REQUIRE(b.destroy().has_value());
+  REQUIRE(c.destroy().has_value());
+  CHECK(fw.destroys == 3);
+}
+
+// Without tag update an mkey's only rkey is index << 8: revocation rested on the firmware never
+// handing a destroyed mkey's index out again. Now every index whose rkey was handed to the
+// device is quarantined: the next key gets another index, and a key on a quarantined index is
+// never configured.
+TEST_CASE("mlx5 contract: without tag update an index whose rkey was handed out is quarantined: destroy and create never re-issue it",
+          "[unit][mlx5][ikey]") {
+  mlx5_rig g;
+  ctx_update_tag = false;
+  g.rec.sq.ctx_update_tag = false;
+  fw = {};
+  mlx5::seen_indexes *q = mlx5::seen_indexes::of(&fw_device().dev);
+  REQUIRE(q);
+  q->clear();
+  const layout l = layout::list({{fw_region(&fw_device().raw_pd), 0, 64}});
+  IndirectKey a = fw_key(g);
+  const std::uint32_t old = a.rkey();
+  CHECK(old == (0x300u << 8)); // tag 0: no variant without tag update
+  configure_confirmed(g, a, l, 1);
+  CHECK(g.rec.calls[1].tag == 0);
+  CHECK(q->seen(old));
+  CHECK(a.configure(g.qp, l, rw, {2}).error() == errc::already_bound);
+  invalidate_confirmed(g, a, 3);
+  CHECK(a.configure(g.qp, l, rw, {4}).error() == errc::key_retired); // one configure per key
+  REQUIRE(a.destroy().has_value());
+  REQUIRE(fw.free_list == std::vector<std::uint32_t>{0x300});
+
+  SECTION("the next key lands on another index; the firmware's offer of the old one is held and given back") {
+    IndirectKey b = fw_key(g);
+    CHECK(b.rkey() != old);
+    CHECK(b.rkey() == (0x301u << 8));
+    CHECK(fw.creates == 3);  // a, the refused offer of 0x300 (held meanwhile), b
+    CHECK(fw.destroys == 2); // a, then the held one
+    configure_confirmed(g, b, l, 5);
+    CHECK(g.rec.calls.back().name != "mkey_configure");
+    REQUIRE(b.destroy().has_value());
+  }
+  SECTION("a firmware that offers only quarantined indexes: no key") {
+    fw.fixed = true;
+    q->mark(0x2a << 8);
+    auto r = IndirectKey::create_with(fw_device().pd, 4, {.backend = umr_backend::mlx5},
+                                      {is_mlx5, standin_devx_cmd, fw_create_mkey, fw_destroy_mkey});
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error() == errc::key_retired);
+    CHECK(fw.creates == 1 + mlx5::max_index_tries + 1);
+    CHECK(fw.destroys == 1 + mlx5::max_index_tries + 1); // every one tried given back
+  }
+  SECTION("an mkey on a quarantined index is never configured; a dropped batch gives the index back") {
+    mlx5dv_mkey m{old, old}; // as if the firmware re-issued it
+    IndirectKey k = test_access::mlx5_key(&m, &fw_device().raw_pd, 32, to_dv_recorder, false);
+    test_access::quarantine_in(k, q);
+    g.rec.calls.clear();
+    CHECK(k.configure(g.qp, l, rw, {6}).error() == errc::key_retired);
+    CHECK(g.names() == names{"wr_start", "wr_abort"}); // nothing reached a builder
+    mlx5dv_mkey fresh{0x555u << 8, 0x555u << 8};
+    IndirectKey f = test_access::mlx5_key(&fresh, &fw_device().raw_pd, 32, to_dv_recorder, false);
+    test_access::quarantine_in(f, q);
+    {
+      auto batch = g.qp.start_send();
+      REQUIRE(f.configure(batch, g.qp, l, rw, {7}).has_value());
+      CHECK(q->seen(fresh.lkey)); // marked before the device can see it
+    } // dropped: never posted
+    CHECK_FALSE(q->seen(fresh.lkey));
+    configure_confirmed(g, f, l, 8);
+    CHECK(q->seen(fresh.lkey));
+    invalidate_confirmed(g, f, 9);
+    test_access::disown(k);
+    test_access::disown(f);
+  }
+  ctx_update_tag = true;
+}
+
+// The outer key's mkey translates through the inner key's lkey as it was at the outer's
+// configure: once the inner key is invalidated or re-tagged the device refuses every access
+// through the outer one, which still read configured and handed out its descriptor.
+TEST_CASE("mlx5 contract: an outer key over an invalidated or re-tagged inner key is stale until reconfigured", "[unit][mlx5][ikey]") {
+  mlx5_rig g;
+  const layout l = layout::list({{mr(0x10000, 4096, 7), 0, 256}});
+  configure_confirmed(g, g.key, l, 1);
+  mlx5dv_mkey om{0x8800, 0x8800}, om2{0x9900, 0x9900};
+  IndirectKey outer = test_access::mlx5_key(&om, pd1, 32, to_dv_recorder);
+  IndirectKey outer2 = test_access::mlx5_key(&om2, pd1, 32, to_dv_recorder);
+  configure_confirmed(g, outer, layout::list({{g.key, 0, 128}}), 2);
+  configure_confirmed(g, outer2, layout::list({{outer, 0, 64}}), 3);
+  CHECK_FALSE(outer.stale());
+  CHECK(outer.descriptor().has_value());
+  CHECK(outer2.descriptor().has_value());
+  ibv_sge sge[1];
+
+  invalidate_confirmed(g, g.key, 4); // an inner key can be revoked under its outer keys
+  for (IndirectKey *k : {&outer, &outer2}) {
+    CHECK(k->configured());
+    CHECK(k->stale());
+    CHECK(k->descriptor().error() == errc::stale_key);
+    CHECK(k->sges(0, 8, sge).error() == errc::stale_key);
+    CHECK(k->sges(g.qp, 0, 8, sge).error() == errc::stale_key);
+    CHECK(region_ref(*k).problem == errc::stale_key);
+  }
+  // the inner key configured again carries a new tag: the outer keys still point at the old one
+  configure_confirmed(g, g.key, l, 5);
+  CHECK(g.key.rkey() == 0x7701);
+  CHECK(outer.stale());
+  CHECK(outer2.stale());
+  CHECK(outer.descriptor().error() == errc::stale_key);
+  CHECK(make_error_code(errc::stale_key).message().find("stale") != std::string::npos);
+  // reconfigured over the inner key as it is now: usable again, and so is what nests it
+  invalidate_confirmed(g, outer2, 6);
+  invalidate_confirmed(g, outer, 7);
+  configure_confirmed(g, outer, layout::list({{g.key, 0, 128}}), 8);
+  CHECK_FALSE(outer.stale());
+  REQUIRE(outer.descriptor().has_value());
+  CHECK(outer.descriptor().value().segments()[0].rkey == outer.rkey());
+  configure_confirmed(g, outer2, layout::list({{outer, 0, 64}}), 9);
+  CHECK(outer2.descriptor().has_value());
+  // an inner invalidate only posted: the outer keys stop being handed out at once
+  REQUIRE(g.key.invalidate(g.qp, {10}).has_value());
+  CHECK(outer.descriptor().error() == errc::stale_key);
+  CHECK(outer2.descriptor().error() == errc::stale_key);
+  REQUIRE(feed(g.key, g.rec.poll()) == 1);
+  invalidate_confirmed(g, outer2, 11);
+  invalidate_confirmed(g, outer, 12);
+  test_access::disown(outer2);
+  test_access::disown(outer);
+}
+
+// A peer's send-with-invalidate was matched by rkey value on any QP: a receive on another QP
+// (another device's, whose keys are numbered alike) naming the same value revoked the key's
+// state while its mkey stayed live, and dropped its links to the regions.
+TEST_CASE("mlx5 contract: a peer's send-with-invalidate counts on the key's QP or a QP of its PD, and only for a key made for it",
+          "[unit][mlx5][ikey]") {
+  auto recv_inv = [](std::uint32_t rkey, std::uint32_t qpn) {
+    ibv_wc wc{};
+    wc.wr_id = 0x4242;
+    wc.qp_num = qpn;
+    wc.status = IBV_WC_SUCCESS;
+    wc.opcode = IBV_WC_RECV;
+    wc.wc_flags = IBV_WC_WITH_INV;
+    wc.invalidated_rkey = rkey;
+    return wc;
+  };
+  mlx5_rig g;
+  detail::parent_node mr_a;
+  region_ref a = mr(0x10000, 4096, 7);
+  a.node = &mr_a;
+  const layout l = layout::list({{a, 0, 64}});
+  configure_confirmed(g, g.key, l, 1);
+  // the same rkey value received on another QP: not this key's
+  CHECK_FALSE(g.key.complete(recv_inv(g.key.rkey(), 0x99)));
+  CHECK(g.key.configured());
+  CHECK(mr_a.live_children() == 1);
+  // named on a QP of the key's PD: counts there
+  ibv_qp_ex peer_side{};
+  peer_side.qp_base.qp_num = 0x99;
+  peer_side.qp_base.pd = pd1;
+  QueuePair on_pd = test_access::qp(peer_side, {}, 0);
+  ibv_qp_ex other_pd{};
+  other_pd.qp_base.qp_num = 0x99;
+  other_pd.qp_base.pd = pd2;
+  QueuePair off_pd = test_access::qp(other_pd, {}, 0);
+  CHECK_FALSE(g.key.complete(recv_inv(g.key.rkey(), 0x99), off_pd)); // another PD (or device)
+  CHECK_FALSE(g.key.complete(recv_inv(g.key.rkey(), 0x98), on_pd));  // not that QP's receive
+  CHECK(g.key.configured());
+  CHECK(g.key.complete(recv_inv(g.key.rkey(), 0x99), on_pd));
+  CHECK_FALSE(g.key.configured());
+  CHECK(mr_a.live_children() == 0);
+  // on the QP the key was configured through: counts
+  configure_confirmed(g, g.key, l, 2);
+  CHECK(g.key.complete(recv_inv(g.key.rkey(), umr_qpn)));
+  CHECK_FALSE(g.key.configured());
+  // a key made without remote invalidation: the device refuses a peer's send-with-invalidate
+  // of it, so a receive naming its rkey is another key's
+  mlx5dv_mkey m{0x8800, 0x8800};
+  IndirectKey no_rinv = test_access::mlx5_key(&m, pd1, 32, to_dv_recorder, true, false);
+  configure_confirmed(g, no_rinv, l, 3);
+  CHECK_FALSE(no_rinv.complete(recv_inv(no_rinv.rkey(), umr_qpn)));
+  CHECK_FALSE(no_rinv.complete(recv_inv(no_rinv.rkey(), 0x99), on_pd));
+  CHECK(no_rinv.configured());
+  invalidate_confirmed(g, no_rinv, 4);
+  test_access::disown(no_rinv);
+  test_access::disown(on_pd);
+  test_access::disown(off_pd);
+}
+
+// The local invalidate went out without a fence: an RDMA read posted before it, whose response
+// lands through the key, could meet an invalidated key halfway (IB orders a send-queue WR after
+// earlier reads' responses only with the fence indicator).
+TEST_CASE("mlx5 contract: the local invalidate is fenced behind earlier work of its QP", "[unit][mlx5][ikey]") {
+  mlx5_rig g;
+  configure_confirmed(g, g.key, one_entry, 1);
+  auto batch = g.qp.start_send();
+  post_write(batch, 0x20, false); // earlier work in the same batch (a read's completion order is the same)
+  REQUIRE(g.key.invalidate(batch, {0x21}).has_value());
+  REQUIRE(batch.submit().has_value());
+  const call &w = g.rec.calls[g.rec.calls.size() - 3];
+  const call &inv = g.rec.calls[g.rec.calls.size() - 2];
+  CHECK(w.name == "rdma_write");
+  CHECK_FALSE(w.wr_flags & IBV_SEND_FENCE); // nothing else is fenced (the fast path is unchanged)
+  CHECK(inv.name == "local_inv");
+  CHECK((inv.wr_flags & IBV_SEND_FENCE) != 0); // MLX5_WQE_CTRL_FENCE, qp.c:1272-1274
+  CHECK((inv.wr_flags & IBV_SEND_SIGNALED) != 0);
+  REQUIRE(feed(g.key, g.rec.poll()) == 1);
+  CHECK_FALSE(g.key.configured());
 }
 
 #endif // RDMAXX_HAVE_MLX5

@@ -150,6 +150,10 @@ struct umr_probe {
   };
   kind outcome = not_mlx5; ///< what was found
   int err = 0; ///< with mkey_failed: the errno of mlx5dv_create_mkey; query_failed: the command's
+  /// With ok: the mkey was created with MLX5DV_MKEY_INIT_ATTR_FLAGS_UPDATE_TAG (the kernel
+  /// reports MLX5_CTX_FLAGS_MKEY_UPDATE_TAG_SUPPORTED): keys rotate their tags; without, rdmaxx
+  /// quarantines mkey indexes (Capabilities::umr_revocation).
+  bool update_tag = false;
 };
 
 /// Whether an indirect mkey (4 entries) can be created on `pd` (mlx5dv_create_mkey, then
@@ -165,14 +169,22 @@ struct umr_probe {
   if (!query_umr_caps(pd->context, caps, &::mlx5dv_devx_general_cmd, &qerr)) return {umr_probe::query_failed, qerr};
   if (caps.atomic_disabled) return {umr_probe::atomic_disabled, 0};
   if (caps.indirect_mkey_disabled) return {umr_probe::indirect_disabled, 0};
+  // As IndirectKey::create: with tag update first, without it on EOPNOTSUPP (verbs.c:6751-6762).
   mlx5dv_mkey_init_attr a{};
   a.pd = pd;
-  a.create_flags = MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT;
+  a.create_flags = MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT | MLX5DV_MKEY_INIT_ATTR_FLAGS_UPDATE_TAG;
   a.max_entries = 4;
+  bool tag = true;
   mlx5dv_mkey *k = ::mlx5dv_create_mkey(&a);
+  if (!k && errno == EOPNOTSUPP) {
+    a.create_flags = MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT;
+    a.max_entries = 4;
+    tag = false;
+    k = ::mlx5dv_create_mkey(&a);
+  }
   if (!k) return {umr_probe::mkey_failed, errno};
   (void)::mlx5dv_destroy_mkey(k);
-  return {umr_probe::ok, 0};
+  return {umr_probe::ok, 0, tag};
 }
 
 /// True when probe_umr_outcome(pd) finds an indirect mkey can be created.

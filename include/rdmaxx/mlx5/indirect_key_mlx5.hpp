@@ -9,7 +9,7 @@
 ///
 /// What mlx5dv requires, and what is checked before anything is posted (v44.0 source lines):
 ///   - an indirect mkey from mlx5dv_create_mkey (MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT, plus
-///     _REMOTE_INVALIDATE when peers may invalidate it, verbs.c:6820-6822); the provider rounds
+///     _REMOTE_INVALIDATE when peers may invalidate it, verbs.c:6822-6824); the provider rounds
 ///     max_entries up to a multiple of 4 into a 16-bit field (verbs.c:6802, mlx5.h:896), so
 ///     65533..65535 would wrap to 0: at most max_mkey_entries (65532); read the value back;
 ///   - the layout is posted inline (IBV_SEND_INLINE is mandatory, qp.c:2837-2840), so a list
@@ -33,6 +33,24 @@
 /// tags are used up (all 256, or the only one without tag update) refuses to be configured
 /// again (errc::key_retired). See key_state.
 ///
+/// Across keys: mlx5dv_create_mkey always creates tag 0 (verbs.c:6832-6833), so a new mkey on an
+/// index the firmware reused would answer to the rkey of the destroyed one. With tag update each
+/// new key starts at a process-wide rotating variant (next_variant(), set on the mkey before its
+/// first configure: qp.c:2870-2876 writes lkey & 0xff into the mkey context), and retires when
+/// its tag comes back to that start (256 configures). Without tag update the only rkey of an
+/// mkey is index << 8, so rdmaxx does not rely on the firmware's index allocation: it
+/// quarantines indexes (seen_indexes): an index whose rkey was ever handed to the device in a
+/// configure is remembered for the process's life (per device), a configure of an mkey on such
+/// an index is refused (errc::key_retired), and IndirectKey::create asks for another mkey
+/// (Capabilities::umr_revocation says which of the two applies).
+///
+/// Threads: a key_state (and the IndirectKey holding it) is used by one thread at a time; the
+/// batch it posts through is that thread's (the provider holds the QP's send-queue lock from
+/// ibv_wr_start to ibv_wr_complete). An outer key reads its nested keys' state (stale()), so keys
+/// nested in one another belong to the same thread, or the caller serializes them. Only the
+/// counters of the UMR QP's credit (sq_credit: head, tail, key_ops) and the process-wide variant
+/// and quarantine are shared across threads (atomics and a spin lock).
+///
 /// Allocation: create_mkey() allocates inside the provider (mlx5dv_create_mkey); nothing else
 /// here allocates (post_configure() builds its entry array on the stack).
 #pragma once
@@ -51,8 +69,11 @@
 #include <infiniband/verbs.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <cstring>
+#include <new>
 
 namespace rdmaxx::mlx5 {
 
@@ -116,7 +137,7 @@ inline constexpr std::uint64_t max_list_entry_length = std::uint64_t(1) << 31;
 #define RDMAXX_MLX5_LIST_TOTAL_FIXED 0
 #endif
 /// The longest list layout in total: rdma-core before 61 sums the entry lengths into an int
-/// (qp.c:2102, 2115) and stores it sign-extended as the mkey length (qp.c:2121, 3036).
+/// (qp.c:2102, 2115) and stores it sign-extended as the mkey length (qp.c:2122, 3036).
 inline constexpr std::uint64_t max_list_total =
     RDMAXX_MLX5_LIST_TOTAL_FIXED ? UINT64_MAX : (std::uint64_t(1) << 31) - 1;
 
@@ -139,9 +160,9 @@ inline constexpr std::uint64_t max_list_total =
 
 /// The attributes given to mlx5dv_create_mkey for an indirect mkey of `max_entries` entries;
 /// `remote_invalidate` adds MLX5DV_MKEY_INIT_ATTR_FLAGS_REMOTE_INVALIDATE (en_rinval,
-/// verbs.c:6820-6822), without which a peer's send-with-invalidate naming the key fails;
+/// verbs.c:6822-6824), without which a peer's send-with-invalidate naming the key fails;
 /// `update_tag` adds MLX5DV_MKEY_INIT_ATTR_FLAGS_UPDATE_TAG (accepted only where the kernel
-/// reports MLX5_CTX_FLAGS_MKEY_UPDATE_TAG_SUPPORTED, verbs.c:6751-6763).
+/// reports MLX5_CTX_FLAGS_MKEY_UPDATE_TAG_SUPPORTED, verbs.c:6751-6762).
 [[nodiscard]] inline mlx5dv_mkey_init_attr mkey_init_attr(ibv_pd *pd, std::uint16_t max_entries,
                                                           bool remote_invalidate = false,
                                                           bool update_tag = false) noexcept {
@@ -163,19 +184,108 @@ inline constexpr std::uint64_t max_list_total =
 
 /// The signature of mlx5dv_create_mkey(3).
 using create_mkey_verb = mlx5dv_mkey *(*)(mlx5dv_mkey_init_attr *);
+/// The signature of mlx5dv_destroy_mkey(3).
+using destroy_mkey_verb = int (*)(mlx5dv_mkey *);
+
+/// The process-wide rotating variant: each new mkey with tag update starts at the next one
+/// (start_at_variant), as the kernel's mlx5_ib and rdma-core's VFIO provider give each created
+/// mkey a variant of its own, so that a key on an index the firmware reused does not begin with
+/// the tags of the key destroyed there. (With tags of their own each key still retires after
+/// 256 configures; two keys on one reused index can share a tag only when the earlier one used
+/// more tags than the variants given out in between.)
+inline std::atomic<std::uint32_t> mkey_variant{0};
+/// The next variant (relaxed: only its spread matters, not its order).
+[[nodiscard]] inline std::uint8_t next_variant() noexcept {
+  return std::uint8_t(mkey_variant.fetch_add(1, std::memory_order_relaxed));
+}
+
+/// The quarantine of mkey indexes without tag update: without MLX5DV_MKEY_INIT_ATTR_FLAGS_UPDATE_TAG
+/// an mkey's only rkey is index << 8 (verbs.c:6832-6833), so an index the firmware hands out
+/// again after mlx5dv_destroy_mkey would give a new key the rkey a peer held for the destroyed
+/// one. One table per device (2 MiB: a bit for each of the 2^24 indexes, made on first use):
+/// an index is marked when a configure of an mkey there is handed to the device (mark), and
+/// stays marked for the process's life; configure_key refuses an mkey on a marked index
+/// (errc::key_retired) and IndirectKey::create asks for another mkey (create_fresh_mkey).
+/// Thread-safe (atomic bits; the table of tables under a spin lock).
+class seen_indexes {
+public:
+  /// mkey indexes (24 bits: lkey >> 8).
+  static constexpr std::uint32_t index_count = 1u << 24;
+  /// Devices with a table (more: of() answers nullptr and the key is refused).
+  static constexpr std::size_t max_devices = 16;
+  /// The table of device `dev` (ibv_device *, one index space per device), made on first use
+  /// (new(nothrow)); nullptr when it cannot be made (no memory, or max_devices tables made).
+  [[nodiscard]] static seen_indexes *of(const void *dev) noexcept {
+    static std::atomic_flag lock = ATOMIC_FLAG_INIT;
+    static struct {
+      const void *dev;
+      seen_indexes *t;
+    } tables[max_devices] = {};
+    while (lock.test_and_set(std::memory_order_acquire)) {
+    }
+    seen_indexes *found = nullptr;
+    for (auto &e : tables) {
+      if (e.t && e.dev == dev) {
+        found = e.t;
+        break;
+      }
+      if (!e.t) {
+        auto *t = new (std::nothrow) seen_indexes;
+        if (t && !t->bits_) {
+          delete t;
+          t = nullptr;
+        }
+        if (t) e = {dev, t};
+        found = t;
+        break;
+      }
+    }
+    lock.clear(std::memory_order_release);
+    return found;
+  }
+  /// The rkey's index was handed to the device before.
+  [[nodiscard]] bool seen(std::uint32_t key) const noexcept {
+    const std::uint32_t i = key >> 8;
+    return (bits_[i / 8].load(std::memory_order_acquire) >> (i % 8)) & 1u;
+  }
+  /// Mark the rkey's index (a configure of it goes to the device).
+  void mark(std::uint32_t key) noexcept {
+    const std::uint32_t i = key >> 8;
+    bits_[i / 8].fetch_or(std::uint8_t(1u << (i % 8)), std::memory_order_acq_rel);
+  }
+  /// Unmark it: the configure that marked it never reached the device (cancel_key).
+  void unmark(std::uint32_t key) noexcept {
+    const std::uint32_t i = key >> 8;
+    bits_[i / 8].fetch_and(std::uint8_t(~(1u << (i % 8))), std::memory_order_acq_rel);
+  }
+  /// Forget every index (contract tests only: their stand-in devices share addresses).
+  void clear() noexcept {
+    for (std::uint32_t i = 0; i < index_count / 8; ++i) bits_[i].store(0, std::memory_order_relaxed);
+  }
+  seen_indexes(const seen_indexes &) = delete;
+  seen_indexes &operator=(const seen_indexes &) = delete;
+
+private:
+  seen_indexes() noexcept : bits_(new (std::nothrow) std::atomic<std::uint8_t>[index_count / 8]()) {}
+  ~seen_indexes() { delete[] bits_; }
+  std::atomic<std::uint8_t> *bits_;
+};
 
 /// What create_mkey made.
 struct created_mkey {
   mlx5dv_mkey *mkey = nullptr;   ///< the mkey (owned by the caller: mlx5dv_destroy_mkey)
-  std::uint32_t max_entries = 0; ///< as granted (rounded up to a multiple of 4, verbs.c:6802, 6825)
+  std::uint32_t max_entries = 0; ///< as granted (rounded up to a multiple of 4, verbs.c:6802, 6831)
   /// Created with MLX5DV_MKEY_INIT_ATTR_FLAGS_UPDATE_TAG: each configure may carry a new 8-bit
-  /// tag (qp.c:2868-2874 writes lkey & 0xff into the mkey context).
+  /// tag (qp.c:2870-2876 writes lkey & 0xff into the mkey context).
   bool update_tag = false;
+  /// Without update_tag (create_fresh_mkey): the quarantine of the device, which the mkey's
+  /// index is not in.
+  seen_indexes *seen = nullptr;
 };
 
 /// mlx5dv_create_mkey (indirect; remote invalidation enabled when `remote_invalidate`), first
 /// with MLX5DV_MKEY_INIT_ATTR_FLAGS_UPDATE_TAG and, when that is refused with EOPNOTSUPP (no
-/// tag update in this kernel, verbs.c:6751-6763), again without it.
+/// tag update in this kernel, verbs.c:6751-6762), again without it.
 /// \errors
 /// - errc::null_handle: `pd` is null.
 /// - errc::out_of_range: `max_entries` 0 or above max_mkey_entries.
@@ -196,6 +306,52 @@ struct created_mkey {
   }
   if (!k) return last_errno();
   return created_mkey{k, a.max_entries, tag};
+}
+
+/// mkeys create_fresh_mkey holds aside at most while it looks for an index not quarantined.
+inline constexpr int max_index_tries = 8;
+
+/// create_mkey, and when the mkey has no tag update and lands on an index quarantined for device
+/// `dev` (seen_indexes::of(dev), made then: its rkey was handed out before), again, holding the refused mkeys so that the
+/// firmware cannot hand the same index back, up to max_index_tries; the refused ones are then
+/// destroyed through `destroy` (never configured, nothing reaches them).
+/// \errors Those of create_mkey, and:
+/// - errc::key_retired: every mkey tried lay on a quarantined index.
+/// - ENOMEM: no tag update, and no quarantine table could be made for `dev` (refused rather
+///   than relying on the firmware's index allocation).
+/// \mallocs As create_mkey, for each mkey tried.
+[[nodiscard]] inline result<created_mkey> create_fresh_mkey(ibv_pd *pd, std::uint32_t max_entries,
+                                                            bool remote_invalidate, create_mkey_verb verb,
+                                                            destroy_mkey_verb destroy,
+                                                            const void *dev) noexcept {
+  mlx5dv_mkey *held[max_index_tries] = {};
+  int nheld = 0;
+  result<created_mkey> r = make_error_code(errc::key_retired);
+  for (;;) {
+    auto k = create_mkey(pd, max_entries, remote_invalidate, verb);
+    if (!k || k.value().update_tag) {
+      r = std::move(k);
+      break;
+    }
+    seen_indexes *const seen = seen_indexes::of(dev);
+    if (!seen) {
+      (void)destroy(k.value().mkey);
+      r = std::make_error_code(std::errc::not_enough_memory);
+      break;
+    }
+    if (!seen->seen(k.value().mkey->lkey)) {
+      k.value().seen = seen;
+      r = std::move(k);
+      break;
+    }
+    if (nheld == max_index_tries) {
+      (void)destroy(k.value().mkey);
+      break; // errc::key_retired
+    }
+    held[nheld++] = k.value().mkey;
+  }
+  while (nheld > 0) (void)destroy(held[--nheld]);
+  return r;
 }
 
 /// Post one mkey-configure work request: mlx5dv_wr_mkey_configure (2 setters),
@@ -243,14 +399,19 @@ struct created_mkey {
   return success();
 }
 
-/// Post a local invalidate of the mkey (ibv_wr_local_inv with its lkey).
+/// Post a local invalidate of the mkey (ibv_wr_local_inv with its lkey), fenced: IBV_SEND_FENCE
+/// whatever w.flags says. The provider turns it into MLX5_WQE_CTRL_FENCE on the WQE
+/// (_common_wqe_init_op, qp.c:1272-1274; the local invalidate is built there through
+/// _build_umr_wqe, qp.c:1622-1627 and 1595), so the device starts the invalidate only after every
+/// earlier work request of the QP completed: an RDMA read posted before it, whose response lands
+/// through the key, lands before the key dies instead of failing halfway.
 /// \errors
 /// - errc::null_handle: `qpx` or `mkey` is null.
 /// \mallocs None.
 [[nodiscard]] inline result<void> post_invalidate(ibv_qp_ex *qpx, mlx5dv_mkey *mkey, wr w) noexcept {
   if (!qpx || !mkey) return make_error_code(errc::null_handle);
   qpx->wr_id = w.id;
-  qpx->wr_flags = w.flags.native();
+  qpx->wr_flags = (w.flags | send_flag::fence).native();
   ::ibv_wr_local_inv(qpx, mkey->lkey);
   return success();
 }
@@ -264,7 +425,7 @@ struct created_mkey {
 enum class key_phase : std::uint8_t { idle, configuring, configured, invalidating };
 
 /// The state of an mlx5 indirect key. One unconfirmed operation at a time. Move-only (it holds
-/// the links to the layout's sources).
+/// the links to the layout's sources). One thread at a time (see the top of this header).
 struct key_state {
   /// The indirect mkey (create_mkey), or nullptr.
   ::mlx5dv_mkey *mkey = nullptr;
@@ -276,7 +437,30 @@ struct key_state {
   bool update_tag = false;
   /// A peer's send-with-invalidate named the key while its local invalidate was unconfirmed.
   bool remotely_invalidated = false;
-  std::uint8_t first_tag = 0;     ///< lkey & 0xff at creation (0 on rdma-core 44, verbs.c:6826)
+  /// The mkey was created with MLX5DV_MKEY_INIT_ATTR_FLAGS_REMOTE_INVALIDATE: only then can a
+  /// peer's send-with-invalidate name it (without, the device refuses it, so a receive
+  /// completion naming its rkey is some other key's).
+  bool remote_invalidate = false;
+  /// The QP the last configure was posted on: a peer's send-with-invalidate is matched on it
+  /// (complete_key), or on a QP the caller names (complete_key_on).
+  std::uint32_t conf_qp_num = 0;
+  /// Without tag update: the quarantine of the mkey's device (seen_indexes; set by
+  /// IndirectKey::create). A configure of an mkey on a quarantined index is refused.
+  seen_indexes *seen = nullptr;
+  /// The unconfirmed configure marked the index in `seen` (cancel_key unmarks it).
+  bool marked = false;
+  /// A hardware key nested in the configured layout, and the lkey it had then: once it is
+  /// invalidated or re-tagged the layout points at a key the device refuses (stale()).
+  struct nested_key {
+    const key_state *key = nullptr; ///< the nested key's state (alive: the layout's link holds it)
+    std::uint32_t lkey = 0;         ///< its lkey when this key was configured over it
+  };
+  nested_key nested[layout::capacity]; ///< the configured layout's nested hardware keys
+  std::uint8_t nnested = 0;           ///< (how many)
+  /// The tag of the first configure: with tag update the process-wide variant given at creation
+  /// (start_at_variant), else lkey & 0xff at creation (0 on rdma-core 44, verbs.c:6832). The key
+  /// retires when its tag would come back to it.
+  std::uint8_t first_tag = 0;
   std::uint32_t generations = 0;  ///< configures handed to the device, each with its own tag
   std::uint32_t prev_lkey = 0;    ///< the mkey's keys before the unconfirmed configure
   std::uint32_t prev_rkey = 0;    ///< (the rkey of the same)
@@ -310,10 +494,13 @@ struct key_state {
   [[nodiscard]] std::uint32_t max_generations() const noexcept { return update_tag ? 256 : 1; }
 };
 
-/// Start tracking `mkey` (from create_mkey) in `k`.
-inline void init_key(key_state &k, ::mlx5dv_mkey *mkey, bool update_tag) noexcept {
+/// Start tracking `mkey` (from create_mkey) in `k`; `remote_invalidate`: created with
+/// MLX5DV_MKEY_INIT_ATTR_FLAGS_REMOTE_INVALIDATE. The first configure keeps the mkey's tag
+/// (IndirectKey::create then moves it to a variant of its own: start_at_variant).
+inline void init_key(key_state &k, ::mlx5dv_mkey *mkey, bool update_tag, bool remote_invalidate = false) noexcept {
   k.mkey = mkey;
   k.update_tag = update_tag;
+  k.remote_invalidate = remote_invalidate;
   k.first_tag = mkey ? std::uint8_t(mkey->lkey & 0xff) : 0;
   k.generations = 0;
   k.phase = key_phase::idle;
@@ -324,10 +511,33 @@ inline void init_key(key_state &k, ::mlx5dv_mkey *mkey, bool update_tag) noexcep
   return std::uint8_t((first + g) & 0xff);
 }
 /// Give the mkey tag `t`: the provider writes lkey & 0xff into the mkey context of the next
-/// configure (qp.c:2868-2874) and the rkey is the lkey (verbs.c:6826-6827), so both change.
+/// configure (qp.c:2870-2876) and the rkey is the lkey (verbs.c:6832-6833), so both change.
 inline void set_tag(::mlx5dv_mkey *m, std::uint8_t t) noexcept {
   m->lkey = (m->lkey & ~0xffu) | t;
   m->rkey = (m->rkey & ~0xffu) | t;
+}
+
+/// A new key with tag update starts at variant `v` (next_variant()): the mkey gets tag `v` now,
+/// before its first configure, which writes it into the mkey context (qp.c:2870-2876), and the
+/// key retires when its tag would come back to `v`. Nothing without tag update (a tag other
+/// than 0 would make the provider fail the configure, qp.c:2870-2874).
+inline void start_at_variant(key_state &k, std::uint8_t v) noexcept {
+  if (!k.mkey || !k.update_tag || k.generations != 0) return;
+  k.first_tag = v;
+  set_tag(k.mkey, v);
+}
+
+/// The configured layout points at a hardware key that is no longer as it was when `k` was
+/// configured over it: invalidated (or its invalidate posted), re-tagged, or itself stale. The
+/// device refuses every access through such a key (its translation reaches an mkey that no
+/// longer answers to the lkey it holds), so `k` must not be handed out until reconfigured.
+[[nodiscard]] inline bool stale(const key_state &k) noexcept {
+  for (std::uint8_t i = 0; i < k.nnested; ++i) {
+    const key_state *n = k.nested[i].key;
+    if (!n->mkey || n->phase != key_phase::configured || n->mkey->lkey != k.nested[i].lkey || stale(*n))
+      return true;
+  }
+  return false;
 }
 
 /// Converts a QP's ibv_qp_ex to its mlx5dv_qp_ex (mlx5dv_qp_ex_from_ibv_qp_ex in real use).
@@ -369,7 +579,9 @@ inline void release_credit(key_state &k, bool done) noexcept {
 /// - errc::already_bound: configured.
 /// - errc::not_umr_qp: the QP lacks the UMR builders (checked before the mlx5dv_qp_ex is even
 ///   computed).
-/// - errc::key_retired: every tag of the mkey has been used (max_generations()).
+/// - errc::key_retired: every tag of the mkey has been used (max_generations()), or, without
+///   tag update, the mkey lies on a quarantined index (seen_indexes: its rkey was handed out
+///   before).
 /// - errc::send_queue_full: the QP's counted send queue has no room (detail::sq_credit): hand
 ///   its send completions back first.
 /// - the codes of post_configure.
@@ -382,6 +594,8 @@ inline void release_credit(key_state &k, bool done) noexcept {
   if (k.phase == key_phase::configured) return make_error_code(errc::already_bound);
   if (!has_umr_ops(qp_mlx5_ops)) return make_error_code(errc::not_umr_qp);
   if (k.generations >= k.max_generations()) return make_error_code(errc::key_retired);
+  const bool quarantined = !k.update_tag && k.seen;
+  if (quarantined && k.seen->seen(k.mkey->lkey)) return make_error_code(errc::key_retired);
   detail::sq_credit *const credit = detail::sq_credit::of(qpx);
   if (credit && credit->full()) return make_error_code(errc::send_queue_full);
   const std::uint32_t pos = credit ? credit->next_position() : 0;
@@ -395,18 +609,27 @@ inline void release_credit(key_state &k, bool done) noexcept {
   }
   k.prev_lkey = old_lkey;
   k.prev_rkey = old_rkey;
-  for (std::size_t i = 0; i < l.size(); ++i) k.links[i] = detail::child_link(l[i].source.node, child_kind::indirect_key);
+  k.nnested = 0;
+  for (std::size_t i = 0; i < l.size(); ++i) {
+    k.links[i] = detail::child_link(l[i].source.node, child_kind::indirect_key);
+    if (l[i].source.hw_key)
+      k.nested[k.nnested++] = {static_cast<const key_state *>(l[i].source.hw_key), l[i].source.lkey};
+  }
+  if (quarantined) k.seen->mark(k.mkey->lkey); // before the device sees it: never handed out again
+  k.marked = quarantined;
   ++k.generations;
   k.phase = key_phase::configuring;
   k.wr_id = w.id;
   k.qp_num = qpx->qp_base.qp_num;
+  k.conf_qp_num = k.qp_num;
   k.remotely_invalidated = false;
   hold_credit(k, credit, pos);
   return success();
 }
 
-/// Add a local invalidate of `k` to the open batch `qpx`, signaled whatever `w.flags` says (only
-/// its own completion, opcode IBV_WC_LOCAL_INV, confirms it). On success the key is invalidating
+/// Add a local invalidate of `k` to the open batch `qpx`, signaled and fenced whatever `w.flags`
+/// says (post_invalidate: earlier reads of the QP land first; only its own completion, opcode
+/// IBV_WC_LOCAL_INV, confirms it). On success the key is invalidating
 /// (it still counts as live until confirmed).
 /// \errors Nothing is then added:
 /// - errc::null_handle: the key's mkey or `qpx` is null.
@@ -433,6 +656,7 @@ inline void release_credit(key_state &k, bool done) noexcept {
 /// The layout no longer reaches its sources: release the links.
 inline void drop_links(key_state &k) noexcept {
   for (auto &l : k.links) l.drop();
+  k.nnested = 0;
 }
 /// The key is revoked (its invalidate confirmed, or a peer invalidated it).
 inline void revoked(key_state &k) noexcept {
@@ -461,12 +685,17 @@ inline void confirm_key(key_state &k) noexcept {
 ///     invalidate, as qp.c:1256-1261 records them and cq.c:193-196 reports them) confirms it;
 ///     in error (ibv_poll_cq(3): then only wr_id, status and qp_num are valid) it undoes it.
 ///     Nothing else confirms: an earlier work request's completion says nothing about this one.
-///   - A receive completion of any QP with IBV_WC_WITH_INV naming the key's current rkey (a
-///     peer's send-with-invalidate, cq.c:313-316) revokes a configured key; while a local
-///     invalidate is unconfirmed, its completion then revokes it whatever its status.
-inline bool complete_key(key_state &k, const ibv_wc &wc) noexcept {
+///   - A receive completion with IBV_WC_WITH_INV naming the key's current rkey (a peer's
+///     send-with-invalidate, cq.c:313-316) revokes a configured key created with remote
+///     invalidation, when it arrived on the QP `inv_qp_num` (complete_key: the QP the key was
+///     configured through; complete_key_on: a QP of the key's PD the caller names). The same
+///     rkey value on another QP (another device's, whose keys are numbered apart) or for a key
+///     a peer cannot invalidate is some other key's: ignored. While a local invalidate is
+///     unconfirmed, its completion then revokes the key whatever its status.
+inline bool complete_key_on(key_state &k, const ibv_wc &wc, std::uint32_t inv_qp_num) noexcept {
   if (wc.status == IBV_WC_SUCCESS && (wc.wc_flags & IBV_WC_WITH_INV) && k.mkey &&
       wc.invalidated_rkey == k.mkey->rkey) {
+    if (!k.remote_invalidate || wc.qp_num != inv_qp_num) return false;
     if (k.phase == key_phase::configured) {
       revoked(k);
       return true;
@@ -489,6 +718,8 @@ inline bool complete_key(key_state &k, const ibv_wc &wc) noexcept {
   release_credit(k, false); // an error completion retires nothing (QueuePair::retire)
   return true;
 }
+/// complete_key_on(k, wc, the QP the key was configured through).
+inline bool complete_key(key_state &k, const ibv_wc &wc) noexcept { return complete_key_on(k, wc, k.conf_qp_num); }
 
 /// The key's handle goes away (destructor, move assignment) while its operation is posted and
 /// unconfirmed on a counted send queue (`k.credit`; `own`: the key's own node): its destruction
@@ -533,6 +764,8 @@ inline void abandon_key(key_state &k) noexcept { release_credit(k, false); }
 inline void cancel_key(key_state &k) noexcept {
   release_credit(k, false);
   if (k.phase == key_phase::configuring) {
+    if (k.marked && k.seen) k.seen->unmark(k.mkey->lkey); // never handed to the device
+    k.marked = false;
     --k.generations;
     k.mkey->lkey = k.prev_lkey;
     k.mkey->rkey = k.prev_rkey;
