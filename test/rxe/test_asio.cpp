@@ -1516,3 +1516,223 @@ TEST_CASE("[asio] connect with retry_options: waits for a late listener without 
   }
   CHECK(kernel_resources() == before);
 }
+
+namespace {
+ra::task<rdmaxx::result<int>> value_after(int v, int ms) {
+  net::steady_timer t(co_await net::this_coro::executor, std::chrono::milliseconds(ms));
+  co_await t.async_wait(net::use_awaitable);
+  co_return v;
+}
+ra::task<rdmaxx::result<int>> fails_with(errc e) { co_return make_error_code(e); }
+ra::node_options test_node(ra::node_options o = {}) {
+  const char *name = std::getenv("RDMAXX_TEST_DEVICE");
+  if (name) o.device = name;
+  return o;
+}
+} // namespace
+
+// The pieces a service is made of (asio/node.hpp, asio/task_group.hpp, Route, Waiter::next,
+// revoke()): a Node's QP writing to a peer on plain verbs handles; Waiter::next() hands a good
+// completion and turns a failed one into its error, rearmed; a Route detaches when it goes,
+// also on a coroutine's early co_return (a one-pool router takes another pool afterwards, and
+// refuses it while the Route lives); revoke() returns once the grant is gone: the peer's late
+// write with the old key is refused and the slot untouched. A TaskGroup counts, reports each
+// error once, hands values, keeps a lambda coroutine's captures alive, and may go before its
+// tasks. Bad inputs: a Waiter on a null QP, disconnected() of a null connection, an unknown device.
+TEST_CASE("[asio] the service pieces: Node, Waiter::next, Route, revoke(), TaskGroup", "[asio]") {
+  const std::string before = kernel_resources();
+  {
+    net::io_context io;
+    {
+      ra::node_options bad = test_node();
+      bad.device = "no-such-device";
+      auto none = ra::Node::open(io.get_executor(), bad);
+      REQUIRE(!none);
+      CHECK(none.error() == errc::no_device);
+    }
+    auto n = need(ra::Node::open(io.get_executor(), test_node({.cq_entries = 64, .router = {.max_pools = 1}})), "node");
+    auto pd_b = need(ProtectionDomain::alloc(n.context()), "pd b");
+    auto cq_b = need(CompletionQueue::create(n.context(), 16), "cq b");
+    auto a = need(QueuePair::create(n.pd(), n.cq(), n.cq()), "qp a");
+    auto b = need(QueuePair::create(pd_b, cq_b, cq_b), "qp b");
+    need(connect_loopback(a, b), "connect");
+    std::vector<unsigned char> src(64), dst(64, 0), mem(2 * 4096), late(4096);
+    fill(src.data(), src.size(), 5);
+    fill(mem.data(), mem.size(), 3);
+    fill(late.data(), late.size(), 77);
+    const std::vector<unsigned char> shadow = mem;
+    auto smr = need(MemoryRegion::reg(n.pd(), src.data(), src.size(), access::local_write), "src");
+    auto dmr = need(MemoryRegion::reg(pd_b, dst.data(), dst.size(), remote_rw), "dst");
+    auto mr = need(MemoryRegion::reg(n.pd(), mem.data(), mem.size(), access::local_write), "mr");
+    auto pool = need(GrantPool::create(n.pd(), mr, {.slot_size = 4096}), "pool");
+    auto other = need(GrantPool::create(n.pd(), mr, {.slot_size = 4096}), "other pool");
+    auto lmr = need(MemoryRegion::reg(pd_b, late.data(), late.size(), access::local_write), "late");
+    const std::uint64_t id = 0x11;
+    auto post = [&](remote_addr to) {
+      auto bt = a.start_send();
+      bt.write({.id = id, .flags = send_flag::signaled}, to, smr.sge());
+      return bt.submit();
+    };
+    std::error_code null_qp_err, null_conn_err, denied_err, flushed_err, revoke_err, early_err;
+    std::uint64_t good_id = 0;
+    bool dst_written = false, refused_while_routed = false, taken_after = false, taken_after_early = false;
+    bool rearmed = false, late_refused = false, untouched = false, ready_after = false;
+    net::co_spawn(io, [&]() -> ra::task<void> {
+      QueuePair none;
+      ra::Waiter nw(n.router(), 9, none);
+      auto w0 = co_await nw.wait(ra::after_ms(10));
+      if (!w0) null_qp_err = w0.error();
+      Connection nc;
+      auto d0 = co_await ra::disconnected(nc, n.router(), ra::after_ms(10));
+      if (!d0) null_conn_err = d0.error();
+
+      ra::Waiter w(n.router(), id, a);
+      need(post({dmr.iova(), dmr.rkey()}), "post write");
+      auto good = co_await w.next(ra::after_ms(5000));
+      if (good) good_id = good.value().wr_id;
+      dst_written = std::memcmp(dst.data(), src.data(), dst.size()) == 0;
+      rearmed = !w.done();
+
+      {
+        auto r = need(n.router().route(pool, a), "route");
+        refused_while_routed = n.router().attach(other, a).error() == errc::too_many_entries;
+      }
+      taken_after = bool(n.router().attach(other, a));
+      n.router().detach(other);
+      auto early = [&]() -> ra::task<rdmaxx::result<void>> {
+        RDMAXX_CO_TRY(r, n.router().route(pool, a));
+        co_return make_error_code(errc::timeout); // an early return: the Route goes with the frame
+      };
+      auto e = co_await early();
+      if (!e) early_err = e.error();
+      taken_after_early = bool(n.router().attach(other, a));
+      n.router().detach(other);
+
+      auto route = need(n.router().route(pool, a), "route for the grant");
+      auto lease = need(pool.acquire(), "acquire");
+      auto bt = a.start_send();
+      const remote_descriptor granted = need(pool.grant(bt, a, lease, access::remote_write), "grant");
+      need(bt.submit(), "submit grant");
+      auto rv = co_await ra::revoke(n.router(), pool, a, lease, ra::after_ms(5000));
+      if (!rv) revoke_err = rv.error();
+      ready_after = lease.state() == lease_state::ready;
+      // The peer's late write with the revoked key (plain verbs on its side): refused, nothing landed.
+      late_refused = is_denial(write_one(b, cq_b, lmr.sge(), granted.at(0)));
+      untouched = std::memcmp(mem.data(), shadow.data(), mem.size()) == 0;
+      need(pool.release(lease), "release");
+      // The refusal moved `a` to ERR: its next write is flushed, and next() gives the flush as its error.
+      auto flushed = co_await w.next(ra::after_ms(5000)); // nothing posted yet: a completion now
+      if (!flushed) flushed_err = flushed.error();
+      if (post({dmr.iova(), dmr.rkey()})) {
+        auto f2 = co_await w.next(ra::after_ms(5000));
+        if (!f2) denied_err = f2.error();
+      }
+    }, net::detached);
+
+    // TaskGroup: two values, one error, a lambda coroutine whose captures the group keeps alive.
+    std::vector<std::error_code> reported;
+    int value = 0, captured_seen = 0;
+    ra::TaskGroup g(io.get_executor(), [&](std::error_code ec) { reported.push_back(ec); });
+    g.spawn(value_after(7, 50), [&](int v) { value = v; });
+    g.spawn(fails_with(errc::timeout));
+    const int captured = 41;
+    g.spawn([captured, &captured_seen]() -> ra::task<rdmaxx::result<void>> {
+      net::steady_timer t(co_await net::this_coro::executor, std::chrono::milliseconds(20));
+      co_await t.async_wait(net::use_awaitable);
+      captured_seen = captured; // read after the closure's temporary would be gone
+      co_return rdmaxx::success();
+    });
+    CHECK(g.counts().running == 3);
+    {
+      ra::TaskGroup gone(io.get_executor());
+      gone.spawn(value_after(1, 30)); // the group goes first; its task ends later, counted nowhere
+    }
+    io.run_for(std::chrono::seconds(30));
+
+    CHECK(null_qp_err == errc::null_handle);
+    CHECK(null_conn_err == errc::null_handle);
+    CHECK(good_id == id);
+    CHECK(dst_written);
+    CHECK(rearmed);
+    CHECK(refused_while_routed);
+    CHECK(taken_after);
+    CHECK(early_err == errc::timeout);
+    CHECK(taken_after_early);
+    INFO("revoke: " << revoke_err.message());
+    CHECK(!revoke_err);
+    CHECK(ready_after);
+    CHECK(late_refused);
+    CHECK(untouched);
+    INFO("after the refusal: " << flushed_err.message() << " / " << denied_err.message());
+    CHECK((flushed_err == wc_error(IBV_WC_WR_FLUSH_ERR) || flushed_err == errc::timeout));
+    CHECK(denied_err == wc_error(IBV_WC_WR_FLUSH_ERR));
+    const auto c = g.counts();
+    CHECK(c.running == 0);
+    CHECK(c.succeeded == 2);
+    CHECK(c.failed == 1);
+    CHECK(g.first_error() == errc::timeout);
+    CHECK(reported.size() == 1);
+    CHECK(value == 7);
+    CHECK(captured_seen == 41);
+  }
+  CHECK(kernel_resources() == before);
+}
+
+namespace {
+// serve()'s handler: accept, then wait until the client leaves (2 s at most); a Waiter of the
+// connection's QP must then fail with the connection's error.
+ra::task<rdmaxx::result<void>> until_left(ConnectRequest req, ra::Node &n) {
+  RDMAXX_CO_TRY(c, req.prepare(n.connection_options()));
+  ra::Waiter w(n.router(), 5, c.qp());
+  RDMAXX_CO_TRYV(co_await ra::accept(c));
+  RDMAXX_CO_TRYV(co_await ra::disconnected(c, n.router(), ra::after_ms(2000)));
+  auto r = co_await w.wait(ra::after_ms(100));
+  if (r || r.error() != std::errc::connection_reset) co_return make_error_code(errc::wrong_state);
+  co_return rdmaxx::success();
+}
+ra::task<rdmaxx::result<void>> stay(address at, ra::Node &n, int ms) {
+  RDMAXX_CO_TRY(c, co_await ra::connect(at, n.connection_options(), {.total_ms = 10000}));
+  net::steady_timer t(co_await net::this_coro::executor, std::chrono::milliseconds(ms));
+  co_await t.async_wait(net::use_awaitable);
+  co_return rdmaxx::success(); // the Connection goes: rdma_disconnect
+}
+} // namespace
+
+// serve() spawns one coroutine per connection request in the group, with the Node passed on;
+// disconnected() returns when the client leaves (its QP's waiters failed with connection_reset),
+// or errc::timeout for a client that stays past the deadline. Three clients on the same thread
+// (one staying 4 s), every coroutine counted, io_context::run() returns by itself, nothing leaks.
+TEST_CASE("[asio] serve() and disconnected(): a coroutine per client, ended when it leaves or at the deadline",
+          "[asio]") {
+  { auto l0 = Listener::listen(address::parse("192.0.2.1:0").value()); } // rdma_cm's first id
+  const std::string before = kernel_resources();
+  {
+    std::uint16_t port = 0;
+    {
+      auto l = need(Listener::listen(address::parse("192.0.2.1:0").value()), "listen");
+      port = l.port();
+    }
+    net::io_context io;
+    auto n = need(ra::Node::open(io.get_executor(), test_node({.timeout_ms = 10000})), "node");
+    const address at = need(n.local_address(port), "local address");
+    CHECK(at.port() == port);
+    std::vector<std::error_code> reported;
+    ra::TaskGroup g(io.get_executor(), [&](std::error_code ec) { reported.push_back(ec); });
+    g.spawn(ra::serve(g, at, {.requests = 3, .idle_ms = 10000}, until_left, n));
+    g.spawn(stay(at, n, 100));
+    g.spawn(stay(at, n, 200));
+    g.spawn(stay(at, n, 4000));
+    const auto t0 = now_ms();
+    io.run_for(std::chrono::seconds(40));
+    const auto took = now_ms() - t0;
+    const auto c = g.counts();
+    INFO("first error: " << g.first_error().message() << ", took " << took << " ms");
+    CHECK(c.running == 0);
+    CHECK(c.succeeded == 6); // serve, two handlers, three clients
+    CHECK(c.failed == 1);    // the handler of the client that stayed
+    CHECK(g.first_error() == errc::timeout);
+    CHECK(reported.size() == 1);
+    CHECK(took < 30000); // run() returned by itself
+  }
+  CHECK(kernel_resources() == before);
+}
