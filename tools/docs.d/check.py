@@ -7,12 +7,21 @@
   history    no dated line (2026-11-29, 12-04) and no issue reference ("issue 24", "#43") outside
              CHANGELOG.md and docs/performance.md: dates and history belong to commit messages,
              the changelog and the records behind the performance page.
+  figures    every measured figure in README.md and docs/ (outside CHANGELOG.md and
+             docs/performance.md, which is rendered from the records) lies inside the text a record
+             of bench/results/records.json quotes for that page ("quoted": [{page, text}]), and every
+             quoted text is still on its page. A measured figure: a number with a unit of time
+             (ns, µs, ms, s, min, h), a percentage, a decimal ratio (1.2x), "N of M", or a count of
+             outcomes (cases, assertions, executions, breaches, attempts, steps, reports, denials,
+             operations, bad inputs, lines, instructions, requests/s, ops/s). Numbers without
+             such a unit (256 configures, 8-bit, 4 x 1000 requests, Linux 6.12) are not figures.
   links      every relative link [text](path#anchor) names a file of the repository (and, in a
              markdown file, a heading of it); every file the text cites (`examples/x.cpp`,
              `rdmaxx/asio.hpp`, `FOO.md`) exists.
-Usage: check.py [snippets|history|links ...]   (default: all)
+Usage: check.py [snippets|history|figures|links ...]   (default: all)
 """
 import glob
+import json
 import os
 import re
 import sys
@@ -21,6 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 os.chdir(ROOT)
 PAGES = ["README.md"] + sorted(glob.glob("docs/*.md"))
 HISTORY_EXEMPT = {"CHANGELOG.md", "docs/performance.md"}
+RECORDS = os.environ.get("RDMAXX_RECORDS", "bench/results/records.json")
 errors = []
 
 
@@ -92,6 +102,70 @@ def check_history():
                 err(page, n, f"an issue reference ({ISSUE.search(line).group(0)}): history belongs to commits")
 
 
+FIGURE = re.compile(
+    r"(?<![\w.])~?\d[\d,]*(?:\.\d+)?(?:"
+    r"\s?%|\s?(?:ns|µs|us|ms|s|min|h)\b(?![-/])|(?<=\.\d)\d*\s?[x×](?=[\s,;.)])|(?<=\d) of \d[\d,]*\b"
+    r"| (?:device |test )*(?:cases|assertions|(?:M )?executions|breaches|attempts|steps|reports|denials|"
+    r"operations|bad inputs|lines|instructions|requests/s|ops/s|req/s)\b)")
+
+
+def paragraphs(path):
+    """(first line number, text, line starts): runs of non-blank lines outside code fences, joined
+    by one space; a table row is a paragraph of its own."""
+    out, cur, fence = [], [], False
+    def flush():
+        if cur:
+            starts, text = [], ""
+            for n, l in cur:
+                starts.append((len(text), n))
+                text += l.strip() + " "
+            out.append((text, starts))
+            cur.clear()
+    for n, line in enumerate(lines_of(path), 1):
+        if line.startswith("```"):
+            flush()
+            fence = not fence
+        elif fence:
+            continue
+        elif not line.strip() or line.startswith("|"):
+            flush()
+            if line.startswith("|"):
+                cur.append((n, line))
+                flush()
+        else:
+            cur.append((n, line))
+    flush()
+    return out
+
+
+def check_figures():
+    quotes = {}
+    recs = json.load(open(RECORDS))["records"]
+    for r in recs:
+        for q in r.get("quoted") or []:
+            quotes.setdefault(q["page"], []).append((q["text"], r["name"]))
+    for page in PAGES:
+        if page in HISTORY_EXEMPT:
+            continue
+        found = set()
+        for text, starts in paragraphs(page):
+            spans = []
+            for q, name in quotes.get(page, []):
+                k = text.find(q)
+                while k >= 0:
+                    spans.append((k, k + len(q)))
+                    found.add(q)
+                    k = text.find(q, k + 1)
+            for m in FIGURE.finditer(text):
+                if not any(a <= m.start() and m.end() <= b for a, b in spans):
+                    line = max(n for off, n in starts if off <= m.start())
+                    err(page, line, f"the figure {m.group(0).strip()!r} is in no record: add a record quoting it "
+                                    f"(bench/results/records.json, \"quoted\") or drop it")
+        for q, name in quotes.get(page, []):
+            if q not in found:
+                err(page, 1, f"record {name!r} quotes text that is no longer on the page: {q!r}")
+
+
 def slug(heading):
     s = heading.strip().lower()
     s = re.sub(r"[^\w\- ]", "", s)
@@ -155,9 +229,9 @@ def check_links():
                         err(page, n, f"cites {tok}, which is not in the repository")
 
 
-checks = sys.argv[1:] or ["snippets", "history", "links"]
+checks = sys.argv[1:] or ["snippets", "history", "figures", "links"]
 for c in checks:
-    {"snippets": check_snippets, "history": check_history, "links": check_links}[c]()
+    {"snippets": check_snippets, "history": check_history, "figures": check_figures, "links": check_links}[c]()
 for e in errors:
     print(e, file=sys.stderr)
 if errors:
