@@ -36,11 +36,11 @@ def loadavg():
 
 
 def commit():
-    """HEAD's short hash, marked when include/ or bench/ differ from it (what was measured)."""
+    """HEAD's short hash, marked when include/ or bench/ (not bench/results/, what runs write) differ from it."""
     def git(*a):
         return subprocess.run(["git", *a], capture_output=True, text=True).stdout.strip()
     c = git("rev-parse", "--short", "HEAD") or "unknown"
-    if git("status", "--porcelain", "--", "include", "bench"):
+    if git("status", "--porcelain", "--", "include", "bench", ":!bench/results"):
         c += " (with uncommitted changes to include/ or bench/)"
     return c
 
