@@ -1,4 +1,4 @@
-// README "Connecting by address", the owner (server): grant 256 bytes of `mem` to the peer that
+// docs/connecting.md, the owner (server): grant 256 bytes of `mem` to the peer that
 // connects, through the library's default grant (StrictGrant), in the accept's private data.
 #include <rdmaxx/connection.hpp>
 #include <rdmaxx/rdmaxx.hpp>

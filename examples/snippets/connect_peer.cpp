@@ -1,4 +1,4 @@
-// README "Connecting by address", the peer (client): connect by address, decode the grant from
+// docs/connecting.md, the peer (client): connect by address, decode the grant from
 // the accept's private data, RDMA-write `src` through it and check the completion.
 #include <rdmaxx/connection.hpp>
 #include <rdmaxx/rdmaxx.hpp>

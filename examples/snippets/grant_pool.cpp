@@ -1,4 +1,4 @@
-// README "Request-scoped grants": one request whose 4 KiB buffer the server may RDMA-read while
+// docs/request-grants.md: one request whose 4 KiB buffer the server may RDMA-read while
 // the request is outstanding. `pool` was created on the connection's PD (grant_pool_client.cpp);
 // a receive for the reply is posted with wr_id 2.
 #include <rdmaxx/rdmaxx.hpp>

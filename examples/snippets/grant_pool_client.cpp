@@ -1,4 +1,4 @@
-// README "Request-scoped grants", the connection: with the default options the Connection makes
+// docs/request-grants.md, the connection: with the default options the Connection makes
 // its own PD, so resolve() first, create the pool on that PD, and send the pool's offer in the
 // connect request (connect_with); then one request (grant_pool.cpp).
 #include <rdmaxx/connection.hpp>

@@ -1,4 +1,4 @@
-// README "Indirect keys": one key over pieces of three regions, configured through `qp` (from
+// docs/indirect-keys.md: one key over pieces of three regions, configured through `qp` (from
 // create_indirect_key_qp), confirmed, and its descriptor encoded into `wire` for the peer
 // (`wire_len` bytes). The key is returned: it must outlive the peer's use of it.
 #include <rdmaxx/rdmaxx.hpp>

@@ -1,4 +1,4 @@
-// README "Example": one RDMA write between two connected QPs, completion and bytes checked.
+// README.md "Example": one RDMA write between two connected QPs, completion and bytes checked.
 #include <rdmaxx/rdmaxx.hpp>
 
 #include <cstring>

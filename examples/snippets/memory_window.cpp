@@ -1,4 +1,4 @@
-// README "Memory windows": an explicit window of the caller's type (here type 1) over part of
+// docs/grants.md "MemoryWindow": an explicit window of the caller's type (here type 1) over part of
 // `mr` (registered with access::mw_bind), bound through `qp`, confirmed, then deallocated.
 // Prefer StrictGrant (next section): it picks the type that is safe on the device.
 #include <rdmaxx/rdmaxx.hpp>

@@ -1,4 +1,4 @@
-// README "Re-registration": grant a peer remote write on `mr`, then revoke it by re-registering
+// docs/rereg.md: grant a peer remote write on `mr`, then revoke it by re-registering
 // (examples/02_rereg.cpp). `send_to_peer` stands for the application's own channel.
 #include <rdmaxx/rdmaxx.hpp>
 

@@ -1,4 +1,4 @@
-// README "Connecting by address", one cm fd for many connections: a server whose listener and
+// docs/connecting.md, one cm fd for many connections: a server whose listener and
 // accepted connections share one EventChannel (and one PD and CQ); dispatch() says which of
 // them have rdma_cm events, so the loop never visits a connection with nothing to do.
 #include <rdmaxx/connection.hpp>

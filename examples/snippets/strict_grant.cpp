@@ -1,4 +1,4 @@
-// README "Grants a hostile peer cannot break": the library's grant mechanism for the device,
+// docs/grants.md "StrictGrant": the library's grant mechanism for the device,
 // granted, ended, granted again and revoked; each one confirmed through a CompletionDispatcher
 // of `cq` (the CQ `qp` sends to), which hands the grant its own completions.
 #include <rdmaxx/rdmaxx.hpp>

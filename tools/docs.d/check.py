@@ -3,7 +3,8 @@
 
   snippets   every ```cpp block follows a line `<!-- snippet: PATH -->` and is exactly the file
              PATH, or with `PATH#NAME` exactly the lines of PATH between `// snippet-begin: NAME`
-             and `// snippet-end: NAME`; every examples/snippets/*.cpp is shown somewhere.
+             and `// snippet-end: NAME`; every examples/snippets/*.cpp is shown somewhere, and its
+             first line names the page that shows it (`// docs/grants.md ...`).
   history    no dated line (2026-11-29, 12-04) and no issue reference ("issue 24", "#43") outside
              CHANGELOG.md and docs/performance.md: dates and history belong to commit messages,
              the changelog and the records behind the performance page.
@@ -61,6 +62,9 @@ def check_snippets():
                     path = m.group(1)
                     file, _, name = path.partition("#")
                     shown.add(file if not name else path)
+                    if not name and file.startswith("examples/snippets/") and os.path.isfile(file) and \
+                            not lines_of(file)[0].startswith(f"// {page}"):
+                        err(file, 1, f"its first line should say where it is shown: // {page} ...")
                     if not os.path.isfile(file):
                         err(page, i + 1, f"snippet {file} does not exist")
                     else:
