@@ -76,6 +76,14 @@ def latest(rs):
     return list(seen.values())
 
 
+def short(name):
+    """A plot label: the long common phrases of the names shortened (the table keeps them whole)."""
+    for a, b in (("instructions per 64 B write as users build it: ", "users' build: "),
+                 (" WR per batch", " WR/batch"), ("instructions per 64 B write", "instructions/write")):
+        name = name.replace(a, b)
+    return name
+
+
 def svg_dots(rs, path, title):
     """Dot and whisker chart of each record's value (and spread)."""
     rs = [r for r in rs if isinstance(r["value"], (int, float))]
@@ -111,7 +119,8 @@ def svg_dots(rs, path, title):
         o.append(f'<line x1="{X(1):.1f}" y1="{y0 - 4}" x2="{X(1):.1f}" y2="{y1}" stroke="#333" stroke-dasharray="4,3"/>')
     for i, r in enumerate(rs):
         y = y0 + row * i + row / 2
-        name = r["name"] if len(r["name"]) <= 86 else r["name"][:83] + "..."
+        name = short(r["name"])
+        name = name if len(name) <= 86 else name[:83] + "..."
         o.append(f'<text x="{left - 8}" y="{y + 4}" text-anchor="end">{html.escape(name)}</text>')
         if r["spread"]:
             a, b = r["spread"]
@@ -191,7 +200,7 @@ for goal, title, method in GOALS:
     md += ["| figure | value | unit | spread | A/A | compared with | commit | date | host load | values |",
            "|---|---:|---|---|---|---|---|---|---|---|"]
     for r in cur:
-        sp = f"{fmt(r['spread'][0])}-{fmt(r['spread'][1])}" if r["spread"] else ""
+        sp = f"{fmt(r['spread'][0])} to {fmt(r['spread'][1])}" if r["spread"] else ""
         aa = fmt(r["aa"]["value"]) if r.get("aa") else ""
         peers = ", ".join(f"{k} {fmt(v)}" for k, v in r["peers"].items()) if r.get("peers") else ""
         h = r["host"]
