@@ -64,11 +64,11 @@ public:
   /// allocates.
   [[nodiscard]] static result<CompletionChannel> create(const Context &ctx) noexcept {
     if (!ctx) return make_error_code(errc::null_handle);
-    RDMAXX_TRY(h, detail::create_with_node<traits>(detail::handle_access::node(ctx), [&] {
-      return ::ibv_create_comp_channel(ctx.native_handle());
-    }));
     CompletionChannel c;
-    c.h_ = std::move(h);
+    if (auto ec = detail::create_with_node(c.h_, detail::handle_access::node(ctx), [&] {
+          return ::ibv_create_comp_channel(ctx.native_handle());
+        }))
+      return ec;
     return c;
   }
   /// The ibv_comp_channel (owned), or nullptr.
@@ -145,12 +145,12 @@ public:
     if (cqe <= 0) return make_error_code(errc::zero_length);
     if (channel && channel->native_handle()->context != ctx.native_handle())
       return make_error_code(errc::context_mismatch);
-    RDMAXX_TRY(h, detail::create_with_node<traits>(detail::handle_access::node(ctx), [&] {
-      return ::ibv_create_cq(ctx.native_handle(), cqe, nullptr,
-                             channel ? channel->native_handle() : nullptr, 0);
-    }));
     CompletionQueue q;
-    q.h_ = std::move(h);
+    if (auto ec = detail::create_with_node(q.h_, detail::handle_access::node(ctx), [&] {
+          return ::ibv_create_cq(ctx.native_handle(), cqe, nullptr,
+                                 channel ? channel->native_handle() : nullptr, 0);
+        }))
+      return ec;
     q.h_.set_parent<detail::parent_slot::second>(channel ? detail::handle_access::node(*channel) : nullptr);
     q.poll_.reset(q.h_.get());
     return q;

@@ -507,9 +507,8 @@ public:
       devx = oc.devx;
       return oc.ctx;
     };
-    RDMAXX_TRY(h, detail::create_with_node<traits>(nullptr, open_one));
     Context r;
-    r.h_ = std::move(h);
+    if (auto ec = detail::create_with_node(r.h_, nullptr, open_one)) return ec;
     r.devx_ = devx;
     return r;
   }
@@ -716,3 +715,7 @@ private:
 };
 
 } // namespace rdmaxx
+
+// ProtectionDomain::alloc(const Context &) needs both classes: defined once both are declared.
+#include "protection_domain.hpp"
+#include "impl/protection_domain.ipp"

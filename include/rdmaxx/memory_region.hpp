@@ -191,7 +191,8 @@ public:
     if (length == 0) return make_error_code(errc::zero_length);
     if (auto ec = check_access(acc)) return ec;
     if (!pd) return make_error_code(errc::null_handle);
-    RDMAXX_TRY(pages, detail::owned_pages::map(length));
+    detail::owned_pages pages;
+    if (auto ec = pages.map(length)) return ec;
     void *p = pages.data();
     RDMAXX_TRY(mr, reg_impl(pd, p, length, reinterpret_cast<std::uintptr_t>(p), acc,
                                  mr_kind::allocated));
@@ -490,15 +491,13 @@ private:
                                                    std::size_t length, std::uint64_t iova,
                                                    access_flags acc, mr_kind kind) noexcept {
     // The node counts memory windows bound to this MR (dereg refuses with errc::busy meanwhile).
-    auto h = detail::create_with_node<traits>(pd_node, [&] {
-      return ::ibv_reg_mr_iova2(pd, addr, length, iova, int(acc.native()));
-    });
-    if (!h) {
-      if (odp_unsupported(pd->context, acc)) return make_error_code(errc::unsupported);
-      return h.error();
-    }
     MemoryRegion r;
-    r.h_ = std::move(h).value();
+    if (auto ec = detail::create_with_node(r.h_, pd_node, [&] {
+          return ::ibv_reg_mr_iova2(pd, addr, length, iova, int(acc.native()));
+        })) {
+      if (odp_unsupported(pd->context, acc)) return make_error_code(errc::unsupported);
+      return ec;
+    }
     r.iova_ = iova;
     r.access_ = acc;
     r.kind_ = kind;

@@ -630,9 +630,11 @@ inline result<QueuePair> QueuePair::create_with(const ProtectionDomain &pd, cons
     return make_error_code(errc::context_mismatch);
   ibv_qp_init_attr_ex a = detail::rc_qp_init_attr(pd.native_handle(), send_cq.native_handle(),
                                                   recv_cq.native_handle(), caps, ops);
-  RDMAXX_TRY(h, detail::create_with_node<traits>(detail::handle_access::node(pd), [&] {
-    return create(pd.context(), a);
-  }));
+  detail::handle<traits> h;
+  if (auto ec = detail::create_with_node(h, detail::handle_access::node(pd), [&] {
+        return create(pd.context(), a);
+      }))
+    return ec;
   ibv_qp *qp = h.get();
   QueuePair r;
   r.h_ = std::move(h);

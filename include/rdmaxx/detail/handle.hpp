@@ -361,11 +361,14 @@ struct handle_access {
 [[nodiscard]] inline parent_node *new_parent_node() noexcept { return new (std::nothrow) parent_node; }
 
 /// How every object that can have children is created: allocate its children counter, call
-/// `create` (the verb: returns the C object, or nullptr with errno set) and own the object as a
-/// child of `parent`. On failure nothing stays allocated and the verb's errno is returned (ENOMEM
-/// when the counter itself cannot be allocated; the verb is then not called).
+/// `create` (the verb: returns the C object, or nullptr with errno set) and own the object in
+/// `out` as a child of `parent`. On failure nothing stays allocated, `out` is unchanged and the
+/// verb's errno is returned (ENOMEM when the counter itself cannot be allocated; the verb is then
+/// not called). An error code, not a result<handle<Traits>>: each result<T> a header instantiates
+/// costs every translation unit that includes it (bench/compile).
 template <class Traits, class Create>
-[[nodiscard]] result<handle<Traits>> create_with_node(parent_node *parent, Create &&create) noexcept {
+[[nodiscard]] std::error_code create_with_node(handle<Traits> &out, parent_node *parent,
+                                               Create &&create) noexcept {
   parent_node *node = new_parent_node();
   if (!node) return std::make_error_code(std::errc::not_enough_memory);
   typename Traits::native *p = create();
@@ -374,7 +377,8 @@ template <class Traits, class Create>
     delete node;
     return ec;
   }
-  return handle<Traits>(p, parent, node);
+  out = handle<Traits>(p, parent, node);
+  return {};
 }
 
 } // namespace rdmaxx::detail
