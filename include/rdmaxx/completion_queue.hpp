@@ -90,23 +90,7 @@ public:
   /// - errc::timeout: no event within `timeout_ms`.
   /// - the errno of poll / ibv_get_cq_event.
   /// \mallocs None.
-  [[nodiscard]] result<ibv_cq *> get_event(int timeout_ms) noexcept {
-    if (!h_) return make_error_code(errc::null_handle);
-    if (timeout_ms < 0) return make_error_code(errc::invalid_argument);
-    const std::int64_t deadline = detail::monotonic_ms() + timeout_ms;
-    for (;;) {
-      const std::int64_t left = deadline - detail::monotonic_ms();
-      pollfd p{h_.get()->fd, POLLIN, 0};
-      const int pr = ::poll(&p, 1, left > 0 ? int(left) : 0);
-      if (pr < 0 && errno != EINTR) return last_errno();
-      if (pr > 0) break;
-      if (left <= 0) return make_error_code(errc::timeout);
-    }
-    ibv_cq *cq = nullptr;
-    void *ctx = nullptr;
-    if (::ibv_get_cq_event(h_.get(), &cq, &ctx)) return last_errno();
-    return cq;
-  }
+  [[nodiscard]] result<ibv_cq *> get_event(int timeout_ms) noexcept;
   /// Destroy now (ibv_destroy_comp_channel). A null channel succeeds (nothing to destroy).
   /// \errors
   /// - errc::busy: CQs use it.
@@ -263,34 +247,7 @@ public:
   /// - errc::timeout: no completion within `timeout_ms`.
   /// - the errno of the verbs.
   /// \mallocs None.
-  [[nodiscard]] result<std::size_t> wait(std::span<ibv_wc> out, int timeout_ms) noexcept {
-    if (!h_) return make_error_code(errc::null_handle);
-    if (out.empty()) return make_error_code(errc::zero_length);
-    ibv_comp_channel *ch = h_.get()->channel;
-    const std::int64_t deadline = detail::monotonic_ms() + timeout_ms;
-    if (!ch) {
-      for (unsigned spins = 0;; ++spins) {
-        RDMAXX_TRY(n, poll(out));
-        if (n) return n;
-        if ((spins & 63) == 63 && detail::monotonic_ms() >= deadline)
-          return make_error_code(errc::timeout);
-      }
-    }
-    for (;;) {
-      RDMAXX_TRY(n, poll(out));
-      if (n) return n;
-      RDMAXX_TRYV(arm());
-      RDMAXX_TRY(m, poll(out));
-      if (m) return m;
-      const std::int64_t left = deadline - detail::monotonic_ms();
-      if (left <= 0) return make_error_code(errc::timeout);
-      pollfd p{ch->fd, POLLIN, 0};
-      const int pr = ::poll(&p, 1, int(left));
-      if (pr < 0 && errno != EINTR) return last_errno();
-      if (pr <= 0) continue; // timeout or EINTR: the loop re-checks the deadline
-      event_pending_ = true;  // taken by the next arm(), after the completions went to the caller
-    }
-  }
+  [[nodiscard]] result<std::size_t> wait(std::span<ibv_wc> out, int timeout_ms) noexcept;
 
   /// Wait up to `timeout_ms` for the completion of the one work request `wr_id` (posted
   /// signaled: an unsignaled one never completes on its own) and return it. Completions of other
@@ -391,3 +348,6 @@ private:
 };
 
 } // namespace rdmaxx
+
+// The longer bodies, out of the class declarations.
+#include "impl/completion_queue.ipp"
