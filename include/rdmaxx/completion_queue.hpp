@@ -99,12 +99,8 @@ public:
   result<void> destroy() noexcept { return h_.destroy(); }
 
 private:
-  struct traits {
-    using native = ibv_comp_channel;
-    static constexpr const char *object = "CompletionChannel";
-    static constexpr const char *verb = "ibv_destroy_comp_channel";
-    static int destroy(native *c) noexcept { return ::ibv_destroy_comp_channel(c); }
-  };
+  using traits = detail::deleter<ibv_comp_channel, ::ibv_destroy_comp_channel, "CompletionChannel",
+                                 "ibv_destroy_comp_channel">;
   friend struct detail::handle_access; // children register with this object's node
   detail::handle<traits> h_;
 };
@@ -333,13 +329,8 @@ private:
   [[gnu::always_inline, gnu::flatten]] static result<std::size_t> failed(int n) noexcept {
     return static_cast<std::errc>(-n);
   }
-  struct traits {
-    using native = ibv_cq;
-    static constexpr const char *object = "CompletionQueue";
-    static constexpr const char *verb = "ibv_destroy_cq";
-    static constexpr std::size_t parents = 2; // Context, completion channel
-    static int destroy(native *c) noexcept { return ::ibv_destroy_cq(c); }
-  };
+  // Parents: the Context, the completion channel.
+  using traits = detail::deleter<ibv_cq, ::ibv_destroy_cq, "CompletionQueue", "ibv_destroy_cq", 2>;
   friend struct detail::handle_access; // children register with this object's node
   friend struct detail::test_access;
   detail::handle<traits> h_; // parents: Context, completion channel

@@ -73,12 +73,8 @@ public:
   }
 
 private:
-  struct traits {
-    using native = ibv_device *;
-    static constexpr const char *object = "DeviceList";
-    static constexpr const char *verb = "ibv_free_device_list";
-    static int destroy(native *l) noexcept { ::ibv_free_device_list(l); return 0; }
-  };
+  using traits = detail::deleter<ibv_device *, ::ibv_free_device_list, "DeviceList", "ibv_free_device_list",
+                                 1, detail::destroy_returns::nothing>;
   DeviceList(ibv_device **l, int n) noexcept : h_(l, nullptr, nullptr), n_(std::size_t(n)) {}
   detail::handle<traits> h_;
   std::size_t n_ = 0;
@@ -575,12 +571,7 @@ public:
   [[nodiscard]] result<Capabilities> query_capabilities(probe_options probes = {}) const noexcept;
 
 private:
-  struct traits {
-    using native = ibv_context;
-    static constexpr const char *object = "Context";
-    static constexpr const char *verb = "ibv_close_device";
-    static int destroy(native *c) noexcept { return ::ibv_close_device(c); }
-  };
+  using traits = detail::deleter<ibv_context, ::ibv_close_device, "Context", "ibv_close_device">;
 
   // The live probes use raw verbs: they run once, off the fast path, on scratch objects.
   [[gnu::cold]] void probe(Capabilities &c, probe_options probes) const noexcept;

@@ -344,12 +344,7 @@ public:
   }
 
 private:
-  struct traits {
-    using native = ibv_mr;
-    static constexpr const char *object = "MemoryRegion";
-    static constexpr const char *verb = "ibv_dereg_mr";
-    static int destroy(native *m) noexcept { return ::ibv_dereg_mr(m); }
-  };
+  using traits = detail::deleter<ibv_mr, ::ibv_dereg_mr, "MemoryRegion", "ibv_dereg_mr">;
 
   // ibv_rereg_mr with exactly these arguments, then the return-code table applied to this MR.
   result<rereg_info> rereg_native_call(int flags, const ProtectionDomain *pd, void *addr,

@@ -58,12 +58,7 @@ public:
   result<void> dealloc() noexcept { return h_.destroy(); }
 
 private:
-  struct traits {
-    using native = ibv_pd;
-    static constexpr const char *object = "ProtectionDomain";
-    static constexpr const char *verb = "ibv_dealloc_pd";
-    static int destroy(native *p) noexcept { return ::ibv_dealloc_pd(p); }
-  };
+  using traits = detail::deleter<ibv_pd, ::ibv_dealloc_pd, "ProtectionDomain", "ibv_dealloc_pd">;
   friend struct detail::handle_access; // children register with this object's node
   friend struct detail::test_access;
   detail::handle<traits> h_;

@@ -7,6 +7,7 @@
 #include <array>
 #include <atomic>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -367,4 +368,17 @@ TEST_CASE("live GrantPools never share a pool id: 65,536 at most, a freed id com
   CHECK(*c != *a);
   ids::release(*b);
   ids::release(*c);
+}
+
+// A deleter declared in one line (detail::deleter) gives the handle the same names, kind and
+// parents as the six-line traits struct it replaced.
+TEST_CASE("deleter: one-line traits give the object's kind, names and parents", "[handle]") {
+  using mr_traits = detail::deleter<ibv_mr, ::ibv_dereg_mr, "MemoryRegion", "ibv_dereg_mr">;
+  using qp_traits = detail::deleter<ibv_qp, detail::destroy_qp, "QueuePair", "ibv_destroy_qp", 3>;
+  STATIC_REQUIRE(detail::handle<mr_traits>::kind == child_kind::memory_region);
+  STATIC_REQUIRE(detail::handle<mr_traits>::parents == 1);
+  STATIC_REQUIRE(detail::handle<qp_traits>::kind == child_kind::queue_pair);
+  STATIC_REQUIRE(detail::handle<qp_traits>::parents == 3);
+  CHECK(std::string_view(mr_traits::object) == "MemoryRegion");
+  CHECK(std::string_view(mr_traits::verb) == "ibv_dereg_mr");
 }

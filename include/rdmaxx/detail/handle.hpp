@@ -24,6 +24,7 @@
 #include "../error.hpp"
 
 #include <atomic>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <new>
@@ -54,6 +55,46 @@ public:
 
 private:
   T *p_ = nullptr;
+};
+
+/// A name known at compile time (a deleter's object and verb): a string literal as a template
+/// argument.
+template <std::size_t N>
+struct name_literal {
+  char text[N];
+  consteval name_literal(const char (&s)[N]) noexcept {
+    for (std::size_t i = 0; i < N; ++i) text[i] = s[i];
+  }
+};
+
+/// How a C destroy function reports failure: verbs' ibv_* return 0 or an errno value; some return
+/// nothing (ibv_free_device_list, rdma_destroy_event_channel); librdmacm's return -1 with errno
+/// set.
+enum class destroy_returns : std::uint8_t { errno_value, nothing, minus_one_errno };
+
+/// A handle's Traits in one line: the C type, its destroy function, the class and verb names the
+/// destroy-failure report gives, the parents it holds (1 to max_parents) and how the function
+/// reports failure. E.g. `using traits = detail::deleter<ibv_pd, ::ibv_dealloc_pd,
+/// "ProtectionDomain", "ibv_dealloc_pd">;`. The function is a compile-time argument: no storage,
+/// inlined (a verb that verbs.h defines static inline needs a wrapper with external linkage, or
+/// every header using it would be a different type in each translation unit).
+template <class Native, auto Destroy, name_literal Object, name_literal Verb, std::size_t Parents = 1,
+          destroy_returns Returns = destroy_returns::errno_value>
+struct deleter {
+  using native = Native;
+  static constexpr const char *object = Object.text;
+  static constexpr const char *verb = Verb.text;
+  static constexpr std::size_t parents = Parents;
+  static int destroy(native *p) noexcept {
+    if constexpr (Returns == destroy_returns::nothing) {
+      Destroy(p);
+      return 0;
+    } else if constexpr (Returns == destroy_returns::minus_one_errno) {
+      return Destroy(p) ? (errno ? errno : EIO) : 0;
+    } else {
+      return Destroy(p);
+    }
+  }
 };
 
 /// The most parents one handle has (a QueuePair: its PD and its two CQs; a MemoryWindow: its PD,
