@@ -60,6 +60,7 @@
 #pragma once
 
 #include "access.hpp"
+#include "detail/counted.hpp"
 #include "detail/grant_slot.hpp"
 #include "detail/handle.hpp"
 #include "device.hpp"
@@ -279,7 +280,7 @@ struct grant_pool_state {
   mw_type type = mw_type::type1;
   access_flags region_access; // of each exact region
   grant_pool_stats stats;
-  std::size_t refs = 1; // the pool and every live lease
+  ref_count<> refs; // the pool and every live lease (counted_ptr)
   bool open = true;
 
   [[nodiscard]] lease_state state_of(std::uint32_t s) const noexcept {
@@ -328,9 +329,6 @@ struct grant_pool_state {
     if (it == index.end() || it->first != (rkey >> 8)) return nullptr;
     return &slots[it->second];
   }
-  static void unref(grant_pool_state *p) noexcept {
-    if (p && --p->refs == 0) delete p;
-  }
 };
 } // namespace detail
 
@@ -342,13 +340,12 @@ public:
   /// A null lease.
   GrantLease() noexcept = default;
   /// Takes over `o`'s slot; `o` is left null.
-  GrantLease(GrantLease &&o) noexcept
-      : st_(std::exchange(o.st_, nullptr)), slot_(std::exchange(o.slot_, 0)) {}
+  GrantLease(GrantLease &&o) noexcept : st_(std::move(o.st_)), slot_(std::exchange(o.slot_, 0)) {}
   /// Gives up this lease's slot (as the destructor does), takes over `o`'s.
   GrantLease &operator=(GrantLease &&o) noexcept {
     if (this != &o) {
       drop();
-      st_ = std::exchange(o.st_, nullptr);
+      st_ = std::move(o.st_);
       slot_ = std::exchange(o.slot_, 0);
     }
     return *this;
@@ -356,7 +353,7 @@ public:
   ~GrantLease() { drop(); }
 
   /// True unless null (default-constructed, moved from or released).
-  [[nodiscard]] explicit operator bool() const noexcept { return st_ != nullptr; }
+  [[nodiscard]] explicit operator bool() const noexcept { return bool(st_); }
   /// Where the slot stands (ready when null or when the pool was destroyed: no key is alive).
   [[nodiscard]] lease_state state() const noexcept {
     return st_ ? st_->state_of(slot_) : lease_state::ready;
@@ -387,17 +384,17 @@ public:
 private:
   friend class GrantPool;
   friend struct detail::pool_access;
-  GrantLease(detail::grant_pool_state *st, std::uint32_t s) noexcept : st_(st), slot_(s) { ++st_->refs; }
+  GrantLease(const detail::counted_ptr<detail::grant_pool_state> &st, std::uint32_t s) noexcept
+      : st_(st.share()), slot_(s) {}
   void drop() noexcept {
-    detail::grant_pool_state *st = std::exchange(st_, nullptr);
+    detail::counted_ptr<detail::grant_pool_state> st = std::move(st_);
     if (!st) return;
     if (st->open) {
       st->slots[slot_].in_use = detail::grant_slot::use::dropped;
       st->settle(slot_);
     }
-    detail::grant_pool_state::unref(st);
   }
-  detail::grant_pool_state *st_ = nullptr;
+  detail::counted_ptr<detail::grant_pool_state> st_; // one of the state's holders
   std::uint32_t slot_ = 0;
 };
 
@@ -410,12 +407,12 @@ public:
   /// A null pool.
   GrantPool() noexcept = default;
   /// Takes over `o`'s slots (its leases stay valid); `o` is left null.
-  GrantPool(GrantPool &&o) noexcept : st_(std::exchange(o.st_, nullptr)) {}
+  GrantPool(GrantPool &&o) noexcept = default;
   /// Closes this pool (as the destructor does), takes over `o`'s.
   GrantPool &operator=(GrantPool &&o) noexcept {
     if (this != &o) {
       close();
-      st_ = std::exchange(o.st_, nullptr);
+      st_ = std::move(o.st_);
     }
     return *this;
   }
@@ -451,7 +448,7 @@ public:
 
   // ---- accessors ----
   /// True unless null (default-constructed or moved from).
-  [[nodiscard]] explicit operator bool() const noexcept { return st_ != nullptr; }
+  [[nodiscard]] explicit operator bool() const noexcept { return bool(st_); }
   /// Slots in all.
   [[nodiscard]] std::size_t size() const noexcept { return st_ ? st_->slots.size() : 0; }
   /// Slots not leased.
@@ -668,7 +665,7 @@ private:
   }
   [[nodiscard]] result<detail::grant_slot *> slot_of(const GrantLease &l) noexcept {
     if (!st_ || !l) return make_error_code(errc::null_handle);
-    if (l.st_ != st_) return make_error_code(errc::pool_mismatch);
+    if (l.st_.get() != st_.get()) return make_error_code(errc::pool_mismatch);
     detail::grant_slot &s = st_->slots[l.slot_];
     if (!s.window) return make_error_code(errc::unusable);
     return &s;
@@ -683,7 +680,7 @@ private:
     }
   }
   void close() noexcept {
-    detail::grant_pool_state *st = std::exchange(st_, nullptr);
+    detail::counted_ptr<detail::grant_pool_state> st = std::move(st_);
     if (!st) return;
     st->open = false;
     st->slots.release(); // per slot the window first, then the region (grant_slot's member order)
@@ -691,18 +688,18 @@ private:
     st->index.release();
     st->pd_link.drop();
     st->buffers_link.drop(); // no exact region reaches the bytes any more
-    detail::grant_pool_state::unref(st);
+    st.reset();
   }
 
   friend struct detail::pool_access;
-  detail::grant_pool_state *st_ = nullptr;
+  detail::counted_ptr<detail::grant_pool_state> st_; // one of the state's holders
 };
 
 namespace detail {
 // What identifies a pool to the completion table: its state, which its leases share.
 struct pool_access {
-  [[nodiscard]] static const void *state(const GrantPool &p) noexcept { return p.st_; }
-  [[nodiscard]] static const void *state(const GrantLease &l) noexcept { return l.st_; }
+  [[nodiscard]] static const void *state(const GrantPool &p) noexcept { return p.st_.get(); }
+  [[nodiscard]] static const void *state(const GrantLease &l) noexcept { return l.st_.get(); }
 };
 } // namespace detail
 

@@ -22,6 +22,7 @@
 #pragma once
 
 #include "../error.hpp"
+#include "counted.hpp"
 
 #include <atomic>
 #include <cerrno>
@@ -116,7 +117,7 @@ struct after_destroy {
 /// let go while children remain (deferred destruction), what the last of them must do. An orphan
 /// carries every parent it had, so each of them stays counted until the orphan is destroyed.
 struct parent_node {
-  std::atomic<std::uint32_t> refs{1}; // the owning handle's + one per live child
+  ref_count<std::atomic<std::uint32_t>> refs; // the owning handle's + one per live child
   // Live children by kind (index: child_kind): what the report names, and what a region's rereg
   // tells grants from windows by (MemoryRegion::rereg).
   std::atomic<std::uint32_t> kinds[child_kind_count] = {};
@@ -130,7 +131,7 @@ struct parent_node {
   after_destroy after;
   /// Live children, while the owning handle holds its reference.
   [[nodiscard]] std::uint32_t live_children() const noexcept {
-    return refs.load(std::memory_order_acquire) - 1;
+    return refs.holders() - 1;
   }
 };
 
@@ -157,7 +158,7 @@ void release_ref(parent_node *p) noexcept;
 
 /// Drop one reference (the owning handle's): whoever drops the last finishes.
 inline void release_ref(parent_node *p) noexcept {
-  if (p->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) [[unlikely]]
+  if (p->refs.drop() == 0) [[unlikely]]
     finish_orphan(p);
 }
 /// A child of kind `k` gone: its kind's counter first (the node is alive until release_ref).
@@ -176,7 +177,7 @@ public:
   explicit child_link(parent_node *p, child_kind k = child_kind::other) noexcept : p_(p), kind_(k) {
     if (p) {
       p->kinds[std::size_t(k)].fetch_add(1, std::memory_order_relaxed);
-      p->refs.fetch_add(1, std::memory_order_relaxed);
+      p->refs.add();
     }
   }
   child_link(child_link &&) noexcept = default;
@@ -332,7 +333,7 @@ public:
     native *p = p_.release();
     if (!p) return;
     parent_node *node = node_.release();
-    if (node && node->refs.load(std::memory_order_acquire) != 1) {
+    if (node && node->refs.holders() != 1) {
       // Children still use it: hand the destruction to whoever drops the last reference (it may
       // be this thread, if the last child went in the meantime). The node is not touched after
       // this thread's decrement.
@@ -347,11 +348,11 @@ public:
       destroy_failure f{Traits::object, Traits::verb, make_error_code(errc::busy), 0, {}};
       for (std::size_t k = 0; k < child_kind_count; ++k)
         f.children[k] = node->kinds[k].load(std::memory_order_relaxed);
-      const std::uint32_t was = node->refs.fetch_sub(1, std::memory_order_acq_rel);
-      if (was == 1) {
+      const std::uint32_t left = node->refs.drop();
+      if (left == 0) {
         finish_orphan(node);
       } else {
-        f.live_children = was - 1;
+        f.live_children = left;
         if (report_deferral) report_destroy_failure(f);
       }
       return;

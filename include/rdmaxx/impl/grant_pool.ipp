@@ -21,7 +21,7 @@ namespace rdmaxx {
     return make_error_code(g.unsafe ? errc::unsafe_grant : errc::unsupported);
 
   GrantPool p;
-  p.st_ = new (std::nothrow) detail::grant_pool_state;
+  p.st_ = detail::counted_ptr<detail::grant_pool_state>(new (std::nothrow) detail::grant_pool_state);
   if (!p.st_) return std::make_error_code(std::errc::not_enough_memory);
   detail::grant_pool_state &st = *p.st_;
   st.type = g.mechanism == grant_mechanism::type1_exact_region ? mw_type::type1 : mw_type::type2;
