@@ -77,7 +77,7 @@ loop_rate() {
 run() { # name key port exe client-args...
   local name=$1 key=$2 port=$3 exe=$4; shift 4
   local pre_s=() pre_c=()
-  if [ -n "$STRACE" ]; then pre_s=(strace -f -c -o /tmp/s.$port); pre_c=(strace -f -c -o /tmp/c.$port); fi
+  if [ -n "$STRACE" ]; then pre_s=(strace -f -c -o "/tmp/s.$port"); pre_c=(strace -f -c -o "/tmp/c.$port"); fi
   local pre=() pin_s=() pin_c=()
   [ -n "$PIN" ] && pin_s=(taskset -c 0) && pin_c=(taskset -c 1)
   local shim="$PWD/$build/bench/poll_epoll_ctl.so"
@@ -86,10 +86,11 @@ run() { # name key port exe client-args...
   [ "$key" = 06-spin ] && pre=(env LD_PRELOAD="$shim" RDMAXX_SHIM_SPIN="$SHIM_SPIN")
   local TIMEFORMAT='%U %S' # bash's time: user and system CPU seconds of the process
   local sexe=${srv_exe:-$exe} # MIX: the other example's server
-  { time "${pin_s[@]}" "${pre[@]}" "${pre_s[@]}" $sexe server $port > /tmp/srv.log 2>&1; } 2> /tmp/srv.time & local sp=$!
+  { time "${pin_s[@]}" "${pre[@]}" "${pre_s[@]}" "$sexe" server "$port" > /tmp/srv.log 2>&1; } 2> /tmp/srv.time & local sp=$!
   sleep 1
-  local t0=$(date +%s%N)
-  { time "${pin_c[@]}" "${pre[@]}" "${pre_c[@]}" $exe client $ip:$port "$@" > /tmp/cli.log 2>&1; } 2> /tmp/cli.time; local rc=$?
+  local t0
+  t0=$(date +%s%N)
+  { time "${pin_c[@]}" "${pre[@]}" "${pre_c[@]}" "$exe" client "$ip:$port" "$@" > /tmp/cli.log 2>&1; } 2> /tmp/cli.time; local rc=$?
   local ms=$(( ($(date +%s%N)-t0)/1000000 ))
   wait $sp; local src=$?
   echo "$name: client rc=$rc server rc=$src $ms ms for $N requests + 8 read-backs: $(( (N+8)*1000/ms )) req/s;" \
@@ -107,8 +108,8 @@ run() { # name key port exe client-args...
     for side in s c; do
       local who=server; [ $side = c ] && who=client
       echo "  $name $who system calls per request (start-up included):" \
-        $(awk -v n=$((N+8)) '$NF ~ /^[a-z_0-9]+$/ && $NF != "total" && $4 ~ /^[0-9]+$/ && $4 > n/50 {printf "%s %.2f, ", $NF, $4/n}
-              /^100.00/ {printf "total %.2f", $4/n}' /tmp/$side.$port)
+        "$(awk -v n=$((N+8)) '$NF ~ /^[a-z_0-9]+$/ && $NF != "total" && $4 ~ /^[0-9]+$/ && $4 > n/50 {printf "%s %.2f, ", $NF, $4/n}
+              /^100.00/ {printf "total %.2f", $4/n}' "/tmp/$side.$port")"
     done
   fi
 }
@@ -149,7 +150,7 @@ run_pairs() { # name key port exe K
 rates=() # "round program req/s" of the runs that passed their checks (wall time, start-up included)
 loops=() # "round program req/s" of the same runs: the client's request loop alone
 cpu=()   # "program server-us client-us": CPU (user+system) per request of those runs
-for rep in $(seq $REPS); do
+for rep in $(seq "$REPS"); do
   p=$((7480+rep*10))
   steps=("run '06 (1 connection)' 06 $p $build/examples/06_block_rpc --requests $N")
   [ -n "$AA" ] && steps+=("run '06 again (A/A: the noise floor)' 06-again $((p+8)) $build/examples/06_block_rpc --requests $N")

@@ -64,11 +64,11 @@ public:
   /// allocates.
   [[nodiscard]] static result<CompletionChannel> create(const Context &ctx) noexcept {
     if (!ctx) return make_error_code(errc::null_handle);
-    RDMAXX_TRY(h, detail::create_with_node<traits>(detail::handle_access::node(ctx), [&] {
-      return ::ibv_create_comp_channel(ctx.native_handle());
-    }));
     CompletionChannel c;
-    c.h_ = std::move(h);
+    if (auto ec = detail::create_with_node(c.h_, detail::handle_access::node(ctx), [&] {
+          return ::ibv_create_comp_channel(ctx.native_handle());
+        }))
+      return ec;
     return c;
   }
   /// The ibv_comp_channel (owned), or nullptr.
@@ -90,23 +90,7 @@ public:
   /// - errc::timeout: no event within `timeout_ms`.
   /// - the errno of poll / ibv_get_cq_event.
   /// \mallocs None.
-  [[nodiscard]] result<ibv_cq *> get_event(int timeout_ms) noexcept {
-    if (!h_) return make_error_code(errc::null_handle);
-    if (timeout_ms < 0) return make_error_code(errc::invalid_argument);
-    const std::int64_t deadline = detail::monotonic_ms() + timeout_ms;
-    for (;;) {
-      const std::int64_t left = deadline - detail::monotonic_ms();
-      pollfd p{h_.get()->fd, POLLIN, 0};
-      const int pr = ::poll(&p, 1, left > 0 ? int(left) : 0);
-      if (pr < 0 && errno != EINTR) return last_errno();
-      if (pr > 0) break;
-      if (left <= 0) return make_error_code(errc::timeout);
-    }
-    ibv_cq *cq = nullptr;
-    void *ctx = nullptr;
-    if (::ibv_get_cq_event(h_.get(), &cq, &ctx)) return last_errno();
-    return cq;
-  }
+  [[nodiscard]] result<ibv_cq *> get_event(int timeout_ms) noexcept;
   /// Destroy now (ibv_destroy_comp_channel). A null channel succeeds (nothing to destroy).
   /// \errors
   /// - errc::busy: CQs use it.
@@ -115,12 +99,8 @@ public:
   result<void> destroy() noexcept { return h_.destroy(); }
 
 private:
-  struct traits {
-    using native = ibv_comp_channel;
-    static constexpr const char *object = "CompletionChannel";
-    static constexpr const char *verb = "ibv_destroy_comp_channel";
-    static int destroy(native *c) noexcept { return ::ibv_destroy_comp_channel(c); }
-  };
+  using traits = detail::deleter<ibv_comp_channel, ::ibv_destroy_comp_channel, "CompletionChannel",
+                                 "ibv_destroy_comp_channel">;
   friend struct detail::handle_access; // children register with this object's node
   detail::handle<traits> h_;
 };
@@ -145,12 +125,12 @@ public:
     if (cqe <= 0) return make_error_code(errc::zero_length);
     if (channel && channel->native_handle()->context != ctx.native_handle())
       return make_error_code(errc::context_mismatch);
-    RDMAXX_TRY(h, detail::create_with_node<traits>(detail::handle_access::node(ctx), [&] {
-      return ::ibv_create_cq(ctx.native_handle(), cqe, nullptr,
-                             channel ? channel->native_handle() : nullptr, 0);
-    }));
     CompletionQueue q;
-    q.h_ = std::move(h);
+    if (auto ec = detail::create_with_node(q.h_, detail::handle_access::node(ctx), [&] {
+          return ::ibv_create_cq(ctx.native_handle(), cqe, nullptr,
+                                 channel ? channel->native_handle() : nullptr, 0);
+        }))
+      return ec;
     q.h_.set_parent<detail::parent_slot::second>(channel ? detail::handle_access::node(*channel) : nullptr);
     q.poll_.reset(q.h_.get());
     return q;
@@ -263,34 +243,7 @@ public:
   /// - errc::timeout: no completion within `timeout_ms`.
   /// - the errno of the verbs.
   /// \mallocs None.
-  [[nodiscard]] result<std::size_t> wait(std::span<ibv_wc> out, int timeout_ms) noexcept {
-    if (!h_) return make_error_code(errc::null_handle);
-    if (out.empty()) return make_error_code(errc::zero_length);
-    ibv_comp_channel *ch = h_.get()->channel;
-    const std::int64_t deadline = detail::monotonic_ms() + timeout_ms;
-    if (!ch) {
-      for (unsigned spins = 0;; ++spins) {
-        RDMAXX_TRY(n, poll(out));
-        if (n) return n;
-        if ((spins & 63) == 63 && detail::monotonic_ms() >= deadline)
-          return make_error_code(errc::timeout);
-      }
-    }
-    for (;;) {
-      RDMAXX_TRY(n, poll(out));
-      if (n) return n;
-      RDMAXX_TRYV(arm());
-      RDMAXX_TRY(m, poll(out));
-      if (m) return m;
-      const std::int64_t left = deadline - detail::monotonic_ms();
-      if (left <= 0) return make_error_code(errc::timeout);
-      pollfd p{ch->fd, POLLIN, 0};
-      const int pr = ::poll(&p, 1, int(left));
-      if (pr < 0 && errno != EINTR) return last_errno();
-      if (pr <= 0) continue; // timeout or EINTR: the loop re-checks the deadline
-      event_pending_ = true;  // taken by the next arm(), after the completions went to the caller
-    }
-  }
+  [[nodiscard]] result<std::size_t> wait(std::span<ibv_wc> out, int timeout_ms) noexcept;
 
   /// Wait up to `timeout_ms` for the completion of the one work request `wr_id` (posted
   /// signaled: an unsignaled one never completes on its own) and return it. Completions of other
@@ -376,13 +329,8 @@ private:
   [[gnu::always_inline, gnu::flatten]] static result<std::size_t> failed(int n) noexcept {
     return static_cast<std::errc>(-n);
   }
-  struct traits {
-    using native = ibv_cq;
-    static constexpr const char *object = "CompletionQueue";
-    static constexpr const char *verb = "ibv_destroy_cq";
-    static constexpr std::size_t parents = 2; // Context, completion channel
-    static int destroy(native *c) noexcept { return ::ibv_destroy_cq(c); }
-  };
+  // Parents: the Context, the completion channel.
+  using traits = detail::deleter<ibv_cq, ::ibv_destroy_cq, "CompletionQueue", "ibv_destroy_cq", 2>;
   friend struct detail::handle_access; // children register with this object's node
   friend struct detail::test_access;
   detail::handle<traits> h_; // parents: Context, completion channel
@@ -391,3 +339,6 @@ private:
 };
 
 } // namespace rdmaxx
+
+// The longer bodies, out of the class declarations.
+#include "impl/completion_queue.ipp"

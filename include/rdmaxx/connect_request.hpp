@@ -6,11 +6,15 @@
 ///
 /// Allocation: prepare() and the accepts create the Connection's resources; reject() and
 /// destroy() allocate nothing.
+///
+/// This header declares ConnectRequest; its longer bodies are in impl/connection.ipp, which connection.hpp
+/// includes after the declarations of the three rdma_cm classes. Include connection.hpp (it
+/// includes this header): no header of the three includes one that includes it back.
 #pragma once
 
 #include "cm_address.hpp"
 #include "cm_error.hpp"
-#include "connection.hpp"
+#include "cm_options.hpp"
 #include "detail/handle.hpp"
 #include "error.hpp"
 #include "event_channel.hpp"
@@ -23,8 +27,10 @@
 
 namespace rdmaxx {
 
+class Connection; // connection.hpp, which includes this header
+
 namespace detail {
-struct request_access; // after ConnectRequest
+struct request_access; // impl/connection.ipp
 } // namespace detail
 
 /// A connection request received by a Listener (RDMA_CM_EVENT_CONNECT_REQUEST): accept() it or
@@ -95,14 +101,7 @@ public:
   /// - the errors of the resources created.
   /// \mallocs A new event channel (librdmacm; with o.channel one node instead) and the
   /// resources created (their nodes, besides what verbs allocates).
-  [[nodiscard]] result<Connection> prepare(const conn_options &o = {}) noexcept {
-    if (!id_) return make_error_code(errc::null_handle);
-    if (o.private_data.size() > cm_accept_private_data_max)
-      return make_error_code(errc::private_data_too_long);
-    auto c = detail::conn_access::prepare(id_, data_, resp_res_, init_depth_, o);
-    if (!id_) link_.drop(); // the id is the connection's now (or destroyed with it)
-    return c;
-  }
+  [[nodiscard]] result<Connection> prepare(const conn_options &o = {}) noexcept;
 
   /// Non-blocking accept: prepare(o), then Connection::accept(o.private_data); the returned
   /// Connection is in conn_state::accepting: advance() it until established (the client's
@@ -112,20 +111,12 @@ public:
   ///   request stays usable: reject it or accept again).
   /// - those of prepare() and Connection::accept().
   /// \mallocs As prepare().
-  [[nodiscard]] result<Connection> start_accept(const conn_options &o = {}) noexcept {
-    RDMAXX_TRY(c, prepare(o)); // checks and copies o.private_data first
-    RDMAXX_TRYV(c.accept());
-    return std::move(c);
-  }
+  [[nodiscard]] result<Connection> start_accept(const conn_options &o = {}) noexcept;
   /// Blocking accept: start_accept(), then advance() until established within o.timeout_ms.
   /// \errors
   /// - those of start_accept() and Connection::advance() (a cm timeout naming the accept step).
   /// \mallocs As start_accept() and Connection::advance().
-  [[nodiscard]] result<Connection> accept(const conn_options &o = {}) noexcept {
-    RDMAXX_TRY(c, start_accept(o));
-    RDMAXX_TRYV(detail::conn_access::run_until_established(c));
-    return std::move(c);
-  }
+  [[nodiscard]] result<Connection> accept(const conn_options &o = {}) noexcept;
   /// rdma_reject with private data (at most 148 bytes): the client's connect fails with a
   /// REJECTED code (reject reason 28, consumer defined) carrying these bytes.
   /// \errors
@@ -144,41 +135,4 @@ private:
   std::uint8_t init_depth_ = 0;
 };
 
-// ---- ConnectRequest: the longer bodies ----
-
-inline result<void> ConnectRequest::reject(std::span<const std::byte> data) noexcept {
-  if (!id_) return make_error_code(errc::null_handle);
-  if (data.size() > cm_reject_private_data_max) return make_error_code(errc::private_data_too_long);
-  const int rc = ::rdma_reject(id_.get(), data.empty() ? nullptr : data.data(), std::uint8_t(data.size()));
-  const auto ec = rc ? cm_at(cm_call_error(cm_call::rdma_reject, errno), cm_role::accept_from,
-                             ::rdma_get_peer_addr(id_.get()))
-                     : std::error_code{};
-  id_.reset();
-  link_.drop();
-  if (ec) return ec;
-  return success();
-}
-
-namespace detail {
-/// What the types built on ConnectRequest (Listener, listener.hpp) reach of it, instead of being
-/// its friends: a request made from its RDMA_CM_EVENT_CONNECT_REQUEST.
-struct request_access {
-  /// The request of `ev` (a CONNECT_REQUEST): owns the event's new id, a child of `channel`
-  /// (the shared channel's node the id is on; null: the listener's own channel).
-  [[nodiscard]] static ConnectRequest from_event(const cm_event_copy &ev, parent_node *channel = nullptr) noexcept {
-    ConnectRequest r;
-    r.link_ = child_link(channel);
-    r.id_ = handle<cm_id_traits>(ev.id, nullptr, nullptr);
-    r.data_ = ev.data;
-    r.resp_res_ = ev.responder_resources;
-    r.init_depth_ = ev.initiator_depth;
-    return r;
-  }
-};
-} // namespace detail
-
 } // namespace rdmaxx
-
-// Listener is built on ConnectRequest; included here so that connection.hpp, which includes this
-// header at its end, gives it too (whichever of the three headers is included first).
-#include "listener.hpp"

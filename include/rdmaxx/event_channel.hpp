@@ -40,21 +40,10 @@
 namespace rdmaxx {
 
 namespace detail {
-struct cm_channel_traits {
-  using native = rdma_event_channel;
-  static constexpr const char *object = "EventChannel";
-  static constexpr const char *verb = "rdma_destroy_event_channel";
-  static int destroy(native *c) noexcept {
-    ::rdma_destroy_event_channel(c);
-    return 0;
-  }
-};
-struct cm_id_traits {
-  using native = rdma_cm_id;
-  static constexpr const char *object = "rdma_cm_id";
-  static constexpr const char *verb = "rdma_destroy_id";
-  static int destroy(native *id) noexcept { return ::rdma_destroy_id(id) ? (errno ? errno : EIO) : 0; }
-};
+using cm_channel_traits = deleter<rdma_event_channel, ::rdma_destroy_event_channel, "EventChannel",
+                                  "rdma_destroy_event_channel", 1, destroy_returns::nothing>;
+using cm_id_traits = deleter<rdma_cm_id, ::rdma_destroy_id, "rdma_cm_id", "rdma_destroy_id", 1,
+                             destroy_returns::minus_one_errno>;
 
 // One event, copied; the original is acknowledged before this returns.
 struct cm_event_copy {
@@ -146,16 +135,13 @@ struct cm_hub {
   cm_slot *first = nullptr, *last = nullptr;
 };
 
-struct cm_hub_traits {
-  using native = cm_hub;
-  static constexpr const char *object = "EventChannel";
-  static constexpr const char *verb = "rdma_destroy_event_channel";
-  static int destroy(native *h) noexcept {
-    ::rdma_destroy_event_channel(h->ch);
-    delete h;
-    return 0;
-  }
-};
+// A shared channel's end: its rdma_cm channel, then the hub itself.
+inline void destroy_hub(cm_hub *h) noexcept {
+  ::rdma_destroy_event_channel(h->ch);
+  delete h;
+}
+using cm_hub_traits = deleter<cm_hub, destroy_hub, "EventChannel", "rdma_destroy_event_channel", 1,
+                              destroy_returns::nothing>;
 
 /// Events one pump reads at most (the fd stays readable when more are pending).
 inline constexpr std::size_t cm_pump_batch = 256;

@@ -60,6 +60,7 @@
 #pragma once
 
 #include "access.hpp"
+#include "detail/counted.hpp"
 #include "detail/grant_slot.hpp"
 #include "detail/handle.hpp"
 #include "device.hpp"
@@ -279,7 +280,7 @@ struct grant_pool_state {
   mw_type type = mw_type::type1;
   access_flags region_access; // of each exact region
   grant_pool_stats stats;
-  std::size_t refs = 1; // the pool and every live lease
+  ref_count<> refs; // the pool and every live lease (counted_ptr)
   bool open = true;
 
   [[nodiscard]] lease_state state_of(std::uint32_t s) const noexcept {
@@ -328,9 +329,6 @@ struct grant_pool_state {
     if (it == index.end() || it->first != (rkey >> 8)) return nullptr;
     return &slots[it->second];
   }
-  static void unref(grant_pool_state *p) noexcept {
-    if (p && --p->refs == 0) delete p;
-  }
 };
 } // namespace detail
 
@@ -342,13 +340,12 @@ public:
   /// A null lease.
   GrantLease() noexcept = default;
   /// Takes over `o`'s slot; `o` is left null.
-  GrantLease(GrantLease &&o) noexcept
-      : st_(std::exchange(o.st_, nullptr)), slot_(std::exchange(o.slot_, 0)) {}
+  GrantLease(GrantLease &&o) noexcept : st_(std::move(o.st_)), slot_(std::exchange(o.slot_, 0)) {}
   /// Gives up this lease's slot (as the destructor does), takes over `o`'s.
   GrantLease &operator=(GrantLease &&o) noexcept {
     if (this != &o) {
       drop();
-      st_ = std::exchange(o.st_, nullptr);
+      st_ = std::move(o.st_);
       slot_ = std::exchange(o.slot_, 0);
     }
     return *this;
@@ -356,7 +353,7 @@ public:
   ~GrantLease() { drop(); }
 
   /// True unless null (default-constructed, moved from or released).
-  [[nodiscard]] explicit operator bool() const noexcept { return st_ != nullptr; }
+  [[nodiscard]] explicit operator bool() const noexcept { return bool(st_); }
   /// Where the slot stands (ready when null or when the pool was destroyed: no key is alive).
   [[nodiscard]] lease_state state() const noexcept {
     return st_ ? st_->state_of(slot_) : lease_state::ready;
@@ -387,17 +384,17 @@ public:
 private:
   friend class GrantPool;
   friend struct detail::pool_access;
-  GrantLease(detail::grant_pool_state *st, std::uint32_t s) noexcept : st_(st), slot_(s) { ++st_->refs; }
+  GrantLease(const detail::counted_ptr<detail::grant_pool_state> &st, std::uint32_t s) noexcept
+      : st_(st.share()), slot_(s) {}
   void drop() noexcept {
-    detail::grant_pool_state *st = std::exchange(st_, nullptr);
+    detail::counted_ptr<detail::grant_pool_state> st = std::move(st_);
     if (!st) return;
     if (st->open) {
       st->slots[slot_].in_use = detail::grant_slot::use::dropped;
       st->settle(slot_);
     }
-    detail::grant_pool_state::unref(st);
   }
-  detail::grant_pool_state *st_ = nullptr;
+  detail::counted_ptr<detail::grant_pool_state> st_; // one of the state's holders
   std::uint32_t slot_ = 0;
 };
 
@@ -410,12 +407,12 @@ public:
   /// A null pool.
   GrantPool() noexcept = default;
   /// Takes over `o`'s slots (its leases stay valid); `o` is left null.
-  GrantPool(GrantPool &&o) noexcept : st_(std::exchange(o.st_, nullptr)) {}
+  GrantPool(GrantPool &&o) noexcept = default;
   /// Closes this pool (as the destructor does), takes over `o`'s.
   GrantPool &operator=(GrantPool &&o) noexcept {
     if (this != &o) {
       close();
-      st_ = std::exchange(o.st_, nullptr);
+      st_ = std::move(o.st_);
     }
     return *this;
   }
@@ -447,48 +444,11 @@ public:
   /// \mallocs The state, three arrays of o.slots entries, each exact region's node, and what
   /// verbs allocates.
   [[nodiscard]] static result<GrantPool> create(const ProtectionDomain &pd, const MemoryRegion &buffers,
-                                                grant_pool_options o = {}) noexcept {
-    if (!pd) return make_error_code(errc::null_handle);
-    if (auto ec = buffers.usable()) return ec;
-    if (buffers.native_handle()->context != pd.context()) return make_error_code(errc::context_mismatch);
-    if (o.slot_size == 0) return make_error_code(errc::zero_length);
-    if (o.slot_size > 0xFFFFFFFFull) return make_error_code(errc::out_of_range);
-    const std::size_t fit = std::size_t(buffers.length() / o.slot_size);
-    const std::size_t n = o.slots == 0 ? fit : o.slots;
-    if (n == 0) return make_error_code(errc::zero_length);
-    if (n > fit || n > 0x7FFFFFFFu) return make_error_code(errc::out_of_range);
-    RDMAXX_TRY(g, detail::grant_for(pd.context(), o.grant));
-    if (g.mechanism == grant_mechanism::none)
-      return make_error_code(g.unsafe ? errc::unsafe_grant : errc::unsupported);
-
-    GrantPool p;
-    p.st_ = new (std::nothrow) detail::grant_pool_state;
-    if (!p.st_) return std::make_error_code(std::errc::not_enough_memory);
-    detail::grant_pool_state &st = *p.st_;
-    st.type = g.mechanism == grant_mechanism::type1_exact_region ? mw_type::type1 : mw_type::type2;
-    st.slot_size = o.slot_size;
-    st.pd = pd.native_handle();
-    st.pd_link = detail::child_link(detail::handle_access::node(pd), child_kind::grant_pool);
-    st.buffers_link = detail::child_link(detail::handle_access::node(buffers), child_kind::grant_pool);
-    st.id = detail::pool_ids::acquire();
-    if (!st.id) return make_error_code(errc::too_many_entries);
-    st.tag = grant_pool_wr_tag | (std::uint64_t(*st.id) << 32);
-    if (!st.slots.allocate(n, true) || !st.free.allocate(n, false) || !st.index.allocate(n, false))
-      return std::make_error_code(std::errc::not_enough_memory);
-    st.region_access = (buffers.access() & access::local_write) | access::mw_bind;
-    for (std::size_t i = 0; i < n; ++i) {
-      st.slots[i].data = buffers.data() + i * o.slot_size;
-      // grant_for chose type 2 only where it is safe or accepted in `o.grant`.
-      if (!o.lazy_slots) RDMAXX_TRYV(st.make(std::uint32_t(i)));
-    }
-    for (std::size_t i = n; i-- > 0;) st.free.push_back(std::uint32_t(i)); // slot 0 first out
-    st.rebuild_index();
-    return p;
-  }
+                                                grant_pool_options o = {}) noexcept;
 
   // ---- accessors ----
   /// True unless null (default-constructed or moved from).
-  [[nodiscard]] explicit operator bool() const noexcept { return st_ != nullptr; }
+  [[nodiscard]] explicit operator bool() const noexcept { return bool(st_); }
   /// Slots in all.
   [[nodiscard]] std::size_t size() const noexcept { return st_ ? st_->slots.size() : 0; }
   /// Slots not leased.
@@ -617,27 +577,7 @@ public:
   /// send-with-invalidate named a granted key (type 2) revokes that grant. Returns the
   /// completions that are not the pool's, moved to the front of `wcs` in their order: the
   /// caller's, receives included. Inline, allocation-free.
-  std::span<ibv_wc> complete(std::span<ibv_wc> wcs) noexcept {
-    if (!st_) return wcs;
-    std::size_t k = 0;
-    for (ibv_wc &wc : wcs) {
-      if (owns(wc)) {
-        const std::uint32_t s = std::uint32_t(wc.wr_id & 0x7FFFFFFFu);
-        if (s < st_->slots.size()) {
-          if (wc.status != IBV_WC_SUCCESS) ++st_->stats.failed_completions;
-          st_->slots[s].window.complete(wc);
-          st_->settle(s);
-        }
-        continue;
-      }
-      if (st_->type == mw_type::type2 && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV &&
-          !(wc.wc_flags & IBV_WC_WITH_IMM) && wc.invalidated_rkey != 0)
-        remote_invalidated(wc);
-      if (&wcs[k] != &wc) wcs[k] = wc;
-      ++k;
-    }
-    return wcs.first(k);
-  }
+  std::span<ibv_wc> complete(std::span<ibv_wc> wcs) noexcept;
 
   /// Give a ready slot back to the pool; `l` becomes null.
   /// \errors
@@ -668,33 +608,7 @@ public:
   ///   whose window could not be replaced keeps no live key and is retired (grant() on it answers
   ///   errc::unusable; it does not return to the pool).
   /// \mallocs What ibv_alloc_mw allocates.
-  result<void> revoke_all() noexcept {
-    if (!st_) return make_error_code(errc::null_handle);
-    std::error_code first;
-    for (std::uint32_t i = 0; i < st_->slots.size(); ++i) {
-      detail::grant_slot &s = st_->slots[i];
-      if (!s.window) continue;
-      if (s.window.state() != mw_state::bound && s.window.pending() == 0) continue;
-      // The replacement first, as grant_slot::renew(): while the old window is allocated the
-      // device cannot give its index (and with it the old keys) to the new one.
-      auto fresh = detail::mw_access::alloc_on(st_->pd_link.parent(), st_->pd, st_->type);
-      if (auto r = s.window.dealloc(); !r) {
-        if (!first) first = r.error();
-        continue; // still allocated, key perhaps alive: the slot stays out of use (`fresh` freed)
-      }
-      ++st_->stats.revoked_by_dealloc;
-      s.key_changes = 0;
-      if (fresh) {
-        s.window = std::move(fresh).value();
-      } else if (!first) {
-        first = fresh.error();
-      }
-      st_->settle(i);
-    }
-    st_->rebuild_index();
-    if (first) return first;
-    return success();
-  }
+  result<void> revoke_all() noexcept;
 
   /// Destroy now, checked (what the destructor does, with the failures returned instead of
   /// reported through the destroy-failure hook): per slot the window is deallocated
@@ -751,7 +665,7 @@ private:
   }
   [[nodiscard]] result<detail::grant_slot *> slot_of(const GrantLease &l) noexcept {
     if (!st_ || !l) return make_error_code(errc::null_handle);
-    if (l.st_ != st_) return make_error_code(errc::pool_mismatch);
+    if (l.st_.get() != st_.get()) return make_error_code(errc::pool_mismatch);
     detail::grant_slot &s = st_->slots[l.slot_];
     if (!s.window) return make_error_code(errc::unusable);
     return &s;
@@ -766,7 +680,7 @@ private:
     }
   }
   void close() noexcept {
-    detail::grant_pool_state *st = std::exchange(st_, nullptr);
+    detail::counted_ptr<detail::grant_pool_state> st = std::move(st_);
     if (!st) return;
     st->open = false;
     st->slots.release(); // per slot the window first, then the region (grant_slot's member order)
@@ -774,19 +688,22 @@ private:
     st->index.release();
     st->pd_link.drop();
     st->buffers_link.drop(); // no exact region reaches the bytes any more
-    detail::grant_pool_state::unref(st);
+    st.reset();
   }
 
   friend struct detail::pool_access;
-  detail::grant_pool_state *st_ = nullptr;
+  detail::counted_ptr<detail::grant_pool_state> st_; // one of the state's holders
 };
 
 namespace detail {
 // What identifies a pool to the completion table: its state, which its leases share.
 struct pool_access {
-  [[nodiscard]] static const void *state(const GrantPool &p) noexcept { return p.st_; }
-  [[nodiscard]] static const void *state(const GrantLease &l) noexcept { return l.st_; }
+  [[nodiscard]] static const void *state(const GrantPool &p) noexcept { return p.st_.get(); }
+  [[nodiscard]] static const void *state(const GrantLease &l) noexcept { return l.st_.get(); }
 };
 } // namespace detail
 
 } // namespace rdmaxx
+
+// The longer bodies, out of the class declarations.
+#include "impl/grant_pool.ipp"

@@ -330,60 +330,7 @@ public:
   /// - errc::unknown_access_flag: a right the backend cannot grant.
   /// \mallocs None.
   [[nodiscard]] std::error_code validate(const layout_limits &lim, access_flags acc,
-                                         ibv_pd *pd = nullptr) const noexcept {
-    if (error_ != errc{}) return layout_error(error_, error_entry_);
-    if (!acc.subset_of(lim.allowed_access)) return layout_error(errc::unknown_access_flag, no_entry);
-    if (auto ec = check_access(acc)) return layout_error(errc(ec.value()), no_entry);
-    if (n_ == 0) return layout_error(errc::zero_length, no_entry);
-    if (kind_ == kind::repeat && !lim.repeat_layouts) return layout_error(errc::unsupported, no_entry);
-    const std::uint32_t max = kind_ == kind::list ? lim.max_entries : lim.max_repeat_entries;
-    if (n_ > max) return layout_error(errc::too_many_entries, max);
-    if (kind_ == kind::repeat && repeat_ == 0) return layout_error(errc::zero_length, no_entry);
-    const access_flags rights =
-        acc & (access::local_write | access::remote_read | access::remote_write | access::remote_atomic);
-    std::uint64_t block = 0;
-    for (std::size_t i = 0; i < n_; ++i) {
-      const entry &e = e_[i];
-      const region_ref &s = e.source;
-      if (s.problem != errc{}) return layout_error(s.problem, i);
-      if (s.length == 0 && !s.indirect) return layout_error(errc::null_handle, i);
-      if (s.indirect && (lim.nested_hardware_only && s.segments))
-        return layout_error(errc::wrong_type, i);
-      if (s.indirect && lim.nested_software_only && !s.segments)
-        return layout_error(errc::wrong_type, i);
-      if (s.indirect && std::uint32_t(s.depth) + 1 > lim.max_depth) return layout_error(errc::out_of_range, i);
-      if (e.length == 0) return layout_error(errc::zero_length, i);
-      if (e.length > UINT32_MAX) return layout_error(errc::out_of_range, i);
-      // the bytes of the region this entry touches: [offset, offset + span)
-      std::uint64_t span = e.length;
-      if (kind_ == kind::repeat) {
-        const std::uint64_t stride = e.length + e.skip;
-        if (lim.interleave_16bit && (e.length > 0xffff || stride > 0xffff))
-          return layout_error(errc::out_of_range, i);
-        if (__builtin_mul_overflow(stride, std::uint64_t(repeat_ - 1), &span) ||
-            __builtin_add_overflow(span, e.length, &span))
-          return layout_error(errc::out_of_range, i);
-      }
-      if (e.offset > s.length || span > s.length - e.offset) return layout_error(errc::out_of_range, i);
-      if (pd && s.pd && s.pd != pd) return layout_error(errc::pd_mismatch, i);
-      access_flags need = rights;
-      if (lim.remote_rights_own && !s.indirect) { // a nested key grants only what it has
-        need = rights & access::local_write;
-        if (rights.any(access::remote_write | access::remote_atomic)) need |= access::local_write;
-      }
-      if (!s.access.has(need) && !need.empty()) return layout_error(errc::missing_access, i);
-      if (lim.remote_needs_mw_bind &&
-          rights.any(access::remote_read | access::remote_write | access::remote_atomic) &&
-          !s.access.any(access::mw_bind))
-        return layout_error(errc::missing_access, i);
-      if (__builtin_add_overflow(block, e.length, &block)) return layout_error(errc::out_of_range, i);
-    }
-    std::uint64_t total = 0;
-    if (__builtin_mul_overflow(block, std::uint64_t(repeat_count()), &total))
-      return layout_error(errc::out_of_range, no_entry);
-    if (piece_count() > lim.max_segments) return layout_error(errc::too_many_entries, no_entry);
-    return {};
-  }
+                                         ibv_pd *pd = nullptr) const noexcept;
 
   /// Flatten into `out`, in address-space order, nested keys resolved to their MRs' segments and
   /// contiguous pieces of one MR merged. Call validate() first (expand() trusts the entries).
@@ -391,35 +338,7 @@ public:
   /// - errc::too_many_entries (layout_category(), naming the entry that did not fit): `out` is
   ///   too short.
   /// \mallocs None.
-  [[nodiscard]] result<std::size_t> expand(std::span<key_segment> out) const noexcept {
-    std::size_t n = 0;
-    std::size_t pieces = 0;
-    const std::uint32_t reps = repeat_count();
-    for (std::uint32_t r = 0; r < reps; ++r) {
-      for (std::size_t i = 0; i < n_; ++i) {
-        const entry &e = e_[i];
-        const std::uint64_t off = e.offset + std::uint64_t(r) * (e.length + e.skip);
-        bool ok = true;
-        emit(e.source, off, e.length, [&](const key_segment &s) {
-          if (++pieces > out.size()) {
-            ok = false;
-            return;
-          }
-          if (n > 0) {
-            key_segment &p = out[n - 1];
-            if (p.lkey == s.lkey && p.rkey == s.rkey && p.mr == s.mr && p.addr + p.length == s.addr &&
-                std::uint64_t(p.length) + s.length <= UINT32_MAX) {
-              p.length += s.length;
-              return;
-            }
-          }
-          out[n++] = s;
-        });
-        if (!ok) return layout_error(errc::too_many_entries, i);
-      }
-    }
-    return n;
-  }
+  [[nodiscard]] result<std::size_t> expand(std::span<key_segment> out) const noexcept;
 
 private:
   layout &fail(errc e) noexcept {
@@ -506,3 +425,6 @@ template <class LenOf, class F>
 }
 
 } // namespace rdmaxx
+
+// The longer bodies, out of the class declarations.
+#include "impl/layout.ipp"

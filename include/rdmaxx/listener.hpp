@@ -6,6 +6,10 @@
 ///
 /// Allocation: listen() allocates inside librdmacm (on a shared channel also one node and its
 /// queue of requests); get_request() mallocs one event per rdma_get_cm_event.
+///
+/// This header declares Listener; its longer bodies are in impl/connection.ipp, which connection.hpp
+/// includes after the declarations of the three rdma_cm classes. Include connection.hpp (it
+/// includes this header): no header of the three includes one that includes it back.
 #pragma once
 
 #include "cm_address.hpp"
@@ -158,87 +162,5 @@ private:
   detail::handle<detail::cm_channel_traits> channel_;
   detail::handle<detail::cm_id_traits> id_;
 };
-
-// ---- Listener: the longer bodies ----
-
-inline result<Listener> Listener::listen(const address &at, const listen_options &o) noexcept {
-  const int backlog = o.backlog;
-  if (backlog <= 0) return make_error_code(errc::invalid_argument);
-  if (o.channel && !*o.channel) return make_error_code(errc::null_handle);
-  Listener l;
-  const auto failed = [&](cm_call c, int err) {
-    return cm_at(cm_call_error(c, err), cm_role::listen_on, at.native());
-  };
-  rdma_event_channel *on = nullptr;
-  if (o.channel) {
-    const std::uint32_t q = std::uint32_t(backlog) < detail::cm_slot::max_listener_queue
-                                ? std::uint32_t(backlog) : detail::cm_slot::max_listener_queue;
-    l.slot_ = detail::cm_slot_ptr::make(*detail::channel_access::hub(*o.channel), o.cookie, q);
-    if (!l.slot_) return std::make_error_code(std::errc::not_enough_memory);
-    l.link_ = detail::child_link(detail::handle_access::node(*o.channel));
-    on = l.slot_.get()->hub->ch;
-  } else {
-    auto ch = detail::create_cm_channel();
-    if (!ch && ch.error().category() == std::generic_category())
-      return failed(cm_call::rdma_create_event_channel, ch.error().value());
-    if (!ch) return ch.error();
-    // With a node: the requests taken from this channel count as its children, so that it stays
-    // until the last of them is accepted (moved to the connection's channel) or destroyed, even
-    // after the listener is gone (rdma_destroy_id of a request reads its channel's fd).
-    detail::parent_node *node = detail::new_parent_node();
-    if (!node) return std::make_error_code(std::errc::not_enough_memory);
-    l.channel_ = detail::handle<detail::cm_channel_traits>(ch.value().release(), nullptr, node);
-    on = l.channel_.get();
-  }
-  rdma_cm_id *id = nullptr;
-  if (::rdma_create_id(on, &id, l.slot_.get(), RDMA_PS_TCP))
-    return failed(cm_call::rdma_create_id, errno);
-  l.id_ = detail::handle<detail::cm_id_traits>(id, nullptr, nullptr);
-  address a = at;
-  if (::rdma_bind_addr(id, a.native())) {
-    int err = errno;
-    if (err == EADDRNOTAVAIL && address_is_local(at)) err = EADDRINUSE;
-    return failed(cm_call::rdma_bind_addr, err);
-  }
-  if (::rdma_listen(id, backlog)) return failed(cm_call::rdma_listen, errno);
-  return l;
-}
-
-inline result<ConnectRequest> Listener::get_request(int timeout_ms) noexcept {
-  if (!id_) return make_error_code(errc::null_handle);
-  if (timeout_ms < 0) return make_error_code(errc::invalid_argument);
-  const std::int64_t deadline = detail::monotonic_ms() + timeout_ms;
-  for (;;) {
-    if (detail::cm_slot *s = slot_.get()) {
-      // Shared: only CONNECT_REQUESTs are queued for a listener.
-      RDMAXX_TRY(ev, detail::cm_next(*s));
-      if (ev) {
-        if (s->count) detail::cm_mark(*s); // more requests wait: dispatch() says so again
-        return detail::request_access::from_event(*ev, link_.parent());
-      }
-      RDMAXX_TRY(readable, detail::wait_readable(fd(), deadline));
-      if (!readable) return cm_at(cm_timeout(cm_step::request), cm_role::listen_on, ::rdma_get_local_addr(id_.get()));
-      continue;
-    }
-    RDMAXX_TRY(ev, detail::next_cm_event(channel_.get()));
-    if (ev && ev->type == RDMA_CM_EVENT_CONNECT_REQUEST) {
-      return detail::request_access::from_event(*ev, channel_.node());
-    }
-    if (ev) continue; // an event of a request that went away: skipped
-    RDMAXX_TRY(readable, detail::wait_readable(fd(), deadline));
-    if (!readable) return cm_at(cm_timeout(cm_step::request), cm_role::listen_on, ::rdma_get_local_addr(id_.get()));
-  }
-}
-
-inline bool Listener::address_is_local(const address &at) noexcept {
-  if (detail::cm_is_wildcard(at.native())) return true;
-  const int fd = ::socket(at.is_v6() ? AF_INET6 : AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  address probe = at.with_port(0);
-  const socklen_t len = at.is_v6() ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
-  const bool ok = ::bind(fd, probe.native(), len) == 0;
-  ::close(fd);
-  return ok;
-}
 
 } // namespace rdmaxx

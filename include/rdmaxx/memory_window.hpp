@@ -69,6 +69,11 @@
 #include <utility>
 
 namespace rdmaxx {
+
+namespace detail {
+// ibv_dealloc_mw is static inline in verbs.h: a deleter's function needs external linkage.
+inline int dealloc_mw(ibv_mw *mw) noexcept { return ::ibv_dealloc_mw(mw); }
+} // namespace detail
 namespace detail {
 struct mw_access; // after MemoryWindow
 }
@@ -357,13 +362,8 @@ public:
   }
 
 private:
-  struct traits {
-    using native = ibv_mw;
-    static constexpr const char *object = "MemoryWindow";
-    static constexpr const char *verb = "ibv_dealloc_mw";
-    static constexpr std::size_t parents = 3; // PD, the MR bound to, type 2: the QP bound through
-    static int destroy(native *m) noexcept { return ::ibv_dealloc_mw(m); }
-  };
+  // Parents: the PD, the MR bound to, type 2: the QP bound through.
+  using traits = detail::deleter<ibv_mw, detail::dealloc_mw, "MemoryWindow", "ibv_dealloc_mw", 3>;
 
   [[gnu::cold]] static std::error_code alloc_failure(ibv_context *ctx, mw_type type) noexcept;
 

@@ -5,15 +5,26 @@
 /// must be destroyed before it; destroying it earlier is reported (detail/handle.hpp), not leaked
 /// silently.
 ///
+/// Context is only declared here: a program that calls alloc() has a Context, and so has included
+/// device.hpp, which defines alloc() (impl/protection_domain.ipp).
+///
 /// Allocation: alloc() allocates the node that counts the PD's children (new(nothrow)) besides
 /// what ibv_alloc_pd allocates; nothing else allocates.
 #pragma once
 
 #include "detail/handle.hpp"
-#include "device.hpp"
 #include "error.hpp"
 
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+
 namespace rdmaxx {
+
+// Only alloc() needs the Context complete: its body is in impl/protection_domain.ipp, which
+// device.hpp includes at its end. So a header that needs the PD but not the device (a
+// memory region's) does not pay for the whole of Context in every translation unit.
+class Context;
 
 /// A protection domain (ibv_alloc_pd(3)): the parent of memory regions, memory windows and
 /// queue pairs. Move-only, null after move; ibv_dealloc_pd on destruction (withheld and reported
@@ -29,15 +40,7 @@ public:
   /// - the errno of ibv_alloc_pd (ENOMEM).
   /// \mallocs One node that counts the PD's children (new(nothrow)), besides what ibv_alloc_pd
   /// allocates.
-  [[nodiscard]] static result<ProtectionDomain> alloc(const Context &ctx) noexcept {
-    if (!ctx) return make_error_code(errc::null_handle);
-    RDMAXX_TRY(h, detail::create_with_node<traits>(detail::handle_access::node(ctx), [&] {
-      return ::ibv_alloc_pd(ctx.native_handle());
-    }));
-    ProtectionDomain r;
-    r.h_ = std::move(h);
-    return r;
-  }
+  [[nodiscard]] static result<ProtectionDomain> alloc(const Context &ctx) noexcept;
 
   /// The ibv_pd (owned: do not deallocate it), or nullptr.
   [[nodiscard]] ibv_pd *native_handle() const noexcept { return h_.get(); }
@@ -55,12 +58,7 @@ public:
   result<void> dealloc() noexcept { return h_.destroy(); }
 
 private:
-  struct traits {
-    using native = ibv_pd;
-    static constexpr const char *object = "ProtectionDomain";
-    static constexpr const char *verb = "ibv_dealloc_pd";
-    static int destroy(native *p) noexcept { return ::ibv_dealloc_pd(p); }
-  };
+  using traits = detail::deleter<ibv_pd, ::ibv_dealloc_pd, "ProtectionDomain", "ibv_dealloc_pd">;
   friend struct detail::handle_access; // children register with this object's node
   friend struct detail::test_access;
   detail::handle<traits> h_;

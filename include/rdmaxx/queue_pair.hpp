@@ -39,6 +39,17 @@
 namespace rdmaxx {
 
 namespace detail {
+// ibv_destroy_qp, then the QP's send-queue credit (rdmaxx's qp_context: only a counted QP has
+// one, detail::sq_credit): QueuePair's deleter.
+inline int destroy_qp(ibv_qp *q) noexcept {
+  void *credit = q->qp_context;
+  const int rc = ::ibv_destroy_qp(q);
+  if (rc == 0) sq_credit::free(credit);
+  return rc;
+}
+} // namespace detail
+
+namespace detail {
 struct qp_access; // after QueuePair
 } // namespace detail
 
@@ -407,18 +418,8 @@ private:
                                                      Verb verb) noexcept;
 #endif
 
-  struct traits {
-    using native = ibv_qp;
-    static constexpr const char *object = "QueuePair";
-    static constexpr const char *verb = "ibv_destroy_qp";
-    static constexpr std::size_t parents = 3; // PD, send CQ, receive CQ
-    static int destroy(native *q) noexcept {
-      void *credit = q->qp_context; // rdmaxx's: only a counted QP has one (detail::sq_credit)
-      const int rc = ::ibv_destroy_qp(q);
-      if (rc == 0) detail::sq_credit::free(credit);
-      return rc;
-    }
-  };
+  // Parents: the PD, the send CQ, the receive CQ.
+  using traits = detail::deleter<ibv_qp, detail::destroy_qp, "QueuePair", "ibv_destroy_qp", 3>;
 
   [[nodiscard]] result<int> gid_index_for(const connect_options &o) const noexcept;
 
@@ -630,9 +631,11 @@ inline result<QueuePair> QueuePair::create_with(const ProtectionDomain &pd, cons
     return make_error_code(errc::context_mismatch);
   ibv_qp_init_attr_ex a = detail::rc_qp_init_attr(pd.native_handle(), send_cq.native_handle(),
                                                   recv_cq.native_handle(), caps, ops);
-  RDMAXX_TRY(h, detail::create_with_node<traits>(detail::handle_access::node(pd), [&] {
-    return create(pd.context(), a);
-  }));
+  detail::handle<traits> h;
+  if (auto ec = detail::create_with_node(h, detail::handle_access::node(pd), [&] {
+        return create(pd.context(), a);
+      }))
+    return ec;
   ibv_qp *qp = h.get();
   QueuePair r;
   r.h_ = std::move(h);

@@ -79,23 +79,7 @@ namespace detail {
 class descriptor_category_impl final : public std::error_category {
 public:
   const char *name() const noexcept override { return "rdmaxx.descriptor"; }
-  std::string message(int v) const override {
-    const int e = v & 0xff, reason = (v >> 24) & 0xf;
-    std::string m = "descriptor: ";
-    if (reason == 1) {
-      const auto want = std::uint8_t((v >> 8) & 0xff), got = std::uint8_t((v >> 16) & 0xff);
-      m += "a descriptor of kind " + std::to_string(got) + " (" + descriptor_kind_name(got) +
-           ") where kind " + std::to_string(want) + " (" + descriptor_kind_name(want) +
-           ") was expected";
-    } else if (reason == 2) {
-      m += std::to_string((v >> 8) & 0xffff) +
-           " byte(s) after the descriptor: decode exactly descriptor_header::peek(in).total_size() "
-           "bytes (rdma_cm private data is padded with zeros)";
-    } else {
-      m += rdmaxx::error_category().message(e);
-    }
-    return m;
-  }
+  std::string message(int v) const override;
   std::error_condition default_error_condition(int v) const noexcept override {
     return rdmaxx::error_category().default_error_condition(v & 0xff);
   }
@@ -249,30 +233,7 @@ struct remote_descriptor {
   /// - descriptor_kind_error() (wrong_type in descriptor_category()): a valid header of another
   ///   descriptor kind; the message names the kind expected and the kind found.
   /// \mallocs None.
-  [[nodiscard]] static result<remote_descriptor> decode(std::span<const std::byte> in) noexcept {
-    RDMAXX_TRY(h, descriptor_header::peek(in));
-    if (h.kind != std::uint8_t(descriptor_kind::window))
-      return descriptor_kind_error(std::uint8_t(descriptor_kind::window), h.kind);
-    if (h.body_length == body_size && in.size() > encoded_size)
-      return descriptor_trailing_error(in.size() - encoded_size);
-    if (h.body_length != body_size || in.size() != encoded_size)
-      return make_error_code(errc::malformed_input);
-    detail::wire_reader r(in.subspan(descriptor_header::size));
-    remote_descriptor d;
-    d.addr = r.u64();
-    d.length = r.u64();
-    d.rkey = r.u32();
-    const std::uint8_t rights = r.u8();
-    const std::uint8_t fl = r.u8();
-    const std::uint16_t reserved = r.u16();
-    if (r.failed() || r.remaining() != 0) return make_error_code(errc::malformed_input);
-    if ((rights & ~detail::wire_rights_mask) != 0 || rights == 0 || (fl & ~0x1u) != 0 || reserved != 0)
-      return make_error_code(errc::malformed_input);
-    if (d.length == 0 || d.addr + d.length < d.addr) return make_error_code(errc::malformed_input);
-    d.rights = detail::rights_from_wire(rights);
-    d.zero_based = (fl & 1) != 0;
-    return d;
-  }
+  [[nodiscard]] static result<remote_descriptor> decode(std::span<const std::byte> in) noexcept;
 
   /// Decode one window descriptor from rdma_cm private data (Connection::peer_private_data(),
   /// ConnectRequest::private_data()): rdma_cm transmits no length, so the receiver gets the bytes
@@ -300,3 +261,6 @@ struct remote_descriptor {
 };
 
 } // namespace rdmaxx
+
+// The longer bodies, out of the class declarations.
+#include "impl/remote_descriptor.ipp"

@@ -7,6 +7,7 @@
 #include <array>
 #include <atomic>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -367,4 +368,71 @@ TEST_CASE("live GrantPools never share a pool id: 65,536 at most, a freed id com
   CHECK(*c != *a);
   ids::release(*b);
   ids::release(*c);
+}
+
+// A deleter declared in one line (detail::deleter) gives the handle the same names, kind and
+// parents as the six-line traits struct it replaced.
+TEST_CASE("deleter: one-line traits give the object's kind, names and parents", "[handle]") {
+  using mr_traits = detail::deleter<ibv_mr, ::ibv_dereg_mr, "MemoryRegion", "ibv_dereg_mr">;
+  using qp_traits = detail::deleter<ibv_qp, detail::destroy_qp, "QueuePair", "ibv_destroy_qp", 3>;
+  STATIC_REQUIRE(detail::handle<mr_traits>::kind == child_kind::memory_region);
+  STATIC_REQUIRE(detail::handle<mr_traits>::parents == 1);
+  STATIC_REQUIRE(detail::handle<qp_traits>::kind == child_kind::queue_pair);
+  STATIC_REQUIRE(detail::handle<qp_traits>::parents == 3);
+  CHECK(std::string_view(mr_traits::object) == "MemoryRegion");
+  CHECK(std::string_view(mr_traits::verb) == "ibv_dereg_mr");
+}
+
+namespace {
+struct counted_thing {
+  detail::ref_count<> refs;
+  int *deleted;
+  explicit counted_thing(int *d) noexcept : deleted(d) {}
+  ~counted_thing() { ++*deleted; }
+};
+struct finished_thing {
+  detail::ref_count<> refs;
+  static inline int finished = 0;
+  static void finish(finished_thing *p) noexcept {
+    ++finished;
+    delete p;
+  }
+};
+} // namespace
+
+// The one counted core (detail/counted.hpp): the creator's reference plus one per share(); the
+// holder that drops the last finishes the object, once.
+TEST_CASE("counted core: the last holder finishes the object, once", "[handle]") {
+  int deleted = 0;
+  {
+    detail::counted_ptr<counted_thing> a(new counted_thing(&deleted));
+    CHECK(a->refs.holders() == 1);
+    auto b = a.share();
+    CHECK(a->refs.holders() == 2);
+    CHECK(b.get() == a.get());
+    detail::counted_ptr<counted_thing> c(std::move(a));
+    CHECK_FALSE(a);
+    CHECK(c->refs.holders() == 2);
+    b.reset();
+    CHECK_FALSE(b);
+    CHECK(deleted == 0);
+    CHECK(c->refs.holders() == 1);
+    detail::counted_ptr<counted_thing> d;
+    CHECK_FALSE(d.share());
+    d = std::move(c);
+    CHECK(deleted == 0);
+  }
+  CHECK(deleted == 1);
+  {
+    detail::counted_ptr<finished_thing> f(new finished_thing);
+    auto g = f.share();
+    f = detail::counted_ptr<finished_thing>();
+    CHECK(finished_thing::finished == 0);
+  }
+  CHECK(finished_thing::finished == 1);
+  detail::ref_count<std::atomic<std::uint32_t>> n;
+  n.add();
+  CHECK(n.holders() == 2);
+  CHECK(n.drop() == 1);
+  CHECK(n.drop() == 0);
 }

@@ -63,24 +63,7 @@ public:
   /// first that failed (what was created before it is destroyed); ENOMEM when the node's block
   /// cannot be allocated.
   /// \mallocs The node's block (new(nothrow)), and what each of those creations allocates.
-  [[nodiscard]] static result<Node> open(const net::any_io_executor &ex, const node_options &o = {}) noexcept {
-    Node n;
-    n.p_.reset(new (std::nothrow) parts);
-    if (!n.p_) return std::make_error_code(std::errc::not_enough_memory);
-    parts &p = *n.p_;
-    p.timeout_ms = o.timeout_ms;
-    RDMAXX_TRY(ctx, o.device.empty() ? Context::open_first() : Context::open(o.device));
-    p.ctx = std::move(ctx);
-    RDMAXX_TRY(pd, ProtectionDomain::alloc(p.ctx));
-    p.pd = std::move(pd);
-    RDMAXX_TRY(ch, CompletionChannel::create(p.ctx));
-    p.ch = std::move(ch);
-    RDMAXX_TRY(cq, CompletionQueue::create(p.ctx, o.cq_entries, &p.ch));
-    p.cq = std::move(cq);
-    RDMAXX_TRY(router, CompletionRouter::create(ex, p.cq, p.ch, o.router));
-    p.router = std::move(router);
-    return n;
-  }
+  [[nodiscard]] static result<Node> open(const net::any_io_executor &ex, const node_options &o = {}) noexcept;
 
   /// True unless null.
   [[nodiscard]] explicit operator bool() const noexcept { return p_ != nullptr; }
@@ -131,5 +114,25 @@ private:
   };
   std::unique_ptr<parts> p_;
 };
+
+inline result<Node> Node::open(const net::any_io_executor &ex, const node_options &o) noexcept {
+  Node n;
+  n.p_.reset(new (std::nothrow) parts);
+  if (!n.p_) return std::make_error_code(std::errc::not_enough_memory);
+  parts &p = *n.p_;
+  p.timeout_ms = o.timeout_ms;
+  RDMAXX_TRY(ctx, o.device.empty() ? Context::open_first() : Context::open(o.device));
+  p.ctx = std::move(ctx);
+  RDMAXX_TRY(pd, ProtectionDomain::alloc(p.ctx));
+  p.pd = std::move(pd);
+  RDMAXX_TRY(ch, CompletionChannel::create(p.ctx));
+  p.ch = std::move(ch);
+  RDMAXX_TRY(cq, CompletionQueue::create(p.ctx, o.cq_entries, &p.ch));
+  p.cq = std::move(cq);
+  RDMAXX_TRY(router, CompletionRouter::create(ex, p.cq, p.ch, o.router));
+  p.router = std::move(router);
+  return n;
+}
+
 
 } // namespace rdmaxx::asio

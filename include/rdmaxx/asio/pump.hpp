@@ -104,24 +104,27 @@ struct pump_core {
       if (open) pump();
     });
   }
-  void wait() noexcept {
-    if (!open || waiting) return;
-    waiting = true;
-    sd.async_wait(net::posix::stream_descriptor::wait_read,
-                  [this, hold = ref(this)](const boost::system::error_code &e) {
-                    waiting = false;
-                    if (!open) return;
-                    if (e) {
-                      if (e != net::error::operation_aborted) error = from_asio(e);
-                      wake_all();
-                      return;
-                    }
-                    ++stats.readable;
-                    pump();
-                    wait();
-                  });
-  }
+  void wait() noexcept;
 };
+
+inline void pump_core::wait() noexcept {
+  if (!open || waiting) return;
+  waiting = true;
+  sd.async_wait(net::posix::stream_descriptor::wait_read,
+                [this, hold = ref(this)](const boost::system::error_code &e) {
+                  waiting = false;
+                  if (!open) return;
+                  if (e) {
+                    if (e != net::error::operation_aborted) error = from_asio(e);
+                    wake_all();
+                    return;
+                  }
+                  ++stats.readable;
+                  pump();
+                  wait();
+                });
+}
+
 
 inline pump_waiter::~pump_waiter() {
   if (core) core->unlink(*this);

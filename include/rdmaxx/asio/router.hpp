@@ -204,68 +204,11 @@ struct router_core {
     if (!dispatching) post_flush();
   }
   template <class H>
-  void suspend(waiter_node &n, H &&h) noexcept {
-    using handler = std::decay_t<H>;
-    static_assert(sizeof(handler) <= sizeof(n.handler) && alignof(handler) <= alignof(std::max_align_t));
-    ::new (static_cast<void *>(n.handler)) handler(std::move(h));
-    n.resume = [](waiter_node &x) {
-      handler *p = std::launder(reinterpret_cast<handler *>(x.handler));
-      handler local(std::move(*p));
-      p->~handler();
-      local();
-    };
-    n.drop = [](waiter_node &x) {
-      handler *p = std::launder(reinterpret_cast<handler *>(x.handler));
-      handler local(std::move(*p));
-      p->~handler();
-    };
-    if (!armed && open && !error) // (poll_now() armed it just before: this is a safety net)
-      if (auto ec = drain(true)) stop(ec);
-    if (n.done || n.failed || !open) { // nothing to wait for after all: resume soon
-      push_ready(n);
-      if (!dispatching) post_flush();
-      return;
-    }
-    n.at = waiter_node::where::suspended;
-    n.sprev = nullptr;
-    n.snext = susp;
-    if (susp) susp->sprev = &n;
-    susp = &n;
-    if (!timer_set || n.until < timer_at) arm_timer(n.until);
-    // The channel's fd is waited for only while a wait is suspended (what keeps the io_context
-    // running): from here, unless a router handler runs the coroutines now (it waits for the fd
-    // at its end, after the event is taken: see wait()).
-    if (!waiting && !dispatching) wait();
-  }
+  void suspend(waiter_node &n, H &&h) noexcept;
   // Resume the waiters ready now, in order (each runs until it suspends again or ends). What
   // they ready meanwhile waits for the next round, posted: the reactor and other handlers get
   // their turn in between (two coroutines answering each other must not keep the thread).
-  void dispatch() {
-    if (dispatching) return; // the outer call's caller resumes them (or posts the next round)
-    dispatching = true;
-    struct round {
-      router_core *c;
-      waiter_node *batch;
-      ~round() {
-        if (batch) { // an exception left some unresumed: first in the next round
-          waiter_node *last = batch;
-          while (last->snext) last = last->snext;
-          last->snext = c->ready_head;
-          if (!c->ready_head) c->ready_tail = last;
-          c->ready_head = batch;
-        }
-        c->dispatching = false;
-        if (c->ready_head) c->post_flush();
-      }
-    } r{this, std::exchange(ready_head, nullptr)};
-    ready_tail = nullptr;
-    while (waiter_node *n = r.batch) {
-      r.batch = n->snext;
-      n->snext = nullptr;
-      n->at = waiter_node::where::idle;
-      n->resume(*n);
-    }
-  }
+  void dispatch();
   // The io_context was destroyed (or shut down) with waits suspended: destroy their handlers
   // (Asio then unwinds their coroutines), nothing will resume them.
   void orphaned() noexcept {
@@ -282,60 +225,11 @@ struct router_core {
       n->drop(*n);
     }
   }
-  void route(ibv_wc &wc) noexcept {
-    ++stats.completions;
-    for (std::size_t i = 0; i < n_pools; ++i) {
-      pool_entry &e = pools[i];
-      if (e.pool->owns(wc)) { // its bind, unbind or invalidate, from any QP it posted on
-        (void)e.pool->complete(std::span(&wc, 1));
-        check_leases(e.pool);
-        ++stats.to_pools;
-        return;
-      }
-      if (e.qp_num == wc.qp_num && e.pool->mechanism() == grant_mechanism::type2_window) {
-        const std::uint64_t inv = e.pool->stats().remote_invalidations;
-        (void)e.pool->complete(std::span(&wc, 1)); // the peer's send-with-invalidate
-        if (e.pool->stats().remote_invalidations != inv) check_leases(e.pool);
-      }
-    }
-    if (const void *by = targets.route(wc)) { // a window's, grant's or key's own operation
-      ++stats.to_objects;
-      check_objects(by, wc);
-      return;
-    }
-    // The QP number too: after a reconnect the old QP's flushed completions carry the wr_ids
-    // the new QP's waiters registered (one CQ for many connections), and must not wake them.
-    for (waiter_node *n = head(wc.wr_id); n; n = n->next)
-      if (n->wr_id == wc.wr_id && n->qp_num == wc.qp_num && !n->done) {
-        n->wc = wc;
-        n->done = true;
-        ++stats.routed;
-        wake(*n);
-        return;
-      }
-    ++stats.unclaimed;
-    if (unclaimed) unclaimed(unclaimed_ctx, wc);
-  }
+  void route(ibv_wc &wc) noexcept;
   // Poll until the CQ is empty; with `arm`, until it is empty and armed (the drain-after-event
   // rule of CompletionQueue::poll_and_arm): armed once, when first found empty, then polled
   // until empty again. Never armed twice: an event the first arm raised is taken first.
-  std::error_code drain(bool arm) noexcept {
-    if (arm && event_pending)
-      if (auto ec = take_event()) return ec;
-    ibv_wc wc[16];
-    bool did_arm = false;
-    for (;;) {
-      auto n = cq->poll(wc);
-      if (!n) return n.error();
-      for (std::size_t i = 0; i < n.value(); ++i) route(wc[i]);
-      if (n.value() == std::size(wc)) continue;
-      if (!arm || did_arm) break;
-      if (auto a = cq->arm(); !a) return a.error();
-      did_arm = true; // and poll again: a completion before the arm raised no event
-    }
-    if (arm) armed = true;
-    return {};
-  }
+  std::error_code drain(bool arm) noexcept;
   // A wait begins: poll; if that did not make it ready and the CQ is not armed, arm it and poll
   // again (as CompletionQueue::wait does before it sleeps). The CQ is armed only while someone
   // may suspend: completions that nobody waits for (a bind's, a send's) raise no event.
@@ -389,24 +283,7 @@ struct router_core {
       if (open && !e && g == timer_gen) on_timer();
     });
   }
-  void on_timer() {
-    timer_set = false;
-    const deadline now = clock::now();
-    deadline next = deadline::max();
-    for (waiter_node *n = susp, *nx; n; n = nx) {
-      nx = n->snext;
-      if (n->until <= now) {
-        n->expired = true;
-        unlink_susp(*n);
-        push_ready(*n);
-      } else if (n->until < next) {
-        next = n->until;
-      }
-    }
-    if (susp) arm_timer(next);
-    dispatch();
-    after_round();
-  }
+  void on_timer();
   // After a handler of the router resumed the coroutines it readied: wait for the channel's fd
   // while a wait is suspended, else hold no Asio operation (idle()).
   void after_round() noexcept {
@@ -434,30 +311,7 @@ struct router_core {
     }
   }
   // One wait for the channel's fd at a time; its handler keeps the core alive.
-  void wait() noexcept {
-    if (!open || waiting) return;
-    waiting = true;
-    sd.async_wait(net::posix::stream_descriptor::wait_read,
-                  [this, hold = ref(this)](const boost::system::error_code &e) mutable {
-                    hold.ran = true;
-                    waiting = false;
-                    // The fd is waited for again only after the woken coroutines ran (also
-                    // when one throws): the reactor's registration (epoll_ctl) is then not
-                    // between a completion and the work request its coroutine posts next.
-                    struct again {
-                      router_core *c;
-                      bool on = false;
-                      ~again() {
-                        if (on && c->after_dispatch()) c->after_round();
-                      }
-                    } g{this};
-                    dispatching = true; // wakes queue up for the dispatch() below
-                    if (open && !e) g.on = on_readable();
-                    else if (open && e != net::error::operation_aborted) stop(from_asio(e));
-                    dispatching = false;
-                    dispatch();
-                  });
-  }
+  void wait() noexcept;
   // The fd is readable: the CQ's event fired (it disarmed the CQ). Route what is there; the
   // caller resumes the ready waiters (dispatch()), then after_dispatch(), then waits for the fd
   // again if that returns true (false: the router stopped). The event itself is taken later
@@ -486,27 +340,7 @@ struct router_core {
   // hook. The channel serves only this CQ, armed at most once between events, so at most one
   // event is pending (and Asio's next wait re-checks the fd's level: EPOLL_CTL_MOD); a spurious
   // wake-up reads EAGAIN instead of blocking the thread.
-  std::error_code take_event() noexcept {
-    event_pending = false;
-    if (!open) return {}; // closed meanwhile (by a woken coroutine): an event never read needs no ack
-    ibv_cq *ev_cq = nullptr;
-    void *ev_ctx = nullptr;
-    if (::ibv_get_cq_event(ch->native_handle(), &ev_cq, &ev_ctx) == 0) {
-      if (ev_cq != cq->native_handle()) {
-        // The channel serves another CQ too: its event is acknowledged on its own CQ (counted
-        // against ours, ibv_destroy_cq of both would wait forever), and the router stops rather
-        // than swallow another owner's events.
-        ::ibv_ack_cq_events(ev_cq, 1);
-        ++stats.foreign_events;
-        return make_error_code(errc::invalid_argument);
-      }
-      ++stats.events;
-      if (++unacked >= ack_batch) ack();
-      return {};
-    }
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return {};
-    return last_errno();
-  }
+  std::error_code take_event() noexcept;
 
   void ack() noexcept {
     if (unacked) {
@@ -516,6 +350,188 @@ struct router_core {
     }
   }
 };
+
+template <class H>
+inline void router_core::suspend(waiter_node &n, H &&h) noexcept {
+  using handler = std::decay_t<H>;
+  static_assert(sizeof(handler) <= sizeof(n.handler) && alignof(handler) <= alignof(std::max_align_t));
+  ::new (static_cast<void *>(n.handler)) handler(std::move(h));
+  n.resume = [](waiter_node &x) {
+    handler *p = std::launder(reinterpret_cast<handler *>(x.handler));
+    handler local(std::move(*p));
+    p->~handler();
+    local();
+  };
+  n.drop = [](waiter_node &x) {
+    handler *p = std::launder(reinterpret_cast<handler *>(x.handler));
+    handler local(std::move(*p));
+    p->~handler();
+  };
+  if (!armed && open && !error) // (poll_now() armed it just before: this is a safety net)
+    if (auto ec = drain(true)) stop(ec);
+  if (n.done || n.failed || !open) { // nothing to wait for after all: resume soon
+    push_ready(n);
+    if (!dispatching) post_flush();
+    return;
+  }
+  n.at = waiter_node::where::suspended;
+  n.sprev = nullptr;
+  n.snext = susp;
+  if (susp) susp->sprev = &n;
+  susp = &n;
+  if (!timer_set || n.until < timer_at) arm_timer(n.until);
+  // The channel's fd is waited for only while a wait is suspended (what keeps the io_context
+  // running): from here, unless a router handler runs the coroutines now (it waits for the fd
+  // at its end, after the event is taken: see wait()).
+  if (!waiting && !dispatching) wait();
+}
+
+inline void router_core::dispatch() {
+  if (dispatching) return; // the outer call's caller resumes them (or posts the next round)
+  dispatching = true;
+  struct round {
+    router_core *c;
+    waiter_node *batch;
+    ~round() {
+      if (batch) { // an exception left some unresumed: first in the next round
+        waiter_node *last = batch;
+        while (last->snext) last = last->snext;
+        last->snext = c->ready_head;
+        if (!c->ready_head) c->ready_tail = last;
+        c->ready_head = batch;
+      }
+      c->dispatching = false;
+      if (c->ready_head) c->post_flush();
+    }
+  } r{this, std::exchange(ready_head, nullptr)};
+  ready_tail = nullptr;
+  while (waiter_node *n = r.batch) {
+    r.batch = n->snext;
+    n->snext = nullptr;
+    n->at = waiter_node::where::idle;
+    n->resume(*n);
+  }
+}
+
+inline void router_core::route(ibv_wc &wc) noexcept {
+  ++stats.completions;
+  for (std::size_t i = 0; i < n_pools; ++i) {
+    pool_entry &e = pools[i];
+    if (e.pool->owns(wc)) { // its bind, unbind or invalidate, from any QP it posted on
+      (void)e.pool->complete(std::span(&wc, 1));
+      check_leases(e.pool);
+      ++stats.to_pools;
+      return;
+    }
+    if (e.qp_num == wc.qp_num && e.pool->mechanism() == grant_mechanism::type2_window) {
+      const std::uint64_t inv = e.pool->stats().remote_invalidations;
+      (void)e.pool->complete(std::span(&wc, 1)); // the peer's send-with-invalidate
+      if (e.pool->stats().remote_invalidations != inv) check_leases(e.pool);
+    }
+  }
+  if (const void *by = targets.route(wc)) { // a window's, grant's or key's own operation
+    ++stats.to_objects;
+    check_objects(by, wc);
+    return;
+  }
+  // The QP number too: after a reconnect the old QP's flushed completions carry the wr_ids
+  // the new QP's waiters registered (one CQ for many connections), and must not wake them.
+  for (waiter_node *n = head(wc.wr_id); n; n = n->next)
+    if (n->wr_id == wc.wr_id && n->qp_num == wc.qp_num && !n->done) {
+      n->wc = wc;
+      n->done = true;
+      ++stats.routed;
+      wake(*n);
+      return;
+    }
+  ++stats.unclaimed;
+  if (unclaimed) unclaimed(unclaimed_ctx, wc);
+}
+
+inline std::error_code router_core::drain(bool arm) noexcept {
+  if (arm && event_pending)
+    if (auto ec = take_event()) return ec;
+  ibv_wc wc[16];
+  bool did_arm = false;
+  for (;;) {
+    auto n = cq->poll(wc);
+    if (!n) return n.error();
+    for (std::size_t i = 0; i < n.value(); ++i) route(wc[i]);
+    if (n.value() == std::size(wc)) continue;
+    if (!arm || did_arm) break;
+    if (auto a = cq->arm(); !a) return a.error();
+    did_arm = true; // and poll again: a completion before the arm raised no event
+  }
+  if (arm) armed = true;
+  return {};
+}
+
+inline void router_core::on_timer() {
+  timer_set = false;
+  const deadline now = clock::now();
+  deadline next = deadline::max();
+  for (waiter_node *n = susp, *nx; n; n = nx) {
+    nx = n->snext;
+    if (n->until <= now) {
+      n->expired = true;
+      unlink_susp(*n);
+      push_ready(*n);
+    } else if (n->until < next) {
+      next = n->until;
+    }
+  }
+  if (susp) arm_timer(next);
+  dispatch();
+  after_round();
+}
+
+inline void router_core::wait() noexcept {
+  if (!open || waiting) return;
+  waiting = true;
+  sd.async_wait(net::posix::stream_descriptor::wait_read,
+                [this, hold = ref(this)](const boost::system::error_code &e) mutable {
+                  hold.ran = true;
+                  waiting = false;
+                  // The fd is waited for again only after the woken coroutines ran (also
+                  // when one throws): the reactor's registration (epoll_ctl) is then not
+                  // between a completion and the work request its coroutine posts next.
+                  struct again {
+                    router_core *c;
+                    bool on = false;
+                    ~again() {
+                      if (on && c->after_dispatch()) c->after_round();
+                    }
+                  } g{this};
+                  dispatching = true; // wakes queue up for the dispatch() below
+                  if (open && !e) g.on = on_readable();
+                  else if (open && e != net::error::operation_aborted) stop(from_asio(e));
+                  dispatching = false;
+                  dispatch();
+                });
+}
+
+inline std::error_code router_core::take_event() noexcept {
+  event_pending = false;
+  if (!open) return {}; // closed meanwhile (by a woken coroutine): an event never read needs no ack
+  ibv_cq *ev_cq = nullptr;
+  void *ev_ctx = nullptr;
+  if (::ibv_get_cq_event(ch->native_handle(), &ev_cq, &ev_ctx) == 0) {
+    if (ev_cq != cq->native_handle()) {
+      // The channel serves another CQ too: its event is acknowledged on its own CQ (counted
+      // against ours, ibv_destroy_cq of both would wait forever), and the router stops rather
+      // than swallow another owner's events.
+      ::ibv_ack_cq_events(ev_cq, 1);
+      ++stats.foreign_events;
+      return make_error_code(errc::invalid_argument);
+    }
+    ++stats.events;
+    if (++unacked >= ack_batch) ack();
+    return {};
+  }
+  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return {};
+  return last_errno();
+}
+
 
 // Suspend the calling coroutine on `n` until it is routed, failed or `until` passed (its
 // handler is kept in the node: no timer and no operation of its own).
@@ -617,35 +633,7 @@ public:
   /// \mallocs The core, its buckets, pool table and object table (new(nothrow)); the reactor's
   /// descriptor state.
   [[nodiscard]] static result<CompletionRouter> create(const net::any_io_executor &ex, CompletionQueue &cq,
-                                                       CompletionChannel &ch, router_options o = {}) noexcept {
-    if (!cq || !ch) return make_error_code(errc::null_handle);
-    if (cq.native_handle()->channel != ch.native_handle() || o.ack_batch == 0 || o.ack_batch > 1024 ||
-        o.buckets == 0)
-      return make_error_code(errc::invalid_argument);
-    std::size_t nb = 1;
-    while (nb < o.buckets) nb <<= 1;
-    CompletionRouter r;
-    r.c_ = new (std::nothrow) detail::router_core(ex);
-    if (!r.c_) return std::make_error_code(std::errc::not_enough_memory);
-    detail::router_core &c = *r.c_;
-    c.buckets.reset(new (std::nothrow) detail::waiter_node *[nb]());
-    c.pools.reset(new (std::nothrow) detail::pool_entry[o.max_pools ? o.max_pools : 1]());
-    if (!c.buckets || !c.pools || !c.targets.allocate(o.max_targets))
-      return std::make_error_code(std::errc::not_enough_memory);
-    c.mask = nb - 1;
-    c.max_pools = o.max_pools;
-    c.ack_batch = o.ack_batch;
-    c.cq = &cq;
-    c.ch = &ch;
-    const int fl = ::fcntl(ch.fd(), F_GETFL);
-    if (fl < 0 || ::fcntl(ch.fd(), F_SETFL, fl | O_NONBLOCK) < 0) return last_errno();
-    c.fd_flags = fl;
-    boost::system::error_code ec;
-    c.sd.assign(ch.fd(), ec);
-    if (ec) return from_asio(ec);
-    return r; // the fd is waited for once a wait suspends
-
-  }
+                                                       CompletionChannel &ch, router_options o = {}) noexcept;
 
   /// True unless null.
   [[nodiscard]] explicit operator bool() const noexcept { return c_ != nullptr; }
@@ -773,6 +761,38 @@ private:
   detail::router_core *c_ = nullptr;
 };
 
+inline result<CompletionRouter> CompletionRouter::create(const net::any_io_executor &ex, CompletionQueue &cq,
+                                                       CompletionChannel &ch, router_options o) noexcept {
+  if (!cq || !ch) return make_error_code(errc::null_handle);
+  if (cq.native_handle()->channel != ch.native_handle() || o.ack_batch == 0 || o.ack_batch > 1024 ||
+      o.buckets == 0)
+    return make_error_code(errc::invalid_argument);
+  std::size_t nb = 1;
+  while (nb < o.buckets) nb <<= 1;
+  CompletionRouter r;
+  r.c_ = new (std::nothrow) detail::router_core(ex);
+  if (!r.c_) return std::make_error_code(std::errc::not_enough_memory);
+  detail::router_core &c = *r.c_;
+  c.buckets.reset(new (std::nothrow) detail::waiter_node *[nb]());
+  c.pools.reset(new (std::nothrow) detail::pool_entry[o.max_pools ? o.max_pools : 1]());
+  if (!c.buckets || !c.pools || !c.targets.allocate(o.max_targets))
+    return std::make_error_code(std::errc::not_enough_memory);
+  c.mask = nb - 1;
+  c.max_pools = o.max_pools;
+  c.ack_batch = o.ack_batch;
+  c.cq = &cq;
+  c.ch = &ch;
+  const int fl = ::fcntl(ch.fd(), F_GETFL);
+  if (fl < 0 || ::fcntl(ch.fd(), F_SETFL, fl | O_NONBLOCK) < 0) return last_errno();
+  c.fd_flags = fl;
+  boost::system::error_code ec;
+  c.sd.assign(ch.fd(), ec);
+  if (ec) return from_asio(ec);
+  return r; // the fd is waited for once a wait suspends
+
+}
+
+
 /// The completion of one work request (by wr_id) on a router's CQ. Registered from
 /// construction to destruction (construct it before posting: a completion that arrives before
 /// wait() is kept). Not movable: it is linked into the router's table (keep it in the
@@ -827,23 +847,7 @@ public:
   /// completion that is already there returns without suspending. co_await the result at once.
   /// \mallocs Asio's coroutine frames (recycled per thread): one per call, the frame of the
   ///   Asio operation a suspending wait is (its handler is handed the result) or of the ready value.
-  task<result<ibv_wc>> wait(deadline until) {
-    // Closed or stopped after this Waiter took a completion (and rearm()): nothing will route
-    // another, and fail() passed it by.
-    if (!n_.done && !n_.failed && (!n_.core->open || n_.core->error))
-      n_.failed = n_.core->open ? n_.core->error : make_error_code(errc::null_handle);
-    if (!n_.done && !n_.failed) n_.core->poll_now([this] { return n_.done || bool(n_.failed); });
-    if (n_.done || n_.failed) return detail::ready_value(detail::wait_result(n_));
-    // Nothing yet: suspend until routed, failed or `until` (suspend() re-checks: the state may
-    // have changed before the caller's co_await ran the initiation).
-    return net::async_initiate<decltype(net::use_awaitable), void(result<ibv_wc>)>(
-        [this, until](auto h) {
-          n_.until = until;
-          n_.expired = false;
-          n_.core->suspend(n_, [h = std::move(h), n = &n_]() mutable { std::move(h)(detail::wait_result(*n)); });
-        },
-        net::use_awaitable);
-  }
+  task<result<ibv_wc>> wait(deadline until);
 
   /// The next successful completion of this wr_id: wait(until), then rearm() (the Waiter is
   /// ready for the next one, e.g. a receive posted again), with a completion of failed status
@@ -861,6 +865,25 @@ public:
 private:
   detail::waiter_node n_;
 };
+
+inline task<result<ibv_wc>> Waiter::wait(deadline until) {
+  // Closed or stopped after this Waiter took a completion (and rearm()): nothing will route
+  // another, and fail() passed it by.
+  if (!n_.done && !n_.failed && (!n_.core->open || n_.core->error))
+    n_.failed = n_.core->open ? n_.core->error : make_error_code(errc::null_handle);
+  if (!n_.done && !n_.failed) n_.core->poll_now([this] { return n_.done || bool(n_.failed); });
+  if (n_.done || n_.failed) return detail::ready_value(detail::wait_result(n_));
+  // Nothing yet: suspend until routed, failed or `until` (suspend() re-checks: the state may
+  // have changed before the caller's co_await ran the initiation).
+  return net::async_initiate<decltype(net::use_awaitable), void(result<ibv_wc>)>(
+      [this, until](auto h) {
+        n_.until = until;
+        n_.expired = false;
+        n_.core->suspend(n_, [h = std::move(h), n = &n_]() mutable { std::move(h)(detail::wait_result(*n)); });
+      },
+      net::use_awaitable);
+}
+
 
 inline void Route::reset() noexcept {
   detail::router_core *c = std::exchange(c_, nullptr);

@@ -22,8 +22,10 @@
 #pragma once
 
 #include "../error.hpp"
+#include "counted.hpp"
 
 #include <atomic>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <new>
@@ -56,6 +58,46 @@ private:
   T *p_ = nullptr;
 };
 
+/// A name known at compile time (a deleter's object and verb): a string literal as a template
+/// argument.
+template <std::size_t N>
+struct name_literal {
+  char text[N];
+  consteval name_literal(const char (&s)[N]) noexcept {
+    for (std::size_t i = 0; i < N; ++i) text[i] = s[i];
+  }
+};
+
+/// How a C destroy function reports failure: verbs' ibv_* return 0 or an errno value; some return
+/// nothing (ibv_free_device_list, rdma_destroy_event_channel); librdmacm's return -1 with errno
+/// set.
+enum class destroy_returns : std::uint8_t { errno_value, nothing, minus_one_errno };
+
+/// A handle's Traits in one line: the C type, its destroy function, the class and verb names the
+/// destroy-failure report gives, the parents it holds (1 to max_parents) and how the function
+/// reports failure. E.g. `using traits = detail::deleter<ibv_pd, ::ibv_dealloc_pd,
+/// "ProtectionDomain", "ibv_dealloc_pd">;`. The function is a compile-time argument: no storage,
+/// inlined (a verb that verbs.h defines static inline needs a wrapper with external linkage, or
+/// every header using it would be a different type in each translation unit).
+template <class Native, auto Destroy, name_literal Object, name_literal Verb, std::size_t Parents = 1,
+          destroy_returns Returns = destroy_returns::errno_value>
+struct deleter {
+  using native = Native;
+  static constexpr const char *object = Object.text;
+  static constexpr const char *verb = Verb.text;
+  static constexpr std::size_t parents = Parents;
+  static int destroy(native *p) noexcept {
+    if constexpr (Returns == destroy_returns::nothing) {
+      Destroy(p);
+      return 0;
+    } else if constexpr (Returns == destroy_returns::minus_one_errno) {
+      return Destroy(p) ? (errno ? errno : EIO) : 0;
+    } else {
+      return Destroy(p);
+    }
+  }
+};
+
 /// The most parents one handle has (a QueuePair: its PD and its two CQs; a MemoryWindow: its PD,
 /// the MR it is bound to and, type 2, the QP it was bound through).
 inline constexpr std::size_t max_parents = 3;
@@ -75,7 +117,7 @@ struct after_destroy {
 /// let go while children remain (deferred destruction), what the last of them must do. An orphan
 /// carries every parent it had, so each of them stays counted until the orphan is destroyed.
 struct parent_node {
-  std::atomic<std::uint32_t> refs{1}; // the owning handle's + one per live child
+  ref_count<std::atomic<std::uint32_t>> refs; // the owning handle's + one per live child
   // Live children by kind (index: child_kind): what the report names, and what a region's rereg
   // tells grants from windows by (MemoryRegion::rereg).
   std::atomic<std::uint32_t> kinds[child_kind_count] = {};
@@ -89,7 +131,7 @@ struct parent_node {
   after_destroy after;
   /// Live children, while the owning handle holds its reference.
   [[nodiscard]] std::uint32_t live_children() const noexcept {
-    return refs.load(std::memory_order_acquire) - 1;
+    return refs.holders() - 1;
   }
 };
 
@@ -116,7 +158,7 @@ void release_ref(parent_node *p) noexcept;
 
 /// Drop one reference (the owning handle's): whoever drops the last finishes.
 inline void release_ref(parent_node *p) noexcept {
-  if (p->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) [[unlikely]]
+  if (p->refs.drop() == 0) [[unlikely]]
     finish_orphan(p);
 }
 /// A child of kind `k` gone: its kind's counter first (the node is alive until release_ref).
@@ -135,7 +177,7 @@ public:
   explicit child_link(parent_node *p, child_kind k = child_kind::other) noexcept : p_(p), kind_(k) {
     if (p) {
       p->kinds[std::size_t(k)].fetch_add(1, std::memory_order_relaxed);
-      p->refs.fetch_add(1, std::memory_order_relaxed);
+      p->refs.add();
     }
   }
   child_link(child_link &&) noexcept = default;
@@ -291,7 +333,7 @@ public:
     native *p = p_.release();
     if (!p) return;
     parent_node *node = node_.release();
-    if (node && node->refs.load(std::memory_order_acquire) != 1) {
+    if (node && node->refs.holders() != 1) {
       // Children still use it: hand the destruction to whoever drops the last reference (it may
       // be this thread, if the last child went in the meantime). The node is not touched after
       // this thread's decrement.
@@ -306,11 +348,11 @@ public:
       destroy_failure f{Traits::object, Traits::verb, make_error_code(errc::busy), 0, {}};
       for (std::size_t k = 0; k < child_kind_count; ++k)
         f.children[k] = node->kinds[k].load(std::memory_order_relaxed);
-      const std::uint32_t was = node->refs.fetch_sub(1, std::memory_order_acq_rel);
-      if (was == 1) {
+      const std::uint32_t left = node->refs.drop();
+      if (left == 0) {
         finish_orphan(node);
       } else {
-        f.live_children = was - 1;
+        f.live_children = left;
         if (report_deferral) report_destroy_failure(f);
       }
       return;
@@ -361,11 +403,14 @@ struct handle_access {
 [[nodiscard]] inline parent_node *new_parent_node() noexcept { return new (std::nothrow) parent_node; }
 
 /// How every object that can have children is created: allocate its children counter, call
-/// `create` (the verb: returns the C object, or nullptr with errno set) and own the object as a
-/// child of `parent`. On failure nothing stays allocated and the verb's errno is returned (ENOMEM
-/// when the counter itself cannot be allocated; the verb is then not called).
+/// `create` (the verb: returns the C object, or nullptr with errno set) and own the object in
+/// `out` as a child of `parent`. On failure nothing stays allocated, `out` is unchanged and the
+/// verb's errno is returned (ENOMEM when the counter itself cannot be allocated; the verb is then
+/// not called). An error code, not a result<handle<Traits>>: each result<T> a header instantiates
+/// costs every translation unit that includes it (bench/compile).
 template <class Traits, class Create>
-[[nodiscard]] result<handle<Traits>> create_with_node(parent_node *parent, Create &&create) noexcept {
+[[nodiscard]] std::error_code create_with_node(handle<Traits> &out, parent_node *parent,
+                                               Create &&create) noexcept {
   parent_node *node = new_parent_node();
   if (!node) return std::make_error_code(std::errc::not_enough_memory);
   typename Traits::native *p = create();
@@ -374,7 +419,8 @@ template <class Traits, class Create>
     delete node;
     return ec;
   }
-  return handle<Traits>(p, parent, node);
+  out = handle<Traits>(p, parent, node);
+  return {};
 }
 
 } // namespace rdmaxx::detail

@@ -215,34 +215,7 @@ public:
   static constexpr std::size_t max_devices = 16;
   /// The table of device `dev` (ibv_device *, one index space per device), made on first use
   /// (new(nothrow)); nullptr when it cannot be made (no memory, or max_devices tables made).
-  [[nodiscard]] static seen_indexes *of(const void *dev) noexcept {
-    static std::atomic_flag lock = ATOMIC_FLAG_INIT;
-    static struct {
-      const void *dev;
-      seen_indexes *t;
-    } tables[max_devices] = {};
-    while (lock.test_and_set(std::memory_order_acquire)) {
-    }
-    seen_indexes *found = nullptr;
-    for (auto &e : tables) {
-      if (e.t && e.dev == dev) {
-        found = e.t;
-        break;
-      }
-      if (!e.t) {
-        auto *t = new (std::nothrow) seen_indexes;
-        if (t && !t->bits_) {
-          delete t;
-          t = nullptr;
-        }
-        if (t) e = {dev, t};
-        found = t;
-        break;
-      }
-    }
-    lock.clear(std::memory_order_release);
-    return found;
-  }
+  [[nodiscard]] static seen_indexes *of(const void *dev) noexcept;
   /// The rkey's index was handed to the device before.
   [[nodiscard]] bool seen(std::uint32_t key) const noexcept {
     const std::uint32_t i = key >> 8;
@@ -270,6 +243,36 @@ private:
   ~seen_indexes() { delete[] bits_; }
   std::atomic<std::uint8_t> *bits_;
 };
+
+inline seen_indexes *seen_indexes::of(const void *dev) noexcept {
+  static std::atomic_flag lock = ATOMIC_FLAG_INIT;
+  static struct {
+    const void *dev;
+    seen_indexes *t;
+  } tables[max_devices] = {};
+  while (lock.test_and_set(std::memory_order_acquire)) {
+  }
+  seen_indexes *found = nullptr;
+  for (auto &e : tables) {
+    if (e.t && e.dev == dev) {
+      found = e.t;
+      break;
+    }
+    if (!e.t) {
+      auto *t = new (std::nothrow) seen_indexes;
+      if (t && !t->bits_) {
+        delete t;
+        t = nullptr;
+      }
+      if (t) e = {dev, t};
+      found = t;
+      break;
+    }
+  }
+  lock.clear(std::memory_order_release);
+  return found;
+}
+
 
 /// What create_mkey made.
 struct created_mkey {
