@@ -4,6 +4,7 @@
 #pragma once
 
 #include "../co_try.hpp"
+#include "../detail/counted.hpp"
 #include "../error.hpp"
 
 #include <utility> // before Boost 1.74's awaitable.hpp, which uses std::exchange without it

@@ -34,18 +34,18 @@ struct pump_core {
   net::posix::stream_descriptor sd;
   EventChannel *ch = nullptr;
   pump_waiter *head = nullptr;
-  std::size_t refs = 1; // the pump, every linked waiter, each pending handler (fd, kick)
+  ::rdmaxx::detail::ref_count<> refs; // the pump, every linked waiter, each pending handler (fd, kick)
   bool open = true, waiting = false, kick_posted = false;
   std::error_code error; // a failed rdma_get_cm_event: every wait fails with it
   pump_stats stats;
 
   explicit pump_core(const net::any_io_executor &ex) : sd(ex) {}
   static void unref(pump_core *c) noexcept {
-    if (c && --c->refs == 0) delete c;
+    if (c && c->refs.drop() == 0) delete c;
   }
   struct ref { // held by a handler: dropped when the handler goes, run or not
     pump_core *c;
-    explicit ref(pump_core *p) noexcept : c(p) { ++c->refs; }
+    explicit ref(pump_core *p) noexcept : c(p) { c->refs.add(); }
     ref(ref &&o) noexcept : c(std::exchange(o.c, nullptr)) {}
     ref &operator=(ref &&) = delete;
     ~ref() { unref(c); }
@@ -57,7 +57,7 @@ struct pump_core {
     if (head) head->prev = &w;
     head = &w;
     w.linked = true;
-    ++refs;
+    refs.add();
   }
   void unlink(pump_waiter &w) noexcept {
     if (!w.linked) return;

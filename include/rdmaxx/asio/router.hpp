@@ -102,7 +102,7 @@ struct router_core {
   bool armed = false; // ibv_req_notify_cq since the last event: the next completion raises one
   bool event_pending = false; // the fd turned readable: an event to take (take_event())
   int fd_flags = -1; // the channel fd's flags before create() made it non-blocking
-  std::size_t refs = 1; // the router, every linked waiter, each pending handler (fd, timer, flush)
+  ::rdmaxx::detail::ref_count<> refs; // the router, every linked waiter, each pending handler (fd, timer, flush)
   bool open = true;
   bool waiting = false;
   std::error_code error; // a failed poll or event: every wait fails with it
@@ -113,7 +113,7 @@ struct router_core {
   explicit router_core(const net::any_io_executor &ex) : sd(ex), timer(ex) {}
 
   static void unref(router_core *c) noexcept {
-    if (c && --c->refs == 0) delete c;
+    if (c && c->refs.drop() == 0) delete c;
   }
   waiter_node *&head(std::uint64_t wr_id) noexcept {
     return buckets[std::size_t((wr_id * 0x9E3779B97F4A7C15ull) >> 32) & mask];
@@ -126,7 +126,7 @@ struct router_core {
     h = &n;
     n.linked = true;
     if (error && !n.failed) n.failed = error; // a stopped router: the wait fails at once
-    ++refs;
+    refs.add();
   }
   void unlink(waiter_node &n) noexcept {
     if (!n.linked) return;
@@ -253,7 +253,7 @@ struct router_core {
   struct ref {
     router_core *c;
     bool ran = false;
-    explicit ref(router_core *p) noexcept : c(p) { ++c->refs; }
+    explicit ref(router_core *p) noexcept : c(p) { c->refs.add(); }
     ref(ref &&o) noexcept : c(std::exchange(o.c, nullptr)), ran(o.ran) {}
     ref &operator=(ref &&) = delete;
     ~ref() {
@@ -748,7 +748,7 @@ private:
     r.c_ = c_;
     r.obj_ = obj;
     r.pool_ = pool;
-    ++c_->refs;
+    c_->refs.add();
     return r;
   }
   friend class Waiter;
