@@ -44,8 +44,11 @@ struct node_options {
 /// holds. Move-only, null after move. One io_context thread, as its router.
 class Node {
 public:
+  /// A null node.
   Node() noexcept = default;
+  /// Takes over `o`'s parts (one pointer); `o` is left null.
   Node(Node &&) noexcept = default;
+  /// Closes this node, then takes over `o`'s parts.
   Node &operator=(Node &&o) noexcept {
     if (this != &o) {
       close();

@@ -568,9 +568,12 @@ class CompletionRouter;
 /// it does nothing. Move-only, null after move.
 class Route {
 public:
+  /// A null route (routes nothing).
   Route() noexcept = default;
+  /// Takes over `o`'s routing; `o` is left null.
   Route(Route &&o) noexcept
       : c_(std::exchange(o.c_, nullptr)), obj_(std::exchange(o.obj_, nullptr)), pool_(o.pool_) {}
+  /// Ends this route (reset()), then takes over `o`'s.
   Route &operator=(Route &&o) noexcept {
     if (this != &o) {
       reset();
