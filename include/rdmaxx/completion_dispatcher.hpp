@@ -24,18 +24,20 @@
 ///
 /// Lifetime: the dispatcher borrows its CompletionQueue (which must outlive it) and the attached
 /// objects, which must stay at their addresses until detach() or the dispatcher's destruction
-/// (detach before moving or destroying one). Not thread-safe: one thread, as the objects.
+/// (detach before moving or destroying one; route(obj) does it when its Route ends). Not thread-safe: one thread, as the objects.
 ///
 /// Allocation: create() allocates the target table and the stash of the program's completions
 /// (new(nothrow)); nothing else allocates.
 #pragma once
 
 #include "completion_queue.hpp"
+#include "detail/counted.hpp"
 #include "detail/completion_targets.hpp"
 #include "error.hpp"
 #include "grant_pool.hpp"
 #include "indirect_key.hpp"
 #include "memory_window.hpp"
+#include "route.hpp"
 #include "strict_grant.hpp"
 
 #include <infiniband/verbs.h>
@@ -91,7 +93,9 @@ public:
     if (!cq) return make_error_code(errc::null_handle);
     if (o.max_targets == 0) return make_error_code(errc::zero_length);
     CompletionDispatcher d;
-    if (!d.targets_.allocate(o.max_targets)) return std::make_error_code(std::errc::not_enough_memory);
+    d.targets_ = detail::counted_ptr<table>(new (std::nothrow) table);
+    if (!d.targets_ || !d.targets_->t.allocate(o.max_targets))
+      return std::make_error_code(std::errc::not_enough_memory);
     if (o.stash) {
       d.stash_.reset(new (std::nothrow) ibv_wc[o.stash]());
       if (!d.stash_) return std::make_error_code(std::errc::not_enough_memory);
@@ -106,7 +110,7 @@ public:
   /// The CQ it polls.
   [[nodiscard]] CompletionQueue *queue() const noexcept { return cq_; }
   /// Objects attached.
-  [[nodiscard]] std::size_t attached() const noexcept { return targets_.size(); }
+  [[nodiscard]] std::size_t attached() const noexcept { return targets_ ? targets_->t.size() : 0; }
   /// The program's completions kept for its next poll() / wait().
   [[nodiscard]] std::size_t stashed() const noexcept { return n_; }
 
@@ -121,13 +125,29 @@ public:
   template <detail::completion_target_type T>
   [[nodiscard]] result<void> attach(T &obj) noexcept {
     if (!cq_ || !obj) return make_error_code(errc::null_handle);
-    if (auto ec = targets_.add(obj)) return ec;
+    if (auto ec = targets_->t.add(obj)) return ec;
     return success();
+  }
+  /// attach(obj) for as long as the returned Route lives: the Route detaches `obj` when it ends
+  /// (declare it after `obj`: it then goes first, also on an early return). The form to use when
+  /// the dispatcher outlives the objects (a long-lived dispatcher, objects per request).
+  /// \errors As attach(obj).
+  /// \mallocs None.
+  template <detail::completion_target_type T>
+  [[nodiscard]] result<Route> route(T &obj) noexcept {
+    if (auto r = attach(obj); !r) return r.error();
+    table *tb = targets_.get();
+    tb->refs.add();
+    return detail::route_access::make(tb, &obj, [](void *p, const void *o) noexcept {
+      auto *t = static_cast<table *>(p);
+      t->t.remove(o);
+      if (t->refs.drop() == 0) delete t;
+    });
   }
   /// Stop routing to `obj` (before it is moved or destroyed). Not attached: nothing changes.
   template <detail::completion_target_type T>
   void detach(const T &obj) noexcept {
-    targets_.remove(&obj);
+    if (targets_) targets_->t.remove(&obj);
   }
 
   /// Poll the CQ once (ibv_poll_cq, up to out.size()) after handing out what settle() kept:
@@ -212,7 +232,7 @@ private:
   [[nodiscard]] result<void> settle_impl(T &obj, int timeout_ms, OnOther &on_other, Room room) noexcept {
     if (!cq_ || !obj) return make_error_code(errc::null_handle);
     const void *owner = detail::target_ops<T>::key(obj);
-    if (!targets_.contains(owner)) return make_error_code(errc::wrong_state);
+    if (!targets_->t.contains(owner)) return make_error_code(errc::wrong_state);
     const std::int64_t deadline = detail::monotonic_ms() + timeout_ms;
     std::error_code failed;
     std::array<ibv_wc, 16> wcs;
@@ -224,7 +244,7 @@ private:
       std::size_t k = 0;
       for (std::size_t i = 0; i < n; ++i) {
         ibv_wc wc = wcs[i];
-        if (const void *by = targets_.route(wc)) {
+        if (const void *by = targets_->t.route(wc)) {
           if (by == owner && wc.status != IBV_WC_SUCCESS && !failed) failed = wc_error(wc);
         } else {
           wcs[k++] = wc;
@@ -239,7 +259,7 @@ private:
   std::size_t route_in_place(std::span<ibv_wc> wcs) noexcept {
     std::size_t k = 0;
     for (ibv_wc &wc : wcs)
-      if (!targets_.route(wc)) wcs[k++] = wc;
+      if (!targets_->t.route(wc)) wcs[k++] = wc;
     return k;
   }
   std::size_t unstash(std::span<ibv_wc> out) noexcept {
@@ -253,7 +273,13 @@ private:
   }
 
   CompletionQueue *cq_ = nullptr;
-  detail::completion_targets targets_;
+  // The table, counted: each Route holds it too, so that a route may end after the dispatcher
+  // moved or went.
+  struct table {
+    detail::ref_count<> refs;
+    detail::completion_targets t;
+  };
+  detail::counted_ptr<table> targets_;
   std::unique_ptr<ibv_wc[]> stash_;
   std::size_t cap_ = 0, head_ = 0, n_ = 0; // the stash: a ring of cap_ entries, n_ from head_
 };

@@ -25,3 +25,4 @@
 #include "grant_list.hpp"
 #include "grant_pool.hpp"
 #include "completion_dispatcher.hpp"
+#include "route.hpp"

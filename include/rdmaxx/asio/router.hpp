@@ -9,6 +9,7 @@
 #include "../detail/completion_targets.hpp"
 #include "../grant_pool.hpp"
 #include "../queue_pair.hpp"
+#include "../route.hpp"
 
 #include <fcntl.h>
 
@@ -560,45 +561,9 @@ task<T> ready_value(T v) {
 class Waiter;
 class CompletionRouter;
 
-/// One object's completions routed through a CompletionRouter, from CompletionRouter::route() to
-/// this handle's end (destruction, reset() or move-assignment): the scoped form of attach() and
-/// detach(), so that a coroutine that returns early (RDMAXX_CO_TRY) never leaves the router
-/// holding the address of an object it destroyed. Declare it after the object it routes: it is
-/// then destroyed first. It keeps the router's core (not its CQ) alive; once the router is closed
-/// it does nothing. Move-only, null after move.
-class Route {
-public:
-  /// A null route (routes nothing).
-  Route() noexcept = default;
-  /// Takes over `o`'s routing; `o` is left null.
-  Route(Route &&o) noexcept
-      : c_(std::exchange(o.c_, nullptr)), obj_(std::exchange(o.obj_, nullptr)), pool_(o.pool_) {}
-  /// Ends this route (reset()), then takes over `o`'s.
-  Route &operator=(Route &&o) noexcept {
-    if (this != &o) {
-      reset();
-      c_ = std::exchange(o.c_, nullptr);
-      obj_ = std::exchange(o.obj_, nullptr);
-      pool_ = o.pool_;
-    }
-    return *this;
-  }
-  Route(const Route &) = delete;
-  Route &operator=(const Route &) = delete;
-  /// reset().
-  ~Route() { reset(); }
-
-  /// True while it routes (until reset or moved from).
-  [[nodiscard]] explicit operator bool() const noexcept { return c_ != nullptr; }
-  /// Stop routing the object's completions now (detach): the object may then move or go.
-  void reset() noexcept;
-
-private:
-  friend class CompletionRouter;
-  detail::router_core *c_ = nullptr;
-  const void *obj_ = nullptr; // the pool, or the object's table key
-  bool pool_ = false;
-};
+/// A CompletionRouter's scoped attach (CompletionRouter::route): rdmaxx::Route, the same handle
+/// as CompletionDispatcher::route's. It keeps the router's core (not its CQ) alive.
+using Route = ::rdmaxx::Route;
 
 /// One CompletionQueue with its CompletionChannel, served on an io_context: completions routed
 /// by QP and wr_id to Waiters, GrantPool completions to their pools. Move-only, null after move.
@@ -746,16 +711,8 @@ public:
   }
 
 private:
-  Route make_route(const void *obj, bool pool) noexcept {
-    Route r;
-    r.c_ = c_;
-    r.obj_ = obj;
-    r.pool_ = pool;
-    c_->refs.add();
-    return r;
-  }
+  Route make_route(const void *obj, bool pool) noexcept;
   friend class Waiter;
-  friend class Route;
   friend task<result<void>> settled(CompletionRouter &, const GrantPool &, const GrantLease &, std::uint32_t,
                                     deadline);
   template <::rdmaxx::detail::settle_type T>
@@ -763,6 +720,27 @@ private:
   friend task<result<void>> settled(CompletionRouter &, const T &, std::uint32_t, deadline);
   detail::router_core *c_ = nullptr;
 };
+
+inline Route CompletionRouter::make_route(const void *obj, bool pool) noexcept {
+  c_->refs.add();
+  // The core stays until the route ends; a closed router's tables are empty already.
+  if (pool)
+    return ::rdmaxx::detail::route_access::make(c_, obj, [](void *p, const void *o) noexcept {
+      auto *c = static_cast<detail::router_core *>(p);
+      for (std::size_t i = 0; i < c->n_pools; ++i)
+        if (c->pools[i].pool == o) {
+          c->pools[i] = c->pools[--c->n_pools];
+          break;
+        }
+      detail::router_core::unref(c);
+    });
+  return ::rdmaxx::detail::route_access::make(c_, obj, [](void *p, const void *o) noexcept {
+    auto *c = static_cast<detail::router_core *>(p);
+    c->targets.remove(o);
+    detail::router_core::unref(c);
+  });
+}
+
 
 inline result<CompletionRouter> CompletionRouter::create(const net::any_io_executor &ex, CompletionQueue &cq,
                                                        CompletionChannel &ch, router_options o) noexcept {
@@ -888,21 +866,6 @@ inline task<result<ibv_wc>> Waiter::wait(deadline until) {
 }
 
 
-inline void Route::reset() noexcept {
-  detail::router_core *c = std::exchange(c_, nullptr);
-  if (!c) return;
-  if (pool_) {
-    for (std::size_t i = 0; i < c->n_pools; ++i)
-      if (c->pools[i].pool == obj_) {
-        c->pools[i] = c->pools[--c->n_pools];
-        break;
-      }
-  } else {
-    c->targets.remove(obj_);
-  }
-  obj_ = nullptr;
-  detail::router_core::unref(c);
-}
 
 /// Wait until `lease`'s revocation (GrantPool::revoke) is confirmed (lease_state::ready): its
 /// pool must be attached to `r`. `qp_num`: the connection whose failure ends the wait.
