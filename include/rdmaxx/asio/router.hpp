@@ -158,6 +158,14 @@ struct router_core {
       }
     });
   }
+  // Stop handing completions to the pool at `p` (absent: nothing changes).
+  void remove_pool(const void *p) noexcept {
+    for (std::size_t i = 0; i < n_pools; ++i)
+      if (pools[i].pool == p) {
+        pools[i] = pools[--n_pools];
+        return;
+      }
+  }
   void check_leases(const GrantPool *p) noexcept {
     for (waiter_node *n = leases; n; n = n->next)
       if (n->what == waiter_node::kind::lease && n->pool == p && !n->done &&
@@ -630,12 +638,7 @@ public:
   }
   /// Stop handing completions to `pool` (before it is destroyed or moved).
   void detach(const GrantPool &pool) noexcept {
-    if (!c_) return;
-    for (std::size_t i = 0; i < c_->n_pools; ++i)
-      if (c_->pools[i].pool == &pool) {
-        c_->pools[i] = c_->pools[--c_->n_pools];
-        return;
-      }
+    if (c_) c_->remove_pool(&pool);
   }
   /// Hand the completions of `obj`'s own work requests to it (a MemoryWindow, StrictGrant or
   /// IndirectKey posting on QPs whose send CQ this router serves), offer it every receive (a
@@ -727,11 +730,7 @@ inline Route CompletionRouter::make_route(const void *obj, bool pool) noexcept {
   if (pool)
     return ::rdmaxx::detail::route_access::make(c_, obj, [](void *p, const void *o) noexcept {
       auto *c = static_cast<detail::router_core *>(p);
-      for (std::size_t i = 0; i < c->n_pools; ++i)
-        if (c->pools[i].pool == o) {
-          c->pools[i] = c->pools[--c->n_pools];
-          break;
-        }
+      c->remove_pool(o);
       detail::router_core::unref(c);
     });
   return ::rdmaxx::detail::route_access::make(c_, obj, [](void *p, const void *o) noexcept {
