@@ -1,7 +1,7 @@
 #!/bin/bash
 # Throughput of examples 06 and 07 (rdmaxx/asio.hpp) in one boot, server and client on this host,
 # no stalls, REPS interleaved runs (default 5): tools/rxe-vm bench/block_rpc_compare.sh BUILD_DIR
-# (README: "On a Boost.Asio event loop"); N, REPS, STRACE, BASE, CALLGRIND through env:
+# (tools/bench asio records it; docs/performance.md); N, REPS, STRACE, BASE, CALLGRIND, RATES_OUT through env:
 # tools/rxe-vm env N=5000 bench/block_rpc_compare.sh build. The last lines: each program's median
 # and range, and its rate over 06's round by round (runs that failed their checks left out): once
 # from the wall time (process start, connection and teardown included), once from the client's
@@ -192,6 +192,11 @@ for name, runs in r.items():
     print(line)
 '
 }
+# RATES_OUT=FILE (writable in the VM): every run's rate, "wall|loop ROUND PROGRAM REQ/S" (tools/bench asio).
+if [ -n "$RATES_OUT" ]; then
+  printf 'wall %s\n' "${rates[@]}" >"$RATES_OUT"
+  if ((${#loops[@]})); then printf 'loop %s\n' "${loops[@]}" >>"$RATES_OUT"; fi
+fi
 echo "Wall time (process start, connection and teardown included):"
 printf '%s\n' "${rates[@]}" | summarize
 if ((${#loops[@]})); then

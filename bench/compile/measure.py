@@ -9,9 +9,12 @@ from wait4), not wall time, since the machine may be shared. Runs are interleave
 per round, then the next round), the median of the rounds is reported, with the range.
 
 Usage: bench/compile/measure.py [--rounds N] [--cxx g++,clang++] [--rows a,b] [--json FILE]
-Appends one record per (compiler, row) to FILE (a JSON list; default bench/results/compile-time.json).
+Appends one record per (compiler, row) to FILE (a JSON list; default bench/results/compile-time.json,
+the raw compile times) and, unless --json is "-", one record per (compiler, row) to
+bench/results/records.json through bench/record.py (goal compile-time: the ratio, its range over
+the rounds, every round's ratio), which `tools/bench render` shows on docs/performance.md.
 """
-import argparse, datetime, json, os, statistics, subprocess, sys, tempfile
+import argparse, datetime, json, os, re, statistics, subprocess, sys, tempfile
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 HERE = "bench/compile"
@@ -46,6 +49,8 @@ def main():
     ap.add_argument("--json", default=os.path.join(ROOT, "bench/results/compile-time.json"))
     ap.add_argument("--note", default="")
     a = ap.parse_args()
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     mlx5 = 1 if os.path.exists("/usr/include/infiniband/mlx5dv.h") else 0
     flags = ["-std=c++20", "-O2", "-fsyntax-only", "-Iinclude", f"-DRDMAXX_HAVE_MLX5={mlx5}"]
     tmp = tempfile.mkdtemp(prefix="rdmaxx-compile.")
@@ -78,6 +83,12 @@ def main():
                            capture_output=True, text=True).stdout.strip() != ""
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     load = os.getloadavg()
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import record
+    run = record.Run("tools/bench compile " + " ".join(sys.argv[1:]), started, load_before,
+                     kernel=os.uname().release + " (host)", flags=" ".join(flags),
+                     machine=f"{os.uname().machine}, {os.cpu_count()} cores (the host: no VM)",
+                     source="bench/compile/measure.py")
     records = []
     for cxx in a.cxx.split(","):
         ver = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
@@ -100,12 +111,27 @@ def main():
                 "note": a.note,
             }
             records.append(rec)
+            per_round = [round(x / y, 3) for x, y in zip(tr, tb)]
+            m = re.search(r"(\d+)\.\d+\.\d+", ver)
+            label = ("clang " if "clang" in ver else "g++ ") + (m.group(1) if m else "?")
+            run.add("compile-time", f"{r}: CPU time of a TU including it / its baseline TU, {label}",
+                    "ratio", rec["ratio"], spread=[min(per_round), max(per_round)], values=per_round,
+                    peers={"rdmaxx s": rec["median_rdmaxx"], "baseline s": rec["median_baseline"],
+                           "baseline TU": base},
+                    compiler=ver, note=f"{a.rounds} interleaved rounds; values: each round's ratio"
+                    + (f"; {a.note}" if a.note else ""))
             print(f"{cxx:12} {r:20} rdmaxx {rec['median_rdmaxx']:.3f} [{min(tr):.2f}-{max(tr):.2f}]"
                   f"  base {rec['median_baseline']:.3f} [{min(tb):.2f}-{max(tb):.2f}]  ratio {rec['ratio']:.2f}x")
     if a.json != "-":
         old = json.load(open(a.json)) if os.path.exists(a.json) else []
         json.dump(old + records, open(a.json, "w"), indent=1)
         print(f"appended {len(records)} records to {os.path.relpath(a.json, ROOT)}")
+        cwd = os.getcwd()
+        os.chdir(ROOT)  # record.py writes bench/results/records.json relative to the project
+        try:
+            run.append()
+        finally:
+            os.chdir(cwd)
 
 
 if __name__ == "__main__":
