@@ -139,6 +139,9 @@ int main(int argc, char **argv) {
                   return true;
                 }, {}});
 
+  // A/A: the baseline a second time in every repetition (the ratio an unchanged cycle gets).
+  vs.push_back({"A/A grant cycle: the type-2 baseline again / the baseline", vs[0].run, {}});
+
   if (argc == 4 && std::strcmp(argv[1], "count") == 0) {
     variant &v = vs[std::strcmp(argv[2], "slot") == 0 ? 1 : 0];
     const long n = std::atol(argv[3]);
@@ -178,6 +181,7 @@ int main(int argc, char **argv) {
   for (std::size_t j = 1; j < 4; ++j) emit(vs[0], vs[j]);
   emit(vs[4], vs[5]);
   emit(vs[2], vs[6]);
+  emit(vs[0], vs[7]);
   if (!safe.destroy() || !w2.dealloc() || !k_safe.destroy() || !k_t2.destroy()) return 1;
   return 0;
 }

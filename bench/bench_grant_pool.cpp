@@ -392,6 +392,8 @@ int main(int argc, char **argv) {
   arms.push_back({"(c) window per request: alloc + bind (type 1) + dealloc",
                   [&](long n) { return r.window_per_request(n); }, {}, {}});
   arms.push_back({"(d) reg_mr + dereg_mr of the 4 KiB per request", [&](long n) { return r.reg_per_request(n); }, {}, {}});
+  // A/A: (a) a second time in every repetition (the ratio an unchanged arm gets).
+  arms.push_back({"(a) again", arms[0].run, {}, {}});
 
   if (argc == 4 && std::strcmp(argv[1], "only") == 0) { // for strace -c: one arm, nothing else
     const std::string which = argv[2];
@@ -441,6 +443,7 @@ int main(int argc, char **argv) {
   emit("4K read request: GrantPool revoke, no wait (b'') vs (a)", arms[0], arms[3]);
   emit("4K read request: GrantPool revoke, no wait (b'') vs (c)", arms[4], arms[3]);
   emit("4K read request: GrantPool revoke, no wait (b'') vs (d)", arms[5], arms[3]);
+  emit("A/A 4K read request: (a) again / (a)", arms[0], arms[6]);
   std::printf("work per request (timed runs): posts (each a doorbell: a system call on rxe), "
               "completions polled, poll calls, other verbs (system calls)\n");
   for (const arm &v : arms) {

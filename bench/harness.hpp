@@ -44,7 +44,15 @@ struct outcome {
   int reps = 0;
   long iters = 0;
   std::vector<double> raw_s, rdmaxx_s; // every repetition's seconds per op (records: "values")
+  std::vector<double> aa_s;            // RDMAXX_BENCH_AA: raw timed again in each repetition
 };
+
+/// RDMAXX_BENCH_AA=1 (tools/bench sets it): compare() times raw a second time in every repetition,
+/// and the row carries "aa", raw again / raw: the ratio an unchanged program gets (the noise floor).
+inline bool aa_enabled() {
+  const char *s = std::getenv("RDMAXX_BENCH_AA");
+  return s && *s && *s != '0';
+}
 
 inline void report(const outcome &o, const char *unit = "ops/s") {
   std::printf("%-44s raw %10.0f  rdmaxx %10.0f %s  rdmaxx/raw %.3f (best %.3f)  (%d reps x %ld)\n",
@@ -59,10 +67,12 @@ inline void report(const outcome &o, const char *unit = "ops/s") {
                    o.name.c_str(), o.raw_ops, o.rdmaxx_ops, o.ratio, o.ratio_best, unit, o.reps,
                    o.iters);
       // Every repetition (seconds per op), where the caller kept them.
-      for (int side = 0; side < 2; ++side) {
-        const auto &v = side == 0 ? o.raw_s : o.rdmaxx_s;
+      if (!o.aa_s.empty() && !o.raw_s.empty())
+        std::fprintf(f, ", \"aa\": %.4f", median(o.aa_s) / median(o.raw_s));
+      for (int side = 0; side < 3; ++side) {
+        const auto &v = side == 0 ? o.raw_s : side == 1 ? o.rdmaxx_s : o.aa_s;
         if (v.empty()) continue;
-        std::fprintf(f, ", \"%s_s\": [", side == 0 ? "raw" : "rdmaxx");
+        std::fprintf(f, ", \"%s_s\": [", side == 0 ? "raw" : side == 1 ? "rdmaxx" : "aa");
         for (std::size_t i = 0; i < v.size(); ++i) std::fprintf(f, "%s%.9g", i ? ", " : "", v[i]);
         std::fprintf(f, "]");
       }
@@ -77,22 +87,24 @@ inline void report(const outcome &o, const char *unit = "ops/s") {
 inline bool compare(const std::string &name, int reps, long iters,
                     const std::function<bool(long)> &raw, const std::function<bool(long)> &ours) {
   using clock = std::chrono::steady_clock;
-  std::vector<double> tr, to;
+  std::vector<double> tr, to, ta;
+  const bool aa = aa_enabled();
   // One untimed warm-up of each.
   if (!raw(std::max(1L, iters / 10)) || !ours(std::max(1L, iters / 10))) return false;
   for (int r = 0; r < reps; ++r) {
-    for (int side = 0; side < 2; ++side) {
-      // Alternate which side goes first, so neither always runs on a warmer cache.
-      const bool raw_turn = (side == 0) == (r % 2 == 0);
+    for (int side = 0; side < (aa ? 3 : 2); ++side) {
+      // Alternate which side goes first, so neither always runs on a warmer cache; the A/A run
+      // of raw goes last, after both.
+      const bool raw_turn = side == 2 || (side == 0) == (r % 2 == 0);
       const auto t0 = clock::now();
       if (!(raw_turn ? raw(iters) : ours(iters))) return false;
       const double s = std::chrono::duration<double>(clock::now() - t0).count();
-      (raw_turn ? tr : to).push_back(s / double(iters));
+      (side == 2 ? ta : raw_turn ? tr : to).push_back(s / double(iters));
     }
   }
   outcome o{name, 1.0 / median(tr), 1.0 / median(to), median(to) / median(tr),
             *std::min_element(to.begin(), to.end()) / *std::min_element(tr.begin(), tr.end()),
-            reps, iters, tr, to};
+            reps, iters, tr, to, ta};
   report(o);
   return true;
 }

@@ -77,6 +77,9 @@ def main():
         for cxx in a.cxx.split(","):
             for t in sorted({t for r in plan[cxx] for t in ROWS[r]}):
                 times.setdefault((cxx, t), []).append(cpu_seconds([cxx, *flags, tu_path(t)]))
+            # A/A: each baseline a second time, last in the round (the ratio an unchanged TU gets).
+            for t in sorted({ROWS[r][1] for r in plan[cxx]}):
+                times.setdefault((cxx, t + "#again"), []).append(cpu_seconds([cxx, *flags, tu_path(t)]))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "include"], cwd=ROOT,
@@ -112,10 +115,13 @@ def main():
             }
             records.append(rec)
             per_round = [round(x / y, 3) for x, y in zip(tr, tb)]
+            aa = [round(x / y, 3) for x, y in zip(times[(cxx, base + "#again")], tb)]
             m = re.search(r"(\d+)\.\d+\.\d+", ver)
             label = ("clang " if "clang" in ver else "g++ ") + (m.group(1) if m else "?")
             run.add("compile-time", f"{r}: CPU time of a TU including it / its baseline TU, {label}",
                     "ratio", rec["ratio"], spread=[min(per_round), max(per_round)], values=per_round,
+                    aa={"value": round(statistics.median(aa), 3), "values": aa,
+                        "what": "the baseline TU again / the baseline TU, in the same rounds"},
                     peers={"rdmaxx s": rec["median_rdmaxx"], "baseline s": rec["median_baseline"],
                            "baseline TU": base},
                     compiler=ver, note=f"{a.rounds} interleaved rounds; values: each round's ratio"
