@@ -173,7 +173,7 @@ int main(int argc, char **argv) {
                      bench::median(v.t) / bench::median(base.t),
                      *std::min_element(v.t.begin(), v.t.end()) /
                          *std::min_element(base.t.begin(), base.t.end()),
-                     reps, iters, base.t, v.t};
+                     reps, iters, base.t, v.t, {}};
     std::printf("%-62s base %8.0f  cand %8.0f cycles/s  cand/base time %.3f (best %.3f)\n",
                 v.name, o.raw_ops, o.rdmaxx_ops, o.ratio, o.ratio_best);
     if (std::getenv("RDMAXX_BENCH_JSON")) bench::report(o, "cycles/s");

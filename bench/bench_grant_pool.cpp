@@ -429,7 +429,7 @@ int main(int argc, char **argv) {
     bench::outcome o{name, 1.0 / bench::median(base.t), 1.0 / bench::median(v.t),
                      bench::median(v.t) / bench::median(base.t),
                      *std::min_element(v.t.begin(), v.t.end()) / *std::min_element(base.t.begin(), base.t.end()),
-                     reps, iters, base.t, v.t};
+                     reps, iters, base.t, v.t, {}};
     std::printf("%-62s base %8.0f  cand %8.0f req/s  cand/base time %.3f (best %.3f)  throughput x%.2f\n",
                 name, o.raw_ops, o.rdmaxx_ops, o.ratio, o.ratio_best, 1.0 / o.ratio);
     if (std::getenv("RDMAXX_BENCH_JSON")) bench::report(o, "requests/s");
