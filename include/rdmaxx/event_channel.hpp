@@ -44,6 +44,11 @@ using cm_channel_traits = deleter<rdma_event_channel, ::rdma_destroy_event_chann
                                   "rdma_destroy_event_channel", 1, destroy_returns::nothing>;
 using cm_id_traits = deleter<rdma_cm_id, ::rdma_destroy_id, "rdma_cm_id", "rdma_destroy_id", 1,
                              destroy_returns::minus_one_errno>;
+/// A Listener's own channel: the requests taken from it are its children (their ids are on it)
+/// and may outlive the listener by design, so its deferred destruction is not reported.
+struct cm_listen_channel_traits : cm_channel_traits {
+  static constexpr bool report_deferral = false;
+};
 
 // One event, copied; the original is acknowledged before this returns.
 struct cm_event_copy {
