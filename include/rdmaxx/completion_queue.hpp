@@ -262,31 +262,7 @@ public:
   /// \mallocs None.
   template <class OnOther>
     requires std::invocable<OnOther &, std::span<ibv_wc>>
-  [[nodiscard]] result<ibv_wc> wait_for(std::uint64_t wr_id, int timeout_ms, OnOther &&on_other) noexcept {
-    if (!h_) return make_error_code(errc::null_handle);
-    const std::int64_t deadline = detail::monotonic_ms() + timeout_ms;
-    std::array<ibv_wc, 16> wcs;
-    for (;;) {
-      const std::int64_t left = deadline - detail::monotonic_ms();
-      RDMAXX_TRY(n, wait(wcs, left > 0 ? int(left) : 0));
-      bool found = false;
-      ibv_wc hit{};
-      std::size_t k = 0;
-      for (std::size_t i = 0; i < n; ++i) {
-        if (!found && wcs[i].wr_id == wr_id) {
-          hit = wcs[i];
-          found = true;
-        } else {
-          wcs[k++] = wcs[i];
-        }
-      }
-      if (k != 0) on_other(std::span<ibv_wc>(wcs.data(), k));
-      if (found) {
-        if (auto ec = wc_error(hit)) return ec;
-        return hit;
-      }
-    }
-  }
+  [[nodiscard]] result<ibv_wc> wait_for(std::uint64_t wr_id, int timeout_ms, OnOther &&on_other) noexcept;
   /// wait_for() where no other completion is expected: one that arrives anyway ends the wait
   /// with errc::unexpected_completion and is written to `*other` (when not null), so that it is
   /// never lost silently.

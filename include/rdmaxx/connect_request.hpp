@@ -43,14 +43,8 @@ public:
   ConnectRequest() noexcept = default;
   /// Moves the request; `o` is left null.
   ConnectRequest(ConnectRequest &&) noexcept = default;
-  /// Destroys the old id before it lets go of its channel, then takes `o`'s.
-  ConnectRequest &operator=(ConnectRequest &&o) noexcept {
-    if (this != &o) {
-      this->~ConnectRequest();
-      ::new (static_cast<void *>(this)) ConnectRequest(std::move(o));
-    }
-    return *this;
-  }
+  /// Destroys the old id (then it lets go of its channel: the id holds it), then takes `o`'s.
+  ConnectRequest &operator=(ConnectRequest &&) noexcept = default;
 
   /// The private data the client sent (56 bytes: the sent bytes, then zeros).
   [[nodiscard]] std::span<const std::byte> private_data() const noexcept { return data_.span(); }
@@ -73,11 +67,7 @@ public:
   /// \errors
   /// - the errno of rdma_destroy_id (the request stays).
   /// \mallocs None.
-  result<void> destroy() noexcept {
-    RDMAXX_TRYV(id_.destroy());
-    link_.drop();
-    return success();
-  }
+  result<void> destroy() noexcept { return id_.destroy(); }
 
   /// First half of an accept: create the QP (conn_options as for connect), move the id to a
   /// new event channel of the connection's own, or to o.channel, a shared one (rdma_migrate_id;
@@ -128,7 +118,8 @@ public:
 
 private:
   friend struct detail::request_access; // Listener (listener.hpp) makes requests
-  detail::child_link link_; // a shared channel's child while the id is on it (released after the id)
+  // The id, a child of the channel it is on (its parent: the listener's own channel's node, or
+  // the shared one's), released after the id is destroyed.
   detail::handle<detail::cm_id_traits> id_;
   cm_private_data data_{};
   std::uint8_t resp_res_ = 0;

@@ -124,15 +124,21 @@ public:
   Connection() noexcept = default;
   /// Moves the connection; `o` is left null.
   Connection(Connection &&) noexcept = default;
-  /// Destroys what this connection holds (in the order above), then takes `o`'s. Not the
-  /// member-wise default: that would destroy the old channel before the old id (rdma_destroy_id
-  /// then fails with EBADF) and the old Context before its PD.
-  Connection &operator=(Connection &&o) noexcept {
-    if (this != &o) {
-      this->~Connection();
-      ::new (static_cast<void *>(this)) Connection(std::move(o));
-    }
-    return *this;
+  /// Destroys what this connection holds (in the order above), then takes `o`'s: the members are
+  /// declared in that order, and the default assigns them in declaration order.
+  Connection &operator=(Connection &&) noexcept = default;
+  /// Destroys what this connection holds, in the order above (the implicit destructor would go
+  /// in reverse declaration order: the old Context before its PD, the id after its channel).
+  ~Connection() {
+    qp_ = QueuePair();
+    cq_ = CompletionQueue();
+    cq_ch_ = CompletionChannel();
+    pd_ = ProtectionDomain();
+    ctx_ = Context();
+    id_.reset();
+    slot_.reset(); // its queued events go with it; the kernel has no more of the id's
+    link_.drop();
+    channel_.reset();
   }
 
   /// Active side, non-blocking: rdma_create_id and rdma_resolve_addr towards `to`; then watch
@@ -412,17 +418,19 @@ private:
   // One event of this connection's id.
   std::error_code on_event(const detail::cm_event_copy &ev) noexcept;
 
-  // Members in construction order; destroyed in reverse: QP, CQ, channel, PD, Context, id, then
-  // the connection's own channel, or its node on the shared one and its registration there.
-  detail::child_link link_;   // shared channel: this connection counts as its child
-  detail::cm_slot_ptr slot_;  // shared channel: the id's context, the queue of its events
-  detail::handle<detail::cm_channel_traits> channel_; // a channel of its own
-  detail::handle<detail::cm_id_traits> id_;
-  Context ctx_;
-  ProtectionDomain pd_;
-  CompletionChannel cq_ch_;
-  CompletionQueue cq_;
+  // The parts, in the order of their destruction (the destructor's, destroy()'s and so the
+  // default move assignment's): QP, CQ, completion channel, PD, Context, id, then its node on the
+  // shared channel and its registration there, or the connection's own channel.
   QueuePair qp_;
+  CompletionQueue cq_;
+  CompletionChannel cq_ch_;
+  ProtectionDomain pd_;
+  Context ctx_;
+  detail::handle<detail::cm_id_traits> id_;
+  detail::cm_slot_ptr slot_;  // shared channel: the id's context, the queue of its events
+  detail::child_link link_;   // shared channel: this connection counts as its child
+  detail::handle<detail::cm_channel_traits> channel_; // a channel of its own
+  // Values.
   const ProtectionDomain *user_pd_ = nullptr;
   conn_options opts_{};
   conn_state state_ = conn_state::failed;

@@ -44,6 +44,11 @@ using cm_channel_traits = deleter<rdma_event_channel, ::rdma_destroy_event_chann
                                   "rdma_destroy_event_channel", 1, destroy_returns::nothing>;
 using cm_id_traits = deleter<rdma_cm_id, ::rdma_destroy_id, "rdma_cm_id", "rdma_destroy_id", 1,
                              destroy_returns::minus_one_errno>;
+/// A Listener's own channel: the requests taken from it are its children (their ids are on it)
+/// and may outlive the listener by design, so its deferred destruction is not reported.
+struct cm_listen_channel_traits : cm_channel_traits {
+  static constexpr bool report_deferral = false;
+};
 
 // One event, copied; the original is acknowledged before this returns.
 struct cm_event_copy {
@@ -232,24 +237,7 @@ public:
   ~cm_slot_ptr() { reset(); }
   /// A slot on `h` (a Listener's with a queue of `listener_queue` requests, else a Connection's);
   /// null when out of memory.
-  [[nodiscard]] static cm_slot_ptr make(cm_hub &h, std::uint64_t cookie, std::uint32_t listener_queue = 0) noexcept {
-    cm_slot_ptr r;
-    auto *s = new (std::nothrow) cm_slot;
-    if (!s) return r;
-    if (listener_queue) {
-      s->q = new (std::nothrow) cm_event_copy[listener_queue];
-      if (!s->q) {
-        delete s;
-        return r;
-      }
-      s->cap = listener_queue;
-      s->listener = true;
-    }
-    s->hub = &h;
-    s->cookie = cookie;
-    r.p_ = s;
-    return r;
-  }
+  [[nodiscard]] static cm_slot_ptr make(cm_hub &h, std::uint64_t cookie, std::uint32_t listener_queue = 0) noexcept;
   [[nodiscard]] cm_slot *get() const noexcept { return p_; }
   [[nodiscard]] explicit operator bool() const noexcept { return p_ != nullptr; }
   void reset() noexcept {
@@ -362,40 +350,7 @@ struct channel_access {
 };
 } // namespace detail
 
-// ---- EventChannel: the longer bodies ----
-
-inline result<EventChannel> EventChannel::create() noexcept {
-  detail::parent_node *node = detail::new_parent_node();
-  auto *hub = new (std::nothrow) detail::cm_hub;
-  if (!node || !hub) {
-    delete node;
-    delete hub;
-    return std::make_error_code(std::errc::not_enough_memory);
-  }
-  auto ch = detail::create_cm_channel();
-  if (!ch) {
-    delete node;
-    delete hub;
-    return ch.error();
-  }
-  hub->ch = ch.value().release();
-  EventChannel c;
-  c.h_ = detail::handle<detail::cm_hub_traits>(hub, nullptr, node);
-  return c;
-}
-
-inline result<std::size_t> EventChannel::dispatch(std::span<std::uint64_t> ready) noexcept {
-  if (!h_) return make_error_code(errc::null_handle);
-  detail::cm_hub &h = *h_.get();
-  auto pumped = detail::cm_pump(h, detail::cm_pump_batch);
-  std::size_t n = 0;
-  for (; n < ready.size() && h.first; ++n) {
-    detail::cm_slot &s = *h.first;
-    ready[n] = s.cookie;
-    detail::cm_unmark(s);
-  }
-  if (!pumped && n == 0) return pumped.error();
-  return n;
-}
-
 } // namespace rdmaxx
+
+// The longer bodies, out of the class declarations.
+#include "impl/event_channel.ipp"

@@ -350,27 +350,7 @@ private:
   }
   // The flat pieces of [off, off+len) of a source.
   template <class F>
-  static void emit(const region_ref &s, std::uint64_t off, std::uint64_t len, F &&f) noexcept {
-    if (!s.segments) {
-      f(key_segment{s.iova + off, std::uint32_t(len), s.lkey, s.rkey, s.mr,
-                    s.data ? s.data + off : nullptr, s.node});
-      return;
-    }
-    std::uint64_t base = 0;
-    for (std::uint32_t k = 0; k < s.nsegments && len > 0; ++k) {
-      const key_segment &g = s.segments[k];
-      const std::uint64_t end = base + g.length;
-      if (off < end) {
-        const std::uint64_t in = off - base;
-        const std::uint64_t take = g.length - in < len ? g.length - in : len;
-        f(key_segment{g.addr + in, std::uint32_t(take), g.lkey, g.rkey, g.mr,
-                      g.data ? g.data + in : nullptr, g.node});
-        off += take;
-        len -= take;
-      }
-      base = end;
-    }
-  }
+  static void emit(const region_ref &s, std::uint64_t off, std::uint64_t len, F &&f) noexcept;
 
   std::array<entry, capacity> e_{};
   std::uint32_t n_ = 0;

@@ -53,19 +53,16 @@ public:
   Listener() noexcept = default;
   /// Moves the listener; `o` is left null.
   Listener(Listener &&) noexcept = default;
+  /// Destroys what this listener holds (in the destructor's order), then takes `o`'s.
+  Listener &operator=(Listener &&) noexcept = default;
   /// Destroys the listening id, then lets go of its channel: its own channel stays, without a
-  /// report, until the last request taken from it is accepted or destroyed.
+  /// report, until the last request taken from it is accepted or destroyed; on a shared one, the
+  /// requests queued for it and not taken are refused, then its registration there ends.
   ~Listener() {
     id_.reset();
-    quiet_reset_channel();
-  }
-  /// Destroys the old id before its channel (see Connection's move assignment).
-  Listener &operator=(Listener &&o) noexcept {
-    if (this != &o) {
-      this->~Listener();
-      ::new (static_cast<void *>(this)) Listener(std::move(o));
-    }
-    return *this;
+    slot_.reset();
+    link_.drop();
+    channel_.reset();
   }
 
   /// rdma_create_id (RDMA_PS_TCP), rdma_bind_addr to `at` (port 0: the kernel chooses, read it
@@ -132,7 +129,7 @@ public:
     RDMAXX_TRYV(id_.destroy());
     slot_.reset();
     link_.drop();
-    quiet_reset_channel();
+    channel_.reset();
     return success();
   }
 
@@ -149,18 +146,18 @@ public:
   [[nodiscard]] result<ConnectRequest> get_request(int timeout_ms) noexcept;
 
 private:
-  // The own channel goes now, or with the last request taken from it (those are its children by
-  // design, so the deferral is not reported).
-  void quiet_reset_channel() noexcept { channel_.reset({}, false); }
   // True when `at` is a wildcard or an address of this host (a UDP socket binds to it, port 0).
   [[nodiscard]] static bool address_is_local(const address &at) noexcept;
 
-  // In construction order; destroyed in reverse: the id, then its own channel, or its node on
-  // the shared one (queued requests refused) and its registration there.
-  detail::child_link link_;
-  detail::cm_slot_ptr slot_;
-  detail::handle<detail::cm_channel_traits> channel_;
+  // In the order of their destruction (the destructor's, and so the default move assignment's,
+  // which assigns them in this order): the id, then its node on the shared channel (queued
+  // requests refused) and its registration there, or its own channel. That channel goes at once,
+  // or with the last request taken from it (those are its children by design, so its traits
+  // defer quietly, in the move assignment too).
   detail::handle<detail::cm_id_traits> id_;
+  detail::cm_slot_ptr slot_;
+  detail::child_link link_;
+  detail::handle<detail::cm_listen_channel_traits> channel_;
 };
 
 } // namespace rdmaxx

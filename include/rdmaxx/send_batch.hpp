@@ -249,23 +249,10 @@ private:
   // One RDMA write/read per SGE at consecutive remote addresses: the same bytes land, and only
   // the last WR signals (the caller still sees one completion with its wr_id). Static, as are
   // the other cold parts: a pointer to the batch would keep an inlined batch out of registers.
-  [[gnu::cold, gnu::noinline]] static void split_wrs(ibv_qp_ex *qp, wr w, remote_addr r,
-                                                     std::span<const ibv_sge> s, bool read) noexcept {
-    const send_flags last_only = send_flag::signaled | send_flag::solicited;
-    std::uint64_t at = r.addr;
-    for (std::size_t i = 0; i < s.size(); ++i) {
-      wr part = w;
-      if (i + 1 < s.size()) part.flags &= ~last_only;
-      if (i > 0) part.flags &= ~send_flags(send_flag::fence);
-      detail::set_wr(qp, part.id, part.flags.native());
-      if (read)
-        ::ibv_wr_rdma_read(qp, r.rkey, at);
-      else
-        ::ibv_wr_rdma_write(qp, r.rkey, at);
-      ::ibv_wr_set_sge(qp, s[i].lkey, s[i].addr, s[i].length);
-      at += s[i].length;
-    }
-  }
+  // Declared inline here, with noinline; defined below the class without the keyword (an
+  // `inline` after the noinline declaration is a GCC warning).
+  [[gnu::cold, gnu::noinline]] static inline void split_wrs(ibv_qp_ex *qp, wr w, remote_addr r,
+                                                            std::span<const ibv_sge> s, bool read) noexcept;
   // Abort the batch (nothing of it is posted); submit() then answers `e`.
   SendBatch &fail(errc e) noexcept;
   [[gnu::cold, gnu::noinline]] static void abort_open(ibv_qp_ex *qp) noexcept { ::ibv_wr_abort(qp); }
@@ -434,6 +421,24 @@ inline bool SendBatch::split_needed(std::span<const ibv_sge> s) const noexcept {
 inline SendBatch &SendBatch::split(wr w, remote_addr r, std::span<const ibv_sge> s, bool read) noexcept {
   if (ibv_qp_ex *qp = q()) split_wrs(qp, w, r, s, read);
   return *this;
+}
+// Inline by its declaration in the class: `inline` here would redeclare a noinline function
+// inline (a GCC warning).
+void SendBatch::split_wrs(ibv_qp_ex *qp, wr w, remote_addr r, std::span<const ibv_sge> s, bool read) noexcept {
+  const send_flags last_only = send_flag::signaled | send_flag::solicited;
+  std::uint64_t at = r.addr;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    wr part = w;
+    if (i + 1 < s.size()) part.flags &= ~last_only;
+    if (i > 0) part.flags &= ~send_flags(send_flag::fence);
+    detail::set_wr(qp, part.id, part.flags.native());
+    if (read)
+      ::ibv_wr_rdma_read(qp, r.rkey, at);
+    else
+      ::ibv_wr_rdma_write(qp, r.rkey, at);
+    ::ibv_wr_set_sge(qp, s[i].lkey, s[i].addr, s[i].length);
+    at += s[i].length;
+  }
 }
 inline SendBatch &SendBatch::fail(errc e) noexcept {
   if (ibv_qp_ex *qp = qp_.release()) abort_open(qp);

@@ -34,41 +34,56 @@ std::int64_t now_ms() { return rdmaxx::detail::monotonic_ms(); }
 constexpr int ops = 64;
 constexpr std::size_t chunk = 64;
 
+/// What the router cases set up: the device and a PD; the router's CQ `cq` (`entries`) with its
+/// channel `ch`, and `cq_b` for the other ends; `pairs` RC QPs a[i] on `cq`, each connected to b[i]
+/// on `cq_b`; `src` (`bytes`, filled with `pattern`) and `dst` (zeroed) registered for writes from
+/// the a's to the b's (`smr`, `dmr`; none when `bytes` is 0); an io_context and the
+/// CompletionRouter of `cq` on it. The router goes first, then the io_context, then the rest.
+struct router_pair : device_pd {
+  CompletionChannel ch = need(CompletionChannel::create(ctx), "channel");
+  CompletionQueue cq, cq_b;
+  std::vector<QueuePair> a, b;
+  std::vector<unsigned char> src, dst;
+  MemoryRegion smr, dmr;
+  net::io_context io;
+  ra::CompletionRouter router;
+  router_pair(int entries, std::size_t pairs, std::size_t bytes = 0, unsigned pattern = 0)
+      : cq(need(CompletionQueue::create(ctx, entries, &ch), "cq")),
+        cq_b(need(CompletionQueue::create(ctx, entries), "cq b")), src(bytes), dst(bytes, 0) {
+    for (std::size_t i = 0; i < pairs; ++i) {
+      a.push_back(need(QueuePair::create(pd, cq, cq), "qp a"));
+      b.push_back(need(QueuePair::create(pd, cq_b, cq_b), "qp b"));
+      need(connect_loopback(a.back(), b.back()), "connect");
+    }
+    if (bytes) {
+      fill(src.data(), bytes, pattern);
+      smr = need(MemoryRegion::reg(pd, src.data(), bytes, access::local_write), "src");
+      dmr = need(MemoryRegion::reg(pd, dst.data(), bytes, remote_rw), "dst");
+    }
+    router = need(ra::CompletionRouter::create(io.get_executor(), cq, ch), "router");
+  }
+};
+
 } // namespace
 
 TEST_CASE("[asio] 64 waiters on one CQ and channel, 4 QPs, completions in another order", "[asio]") {
   const std::string before = kernel_resources();
   {
-    device_pd d;
-    auto ch = need(CompletionChannel::create(d.ctx), "channel");
-    auto cq = need(CompletionQueue::create(d.ctx, 256, &ch), "cq");
-    auto cq_b = need(CompletionQueue::create(d.ctx, 256), "cq b");
-    std::vector<QueuePair> a, b;
-    for (int i = 0; i < 4; ++i) {
-      a.push_back(need(QueuePair::create(d.pd, cq, cq), "qp a"));
-      b.push_back(need(QueuePair::create(d.pd, cq_b, cq_b), "qp b"));
-      need(connect_loopback(a.back(), b.back()), "connect");
-    }
-    static unsigned char src[ops * chunk], dst[ops * chunk], rbuf[16 * chunk];
-    fill(src, sizeof src, 5);
-    std::memset(dst, 0, sizeof dst);
+    router_pair f(256, 4, ops * chunk, 5);
+    const unsigned char *src = f.src.data(), *dst = f.dst.data();
+    static unsigned char rbuf[16 * chunk];
     std::memset(rbuf, 0, sizeof rbuf);
-    auto smr = need(MemoryRegion::reg(d.pd, src, sizeof src, access::local_write), "src");
-    auto dmr = need(MemoryRegion::reg(d.pd, dst, sizeof dst, remote_rw), "dst");
-    auto rmr = need(MemoryRegion::reg(d.pd, rbuf, sizeof rbuf, access::local_write), "rbuf");
+    auto rmr = need(MemoryRegion::reg(f.pd, rbuf, sizeof rbuf, access::local_write), "rbuf");
     // 16 receives on a[0], answered by b[0]'s sends.
     for (std::uint64_t i = 0; i < 16; ++i)
-      need(a[0].post_recv(2000 + i, rmr.sge(std::uint32_t(i * chunk), std::uint32_t(chunk))), "post_recv");
-
-    net::io_context io;
-    auto router = need(ra::CompletionRouter::create(io.get_executor(), cq, ch), "router");
+      need(f.a[0].post_recv(2000 + i, rmr.sge(std::uint32_t(i * chunk), std::uint32_t(chunk))), "post_recv");
     std::array<int, ops> got{};     // 1: own completion, success, right bytes
     std::array<int, 16> recvd{};
     std::vector<int> finish_order;
     for (int k = 0; k < ops; ++k)
-      net::co_spawn(io, [&, k]() -> ra::task<void> {
-        QueuePair &qp = a[std::size_t(k % 4)];
-        ra::Waiter w(router, 1000 + std::uint64_t(k), qp.qp_num());
+      net::co_spawn(f.io, [&, k]() -> ra::task<void> {
+        QueuePair &qp = f.a[std::size_t(k % 4)];
+        ra::Waiter w(f.router, 1000 + std::uint64_t(k), qp.qp_num());
         auto r = co_await w.wait(ra::after_ms(20000));
         if (r && r.value().wr_id == 1000 + std::uint64_t(k) && r.value().status == IBV_WC_SUCCESS &&
             std::memcmp(dst + k * chunk, src + k * chunk, chunk) == 0)
@@ -76,8 +91,8 @@ TEST_CASE("[asio] 64 waiters on one CQ and channel, 4 QPs, completions in anothe
         finish_order.push_back(k);
       }, net::detached);
     for (int i = 0; i < 16; ++i)
-      net::co_spawn(io, [&, i]() -> ra::task<void> {
-        ra::Waiter w(router, 2000 + std::uint64_t(i), a[0].qp_num());
+      net::co_spawn(f.io, [&, i]() -> ra::task<void> {
+        ra::Waiter w(f.router, 2000 + std::uint64_t(i), f.a[0].qp_num());
         auto r = co_await w.wait(ra::after_ms(20000));
         if (r && r.value().status == IBV_WC_SUCCESS && r.value().opcode == IBV_WC_RECV &&
             r.value().byte_len == 8 && rbuf[i * chunk] == std::uint8_t(i) && rbuf[i * chunk + 7] == 0xA5)
@@ -85,27 +100,27 @@ TEST_CASE("[asio] 64 waiters on one CQ and channel, 4 QPs, completions in anothe
       }, net::detached);
     // The poster: writes in reverse order of the waiters, round-robin over the QPs, in batches
     // of 8 with a yield between them; then the 16 sends in order.
-    net::co_spawn(io, [&]() -> ra::task<void> {
+    net::co_spawn(f.io, [&]() -> ra::task<void> {
       for (int k = ops - 1; k >= 0;) {
         for (int j = 0; j < 8 && k >= 0; ++j, --k) {
-          auto bt = a[std::size_t(k % 4)].start_send();
+          auto bt = f.a[std::size_t(k % 4)].start_send();
           bt.write({1000 + std::uint64_t(k), send_flag::signaled},
-                   {dmr.iova() + std::uint64_t(k) * chunk, dmr.rkey()},
-                   smr.sge(std::uint32_t(k * chunk), std::uint32_t(chunk)));
+                   {f.dmr.iova() + std::uint64_t(k) * chunk, f.dmr.rkey()},
+                   f.smr.sge(std::uint32_t(k * chunk), std::uint32_t(chunk)));
           need(bt.submit(), "write");
         }
-        co_await net::post(io, net::use_awaitable);
+        co_await net::post(f.io, net::use_awaitable);
       }
       for (int i = 0; i < 16; ++i) {
         std::array<std::byte, 8> m{};
         m[0] = std::byte(i);
         m[7] = std::byte{0xA5};
-        auto bt = b[0].start_send();
+        auto bt = f.b[0].start_send();
         bt.send_inline({std::uint64_t(i), {}}, m);
         need(bt.submit(), "send");
       }
     }, net::detached);
-    io.run_for(std::chrono::seconds(30));
+    f.io.run_for(std::chrono::seconds(30));
     int ok = 0, ok_r = 0;
     for (int v : got) ok += v;
     for (int v : recvd) ok_r += v;
@@ -116,14 +131,14 @@ TEST_CASE("[asio] 64 waiters on one CQ and channel, 4 QPs, completions in anothe
     // QP): completions are ordered per QP only. Linux 6.12's rxe runs each QP's work on a workqueue,
     // and QP 2's first write (62) can complete before QP 3's (63), posted just before it.
     CHECK(finish_order.front() >= ops - 4);
-    CHECK(router.stats().routed == std::uint64_t(ops + 16));
-    CHECK(router.stats().unclaimed == 0);
-    CHECK(router.stats().events >= 1);
-    CHECK(router.stats().completions == std::uint64_t(ops + 16));
-    router.close();
+    CHECK(f.router.stats().routed == std::uint64_t(ops + 16));
+    CHECK(f.router.stats().unclaimed == 0);
+    CHECK(f.router.stats().events >= 1);
+    CHECK(f.router.stats().completions == std::uint64_t(ops + 16));
+    f.router.close();
     // b's sends were unsignaled: nothing on cq_b; every wr done, nothing left in cq.
     ibv_wc wc[4];
-    CHECK(need(cq.poll(wc), "poll") == 0);
+    CHECK(need(f.cq.poll(wc), "poll") == 0);
   }
   CHECK(kernel_resources() == before);
 }
@@ -134,58 +149,42 @@ TEST_CASE("[asio] 64 waiters on one CQ and channel, 4 QPs, completions in anothe
 TEST_CASE("[asio] the same wr_id on two QPs of one CQ: each completion wakes its own QP's waiter only", "[asio]") {
   const std::string before = kernel_resources();
   {
-    device_pd d;
-    auto ch = need(CompletionChannel::create(d.ctx), "channel");
-    auto cq = need(CompletionQueue::create(d.ctx, 64, &ch), "cq");
-    auto cq_b = need(CompletionQueue::create(d.ctx, 64), "cq b");
-    QueuePair a0 = need(QueuePair::create(d.pd, cq, cq), "qp a0");
-    QueuePair a1 = need(QueuePair::create(d.pd, cq, cq), "qp a1");
-    QueuePair b0 = need(QueuePair::create(d.pd, cq_b, cq_b), "qp b0");
-    QueuePair b1 = need(QueuePair::create(d.pd, cq_b, cq_b), "qp b1");
-    need(connect_loopback(a0, b0), "connect 0");
-    need(connect_loopback(a1, b1), "connect 1");
-    static unsigned char src[2 * chunk], dst[2 * chunk];
-    fill(src, sizeof src, 9);
-    std::memset(dst, 0, sizeof dst);
-    auto smr = need(MemoryRegion::reg(d.pd, src, sizeof src, access::local_write), "src");
-    auto dmr = need(MemoryRegion::reg(d.pd, dst, sizeof dst, remote_rw), "dst");
+    router_pair f(64, 2, 2 * chunk, 9);
+    QueuePair &a0 = f.a[0], &a1 = f.a[1];
     constexpr std::uint64_t id = 77;
-
-    net::io_context io;
-    auto router = need(ra::CompletionRouter::create(io.get_executor(), cq, ch), "router");
     std::optional<ibv_wc> got;
     bool early = false; // woken by a0's completion before a1 posted anything
     bool a1_posted = false;
-    net::co_spawn(io, [&]() -> ra::task<void> {
-      ra::Waiter w(router, id, a1.qp_num());
+    net::co_spawn(f.io, [&]() -> ra::task<void> {
+      ra::Waiter w(f.router, id, a1.qp_num());
       auto r = co_await w.wait(ra::after_ms(20000));
       if (!a1_posted) early = true;
       if (r) got = r.value();
     }, net::detached);
-    net::co_spawn(io, [&]() -> ra::task<void> {
+    net::co_spawn(f.io, [&]() -> ra::task<void> {
       // a0's write with the same wr_id: its completion must not wake a1's waiter.
       auto bt = a0.start_send();
-      bt.write({id, send_flag::signaled}, {dmr.iova(), dmr.rkey()}, smr.sge(0, std::uint32_t(chunk)));
+      bt.write({id, send_flag::signaled}, {f.dmr.iova(), f.dmr.rkey()}, f.smr.sge(0, std::uint32_t(chunk)));
       need(bt.submit(), "write a0");
-      while (router.stats().completions < 1) co_await net::post(io, net::use_awaitable);
-      for (int i = 0; i < 20; ++i) co_await net::post(io, net::use_awaitable); // give it a chance to misroute
+      while (f.router.stats().completions < 1) co_await net::post(f.io, net::use_awaitable);
+      for (int i = 0; i < 20; ++i) co_await net::post(f.io, net::use_awaitable); // give it a chance to misroute
       a1_posted = true;
       auto bt1 = a1.start_send();
-      bt1.write({id, send_flag::signaled}, {dmr.iova() + chunk, dmr.rkey()},
-                smr.sge(std::uint32_t(chunk), std::uint32_t(chunk)));
+      bt1.write({id, send_flag::signaled}, {f.dmr.iova() + chunk, f.dmr.rkey()},
+                f.smr.sge(std::uint32_t(chunk), std::uint32_t(chunk)));
       need(bt1.submit(), "write a1");
     }, net::detached);
-    io.run_for(std::chrono::seconds(30));
+    f.io.run_for(std::chrono::seconds(30));
     CHECK_FALSE(early);
     REQUIRE(got.has_value());
     CHECK(got->qp_num == a1.qp_num());
     CHECK(got->wr_id == id);
     CHECK(got->status == IBV_WC_SUCCESS);
-    CHECK(std::memcmp(dst, src, 2 * chunk) == 0); // both writes landed
-    CHECK(router.stats().completions == 2);
-    CHECK(router.stats().routed == 1);
-    CHECK(router.stats().unclaimed == 1); // a0's: nobody waited for it on a0
-    router.close();
+    CHECK(std::memcmp(f.dst.data(), f.src.data(), 2 * chunk) == 0); // both writes landed
+    CHECK(f.router.stats().completions == 2);
+    CHECK(f.router.stats().routed == 1);
+    CHECK(f.router.stats().unclaimed == 1); // a0's: nobody waited for it on a0
+    f.router.close();
   }
   CHECK(kernel_resources() == before);
 }
@@ -198,40 +197,29 @@ TEST_CASE("[asio] the same wr_id on two QPs of one CQ: each completion wakes its
 TEST_CASE("[asio] a channel shared with another CQ: its event is acknowledged on it and the router stops", "[asio]") {
   const std::string before = kernel_resources();
   {
-    device_pd d;
-    auto ch = need(CompletionChannel::create(d.ctx), "channel");
-    auto cq = need(CompletionQueue::create(d.ctx, 16, &ch), "cq");
-    auto cq_o = need(CompletionQueue::create(d.ctx, 16, &ch), "other cq, same channel");
-    auto cq_b = need(CompletionQueue::create(d.ctx, 16), "cq b");
-    QueuePair qo = need(QueuePair::create(d.pd, cq_o, cq_o), "qp on the other cq");
-    QueuePair qb = need(QueuePair::create(d.pd, cq_b, cq_b), "qp b");
+    router_pair f(16, 0, chunk, 3); // no QP on the router's CQ
+    auto cq_o = need(CompletionQueue::create(f.ctx, 16, &f.ch), "other cq, same channel");
+    QueuePair qo = need(QueuePair::create(f.pd, cq_o, cq_o), "qp on the other cq");
+    QueuePair qb = need(QueuePair::create(f.pd, f.cq_b, f.cq_b), "qp b");
     need(connect_loopback(qo, qb), "connect");
-    static unsigned char src[chunk], dst[chunk];
-    fill(src, sizeof src, 3);
-    std::memset(dst, 0, sizeof dst);
-    auto smr = need(MemoryRegion::reg(d.pd, src, sizeof src, access::local_write), "src");
-    auto dmr = need(MemoryRegion::reg(d.pd, dst, sizeof dst, remote_rw), "dst");
-
-    net::io_context io;
-    auto router = need(ra::CompletionRouter::create(io.get_executor(), cq, ch), "router");
     std::optional<rdmaxx::result<ibv_wc>> first, later;
     std::int64_t woken_after = -1;
-    net::co_spawn(io, [&]() -> ra::task<void> {
-      ra::Waiter w(router, 1, 4242); // nothing will complete on the router's CQ
+    net::co_spawn(f.io, [&]() -> ra::task<void> {
+      ra::Waiter w(f.router, 1, 4242); // nothing will complete on the router's CQ
       const std::int64_t t0 = now_ms();
       first = co_await w.wait(ra::after_ms(20000));
       woken_after = now_ms() - t0;
-      ra::Waiter w2(router, 2, 4242); // after the stop: fails at once
+      ra::Waiter w2(f.router, 2, 4242); // after the stop: fails at once
       later = co_await w2.wait(ra::after_ms(20000));
     }, net::detached);
-    net::co_spawn(io, [&]() -> ra::task<void> {
-      while (router.stats().suspended == 0) co_await net::post(io, net::use_awaitable);
+    net::co_spawn(f.io, [&]() -> ra::task<void> {
+      while (f.router.stats().suspended == 0) co_await net::post(f.io, net::use_awaitable);
       need(cq_o.arm(), "arm the other cq");
       auto bt = qo.start_send();
-      bt.write({9, send_flag::signaled}, {dmr.iova(), dmr.rkey()}, smr.sge(0, std::uint32_t(chunk)));
+      bt.write({9, send_flag::signaled}, {f.dmr.iova(), f.dmr.rkey()}, f.smr.sge(0, std::uint32_t(chunk)));
       need(bt.submit(), "write on the other cq");
     }, net::detached);
-    io.run_for(std::chrono::seconds(30));
+    f.io.run_for(std::chrono::seconds(30));
     REQUIRE(first.has_value());
     REQUIRE_FALSE(first->has_value());
     CHECK(first->error() == rdmaxx::errc::invalid_argument);
@@ -240,16 +228,16 @@ TEST_CASE("[asio] a channel shared with another CQ: its event is acknowledged on
     REQUIRE(later.has_value());
     REQUIRE_FALSE(later->has_value());
     CHECK(later->error() == rdmaxx::errc::invalid_argument);
-    CHECK(router.stats().foreign_events == 1);
-    CHECK(router.stats().events == 0);
-    CHECK(router.stats().completions == 0);
-    router.close();
+    CHECK(f.router.stats().foreign_events == 1);
+    CHECK(f.router.stats().events == 0);
+    CHECK(f.router.stats().completions == 0);
+    f.router.close();
     // The other CQ's completion is still there for its owner, the data arrived.
     ibv_wc wc[2];
     REQUIRE(need(cq_o.poll(wc), "poll the other cq") == 1);
     CHECK(wc[0].wr_id == 9);
     CHECK(wc[0].status == IBV_WC_SUCCESS);
-    CHECK(std::memcmp(dst, src, chunk) == 0);
+    CHECK(std::memcmp(f.dst.data(), f.src.data(), chunk) == 0);
   } // destroys cq_o and cq: neither waits for an event nobody acknowledged
   CHECK(kernel_resources() == before);
 }
@@ -293,35 +281,31 @@ TEST_CASE("[asio] the router closed by the coroutine its event woke: every event
 TEST_CASE("[asio] Waiter::fail: at once before the wait, and a suspended wait woken with the error", "[asio]") {
   const std::string before = kernel_resources();
   {
-    device_pd d;
-    auto ch = need(CompletionChannel::create(d.ctx), "channel");
-    auto cq = need(CompletionQueue::create(d.ctx, 16, &ch), "cq");
-    net::io_context io;
-    auto router = need(ra::CompletionRouter::create(io.get_executor(), cq, ch), "router");
+    router_pair f(16, 0); // no QP: nothing completes
     const std::error_code posting = std::make_error_code(std::errc::io_error);
     const std::error_code broken = std::make_error_code(std::errc::connection_aborted);
     std::optional<rdmaxx::result<ibv_wc>> first, second;
     std::uint64_t suspended_first = 0;
     std::int64_t woken_after = -1;
     ra::Waiter *waiting = nullptr;
-    net::co_spawn(io, [&]() -> ra::task<void> {
-      ra::Waiter w(router, 1, 4242);
+    net::co_spawn(f.io, [&]() -> ra::task<void> {
+      ra::Waiter w(f.router, 1, 4242);
       w.fail(posting);
       w.fail(broken); // an earlier failure stays
       first = co_await w.wait(ra::after_ms(20000));
-      suspended_first = router.stats().suspended;
-      ra::Waiter w2(router, 2, 4242);
+      suspended_first = f.router.stats().suspended;
+      ra::Waiter w2(f.router, 2, 4242);
       waiting = &w2;
       const std::int64_t t0 = now_ms();
       second = co_await w2.wait(ra::after_ms(20000));
       woken_after = now_ms() - t0;
       waiting = nullptr;
     }, net::detached);
-    net::co_spawn(io, [&]() -> ra::task<void> {
-      while (!waiting || router.stats().suspended == suspended_first) co_await net::post(io, net::use_awaitable);
+    net::co_spawn(f.io, [&]() -> ra::task<void> {
+      while (!waiting || f.router.stats().suspended == suspended_first) co_await net::post(f.io, net::use_awaitable);
       waiting->fail(broken);
     }, net::detached);
-    io.run_for(std::chrono::seconds(30));
+    f.io.run_for(std::chrono::seconds(30));
     REQUIRE(first.has_value());
     REQUIRE_FALSE(first->has_value());
     CHECK(first->error() == posting);
@@ -331,9 +315,9 @@ TEST_CASE("[asio] Waiter::fail: at once before the wait, and a suspended wait wo
     CHECK(second->error() == broken);
     CHECK(woken_after >= 0);
     CHECK(woken_after < 5000); // by fail(), not by the 20 s deadline
-    CHECK(router.stats().suspended == 1);
-    CHECK(router.stats().completions == 0);
-    router.close();
+    CHECK(f.router.stats().suspended == 1);
+    CHECK(f.router.stats().completions == 0);
+    f.router.close();
   }
   CHECK(kernel_resources() == before);
 }

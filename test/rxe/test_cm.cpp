@@ -336,6 +336,16 @@ TEST_CASE("a moved-from Connection answers null_handle", "[cm]") {
   CHECK(moved.qp());
   CHECK(moved.state() == conn_state::established);
   CHECK(moved.disconnect());
+  // A move assignment onto it (the default one) destroys its parts in the destructor's order: QP,
+  // CQ, PD, Context, id, channel. Another order would be reported (a Context with its PD alive;
+  // rdma_destroy_id failing once the id's channel is gone).
+  mr = MemoryRegion{}; // the test's own child of the connection's PD goes first
+  static std::atomic<int> reports{0};
+  const destroy_failure_handler old = set_destroy_failure_handler([](const destroy_failure &) noexcept { ++reports; });
+  moved = Connection{};
+  set_destroy_failure_handler(old);
+  CHECK(!moved);
+  CHECK(reports == 0);
   server.join();
   INFO(server_ec.message());
   CHECK(!server_ec);
@@ -753,7 +763,8 @@ void count_report(const destroy_failure &) noexcept { ++cm_reports; }
 } // namespace
 
 TEST_CASE("a request taken from a listener outlives it: destroyed, or accepted, after the listener "
-          "went (its id stays on the listener's own channel until then: no EBADF, no report)",
+          "went (destroy(), move assignment, destructor; its id stays on the listener's own channel "
+          "until then: no EBADF, no report)",
           "[cm]") {
   const std::string before = cm_resources_baseline();
   const long fds_before = open_fds();
@@ -775,6 +786,25 @@ TEST_CASE("a request taken from a listener outlives it: destroyed, or accepted, 
     CHECK(!l);
     auto d = req.destroy();
     INFO("request destroy: " << (d ? "ok" : d.error().message()));
+    CHECK(d);
+    client.join();
+    CHECK(client_rc == 1); // rejected
+  }
+  {
+    // Replaced by a move assignment while the request lives (the default assignment: the old id,
+    // then the old channel, deferred without a report until the request goes): as above.
+    auto l = listen_any_port();
+    const address to = target(l);
+    std::atomic<int> client_rc{-1};
+    std::thread client([&] {
+      auto c = Connection::connect(to, {.timeout_ms = 10000});
+      client_rc = c ? 0 : 1;
+    });
+    auto req = need(l.get_request(10000), "get_request");
+    l = Listener{};
+    CHECK(!l);
+    auto d = req.destroy();
+    INFO("request destroy after the move assignment: " << (d ? "ok" : d.error().message()));
     CHECK(d);
     client.join();
     CHECK(client_rc == 1); // rejected

@@ -235,12 +235,17 @@ enum class parent_slot : std::size_t { primary = 0, second = 1, third = 2 };
 ///
 /// Traits: using native = ...; static constexpr const char *object, *verb;
 /// static int destroy(native *) noexcept (returns 0 or an errno value);
-/// optional static constexpr std::size_t parents (1 to max_parents).
+/// optional static constexpr std::size_t parents (1 to max_parents);
+/// optional static constexpr bool report_deferral (default true; see reset()).
 template <class Traits>
 class handle {
   static constexpr std::size_t parents_of() noexcept {
     if constexpr (requires { Traits::parents; }) return Traits::parents;
     else return 1;
+  }
+  static constexpr bool reports_deferral_of() noexcept {
+    if constexpr (requires { Traits::report_deferral; }) return Traits::report_deferral;
+    else return true;
   }
 
 public:
@@ -248,6 +253,11 @@ public:
   static constexpr std::size_t parents = parents_of();
   /// What this handle counts as in its parents' per-kind counters.
   static constexpr child_kind kind = kind_of<Traits>();
+  /// Whether a deferred destruction is reported (destroy-failure hook): Traits::report_deferral
+  /// if given, else true. False for a parent whose children outlive it by design (a Listener's
+  /// own channel and the requests taken from it): then the destructor and the move assignment
+  /// defer quietly too.
+  static constexpr bool reports_deferral = reports_deferral_of();
   static_assert(parents >= 1 && parents <= max_parents);
 
   constexpr handle() noexcept = default;
@@ -326,10 +336,9 @@ public:
 
   /// Destroy (or, while children live, defer the destruction to the last of them); `after` runs
   /// once the object is destroyed (not if its verb fails: the object, and so its memory, stays).
-  /// A deferral is reported (destroy-failure hook) unless `report_deferral` is false: for a
-  /// parent whose children may outlive it by design (a Listener's own channel and the requests
-  /// taken from it).
-  void reset(after_destroy after = {}, bool report_deferral = true) noexcept {
+  /// A deferral is reported (destroy-failure hook) unless `report_deferral` is false (by
+  /// default: reports_deferral, from the Traits).
+  void reset(after_destroy after = {}, bool report_deferral = reports_deferral) noexcept {
     native *p = p_.release();
     if (!p) return;
     parent_node *node = node_.release();

@@ -186,6 +186,9 @@ inline result<Connection> Connection::prepare_passive(detail::handle<detail::cm_
   c.id_.get()->context = c.slot_.get();
   if (c.id_.get()->channel != c.cm_channel() && ::rdma_migrate_id(c.id_.get(), c.cm_channel()))
     return c.call_failed(cm_call::rdma_migrate_id);
+  // On the connection's channel now: the request's registration with the listener's ends (the
+  // connection's own, on a shared channel, is link_).
+  c.id_.set_parent(nullptr);
   RDMAXX_TRYV(c.make_qp(c.id_.get()->verbs));
   RDMAXX_TRYV(c.move_qp(IBV_QPS_INIT));
   RDMAXX_TRYV(c.move_qp(IBV_QPS_RTR));
@@ -368,9 +371,9 @@ inline result<Connection> ConnectRequest::prepare(const conn_options &o) noexcep
   if (!id_) return make_error_code(errc::null_handle);
   if (o.private_data.size() > cm_accept_private_data_max)
     return make_error_code(errc::private_data_too_long);
-  auto c = detail::conn_access::prepare(id_, data_, resp_res_, init_depth_, o);
-  if (!id_) link_.drop(); // the id is the connection's now (or destroyed with it)
-  return c;
+  // The id is the connection's now (or destroyed with it), with its registration on the
+  // listener's channel until it has moved to the connection's.
+  return detail::conn_access::prepare(id_, data_, resp_res_, init_depth_, o);
 }
 
 inline result<Connection> ConnectRequest::start_accept(const conn_options &o) noexcept {
@@ -393,7 +396,6 @@ inline result<void> ConnectRequest::reject(std::span<const std::byte> data) noex
                              ::rdma_get_peer_addr(id_.get()))
                      : std::error_code{};
   id_.reset();
-  link_.drop();
   if (ec) return ec;
   return success();
 }
@@ -406,8 +408,7 @@ struct request_access {
   /// (the shared channel's node the id is on; null: the listener's own channel).
   [[nodiscard]] static ConnectRequest from_event(const cm_event_copy &ev, parent_node *channel = nullptr) noexcept {
     ConnectRequest r;
-    r.link_ = child_link(channel);
-    r.id_ = handle<cm_id_traits>(ev.id, nullptr, nullptr);
+    r.id_ = handle<cm_id_traits>(ev.id, channel, nullptr);
     r.data_ = ev.data;
     r.resp_res_ = ev.responder_resources;
     r.init_depth_ = ev.initiator_depth;
@@ -444,7 +445,7 @@ inline result<Listener> Listener::listen(const address &at, const listen_options
     // after the listener is gone (rdma_destroy_id of a request reads its channel's fd).
     detail::parent_node *node = detail::new_parent_node();
     if (!node) return std::make_error_code(std::errc::not_enough_memory);
-    l.channel_ = detail::handle<detail::cm_channel_traits>(ch.value().release(), nullptr, node);
+    l.channel_ = detail::handle<detail::cm_listen_channel_traits>(ch.value().release(), nullptr, node);
     on = l.channel_.get();
   }
   rdma_cm_id *id = nullptr;
