@@ -107,7 +107,7 @@ int main(int argc, char **argv) {
                   for (long i = 0; i < n; ++i) {
                     auto m = MemoryRegion::reg(s.pd, buf.data() + 8192, 4096,
                                                access::local_write | access::remote_write);
-                    if (!m || !peer_write(m.value().iova(), m.value().rkey()) || !m.value().dereg())
+                    if (!m || !peer_write(m.value().iova(), m.value().rkey()) || !m.value().destroy())
                       return false;
                   }
                   return true;
@@ -134,7 +134,7 @@ int main(int argc, char **argv) {
                     auto g = ExactGrant::create(s.pd, mr, {8192, 4096}, rights);
                     if (!g) return false;
                     const auto d = g.value().descriptor();
-                    if (!peer_write(d.addr, d.rkey) || !g.value().revoke()) return false;
+                    if (!peer_write(d.addr, d.rkey) || !g.value().destroy()) return false;
                   }
                   return true;
                 }, {}});
@@ -178,6 +178,6 @@ int main(int argc, char **argv) {
   for (std::size_t j = 1; j < 4; ++j) emit(vs[0], vs[j]);
   emit(vs[4], vs[5]);
   emit(vs[2], vs[6]);
-  if (!safe.destroy() || !w2.dealloc() || !k_safe.destroy() || !k_t2.destroy()) return 1;
+  if (!safe.destroy() || !w2.destroy() || !k_safe.destroy() || !k_t2.destroy()) return 1;
   return 0;
 }

@@ -521,17 +521,21 @@ public:
   [[nodiscard]] bool mlx5_devx() const noexcept { return h_ && devx_; }
   /// The ibv_context (owned: do not close it), or nullptr.
   [[nodiscard]] ibv_context *native_handle() const noexcept { return h_.get(); }
-  /// True unless null (default-constructed, moved from or closed).
+  /// True unless null (default-constructed, moved from or destroyed).
   [[nodiscard]] explicit operator bool() const noexcept { return bool(h_); }
   /// The device name (ibv_get_device_name); empty when null.
   [[nodiscard]] std::string_view name() const noexcept {
     return h_ ? ::ibv_get_device_name(h_.get()->device) : std::string_view{};
   }
-  /// Close now (ibv_close_device) and report the outcome.
+  /// ibv_close_device(3) now, and report the outcome. On failure the Context stays valid. A null
+  /// Context: success, nothing is called.
   /// \errors
-  /// - errc::busy: children live.
+  /// - errc::busy: children (PDs, CQs, channels) live; nothing is called.
+  /// - the errno of ibv_close_device.
   /// \mallocs None.
-  result<void> close() noexcept { return h_.destroy(); }
+  result<void> destroy() noexcept { return h_.destroy(); }
+  /// The former name of destroy().
+  [[deprecated("use destroy()")]] result<void> close() noexcept { return destroy(); }
 
   /// ibv_query_port.
   /// \errors

@@ -425,7 +425,7 @@ public:
   /// may be another PD of the same device: the connection's) and allocate a window of the type
   /// the device's grant mechanism calls for (detail::grant_for: one ibv_query_device_ex).
   /// The memory of `buffers` must outlive the pool: the pool counts as a child of `buffers`, so
-  /// until the pool is destroyed `buffers.dereg()` and a rereg of its translation or PD answer
+  /// until the pool is destroyed `buffers.destroy()` and a rereg of its translation or PD answer
   /// errc::region_granted (leases that outlive the pool do not count: it deallocated every key).
   /// \errors
   /// - errc::null_handle: `pd` or `buffers` is null.
@@ -625,9 +625,9 @@ public:
     std::error_code first;
     for (detail::grant_slot &s : st_->slots) {
       if (s.window)
-        if (auto r = s.window.dealloc(); !r && !first) first = r.error();
+        if (auto r = s.window.destroy(); !r && !first) first = r.error();
       if (s.region && !s.window)
-        if (auto r = s.region.dereg(); !r && !first) first = r.error();
+        if (auto r = s.region.destroy(); !r && !first) first = r.error();
     }
     close();
     if (first) return first;

@@ -23,7 +23,7 @@
 ///     after invalidate(), so that configuring the same segments again registers nothing (a
 ///     repeated layout costs about what the type-2 backend's cycle costs); the next configure
 ///     releases those its layout does not use, release_regions() all of them. While the key
-///     holds an exact region it counts as a child of the underlying MemoryRegion: dereg() of
+///     holds an exact region it counts as a child of the underlying MemoryRegion: destroy() of
 ///     that answers errc::busy (release_regions() first; a destructor defers the deregistration
 ///     instead). There is no single lkey/rkey (both are 0).
 /// The backend is chosen at creation: mlx5 where mlx5dv_is_supported, DEVX QUERY_HCA_CAP answers
@@ -188,14 +188,14 @@ struct ikey_state {
     int first = 0;
     for (std::uint32_t i = 0; i < nwindows; ++i)
       if (slots[i].window)
-        if (auto r = slots[i].window.dealloc(); !r && first == 0) first = r.error().value();
+        if (auto r = slots[i].window.destroy(); !r && first == 0) first = r.error().value();
     if (first == 0) nwindows = 0;
     return first;
   }
   // Slot i's exact region and the count on its underlying region (after its window).
   int release_region(std::uint32_t i) noexcept {
     if (slots[i].region)
-      if (auto r = slots[i].region.dereg(); !r) return r.error().value();
+      if (auto r = slots[i].region.destroy(); !r) return r.error().value();
     slots[i].data = nullptr;
     links[i].drop();
     return 0;
@@ -402,7 +402,7 @@ public:
   /// refuse until then. Give w.id a value no other outstanding work request of the QP has. Each
   /// configure after the first gives the mkey a new 8-bit tag, so lkey()/rkey() change and no
   /// rkey of an earlier configure answers again; while configured the key counts as a child of
-  /// each MemoryRegion and nested key of its layout (a region's dereg() and rereg() answer
+  /// each MemoryRegion and nested key of its layout (a region's destroy() and rereg() answer
   /// errc::region_granted, a nested key's destroy() errc::busy). If the batch is dropped or its submit() fails, the batch undoes the configure
   /// (mlx5: the operation is dropped, its tag given back; software: the windows are deallocated, the key
   /// is not configured): keep the key alive and in place until then.

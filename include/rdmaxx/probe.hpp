@@ -77,7 +77,7 @@ namespace rdmaxx {
   if (outside == IBV_WC_SUCCESS) caps.mw_bounds_enforced = tristate::no;
   else if (outside == IBV_WC_REM_ACCESS_ERR) caps.mw_bounds_enforced = tristate::yes;
   // The window goes before the QP it is bound through (see the lifetime rules above).
-  RDMAXX_TRYV(mw.dealloc());
+  RDMAXX_TRYV(mw.destroy());
   return caps.mw_bounds_enforced;
 }
 

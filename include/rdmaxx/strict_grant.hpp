@@ -39,7 +39,7 @@ namespace rdmaxx {
 /// Any denied access (out of bounds, revoked key, wrong QP) moves the owner's QP to ERR as well
 /// as the peer's: reconnect it (the grant stays valid).
 /// Lifetime: the memory must outlive the grant. The grant counts as a child of the region it was
-/// made from: while it lives, that region's dereg() and a rereg() of its translation or PD answer
+/// made from: while it lives, that region's destroy() and a rereg() of its translation or PD answer
 /// errc::region_granted (the exact region, and so the key, would stay on the old memory).
 /// Reuse: a StrictGrant kept per buffer slot (grant, revoke, grant again) never hands out a key it
 /// handed out before: before the window's 8-bit key could repeat (grants_per_window() grants),
@@ -205,8 +205,8 @@ public:
   ///   destroyed).
   /// \mallocs None.
   result<void> destroy() noexcept {
-    RDMAXX_TRYV(slot_.window.dealloc());
-    RDMAXX_TRYV(slot_.region.dereg());
+    RDMAXX_TRYV(slot_.window.destroy());
+    RDMAXX_TRYV(slot_.region.destroy());
     source_.drop();
     return success();
   }

@@ -315,7 +315,7 @@ TEST_CASE_METHOD(bad_input_world, "bad inputs: ExactGrant", "[bad-input][exact-g
   std::memcpy(want.data() + 512, src.data(), 128);
   CHECK(tgt == want);
   std::memcpy(tgt.data() + 512, snap_tgt.data() + 512, 128);
-  destroyed(eg.revoke(), "exact grant");
+  destroyed(eg.destroy(), "exact grant");
   CHECK(!eg);
   finish();
 }

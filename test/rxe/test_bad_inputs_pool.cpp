@@ -241,7 +241,7 @@ TEST_CASE_METHOD(bad_input_world, "bad inputs: GrantPool", "[bad-input][grant-po
   destroyed(pool.destroy(), "pool");
   destroyed(other.destroy(), "other pool");
   destroyed(single.destroy(), "one-slot pool");
-  destroyed(pbuf.dereg(), "pool buffers");
-  destroyed(obuf.dereg(), "other pool's buffer");
+  destroyed(pbuf.destroy(), "pool buffers");
+  destroyed(obuf.destroy(), "other pool's buffer");
   finish();
 }

@@ -163,7 +163,7 @@ TEST_CASE("an allocate()d region destroyed under a bound window keeps its pages 
   std::vector<unsigned char> want(64);
   fill(want.data(), 64, 3);
   CHECK(got == want);
-  need(w.dealloc(), "dealloc"); // the last child: the region is deregistered, then unmapped
+  need(w.destroy(), "dealloc"); // the last child: the region is deregistered, then unmapped
   CHECK_FALSE(mapped(p, 8192));
 }
 
@@ -305,7 +305,7 @@ TEST_CASE("ExactGrant, the one-shot grant: exactly the bytes, live on return, de
   CHECK(all_equal(mem.data() + off, 8, 0x6B));
   std::memset(mem.data() + off, 0, 8);
   // Dead after revoke.
-  need(g.revoke(), "revoke");
+  need(g.destroy(), "revoke");
   CHECK_FALSE(g);
   CHECK(is_denial(peer_post(lb.a, lb.cq_a, IBV_WR_RDMA_WRITE, src_mr.sge(0, 8), d.addr, d.rkey)));
   CHECK(all_equal(mem.data(), N, 0));
@@ -355,7 +355,7 @@ TEST_CASE("a software IndirectKey reuses the exact regions of unchanged segments
   CHECK(all_equal(mem.data(), mem.size(), 0));
   lb.recover();
   // The underlying region is counted while its exact regions are kept.
-  CHECK(mr.dereg().error() == errc::region_granted);
+  CHECK(mr.destroy().error() == errc::region_granted);
 
   // The same layout again: nothing registered, new keys, the old ones still dead.
   configure_confirmed(lb, key, l, 62);
@@ -386,7 +386,7 @@ TEST_CASE("a software IndirectKey reuses the exact regions of unchanged segments
   need(key.release_regions(), "release_regions");
   CHECK(key.kept_regions() == 0);
   CHECK(mr_count() == base);
-  need(mr.dereg(), "dereg: nothing counts on it any more");
+  need(mr.destroy(), "dereg: nothing counts on it any more");
 }
 
 TEST_CASE("GrantPool::destroy, the checked destruction: every key dead when it returns, the pool "
@@ -405,7 +405,7 @@ TEST_CASE("GrantPool::destroy, the checked destruction: every key dead when it r
   CHECK(is_denial(peer_post(lb.a, lb.cq_a, IBV_WR_RDMA_WRITE, src_mr.sge(0, 64), d.addr, d.rkey)));
   CHECK(all_equal(buf.address(), 8192, 0));
   lb.recover();
-  need(buf.dereg(), "the buffers' region: nothing counts on it any more");
+  need(buf.destroy(), "the buffers' region: nothing counts on it any more");
 }
 
 // Issue 24, "How cost grows": a large pool of which a connection uses few slots costs only what it

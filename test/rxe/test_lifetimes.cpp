@@ -71,17 +71,17 @@ TEST_CASE("a deferred QP keeps its CQs and PD until its last window goes", "[lif
     REQUIRE_FALSE(r);
     CHECK(r.error() == errc::busy);
     CHECK(send_cq);
-    CHECK(pd.dealloc().error() == errc::busy);
+    CHECK(pd.destroy().error() == errc::busy);
 
-    need(mw.dealloc(), "dealloc mw"); // the last child: the orphaned QP is destroyed now
+    need(mw.destroy(), "dealloc mw"); // the last child: the orphaned QP is destroyed now
     need(send_cq.destroy(), "destroy send cq");
     need(recv_cq.destroy(), "destroy recv cq");
     need(peer.destroy(), "destroy peer");
     need(peer_cq.destroy(), "destroy peer cq");
-    need(mr.dereg(), "dereg");
-    need(src.dereg(), "dereg src");
-    need(pd.dealloc(), "dealloc pd");
-    need(ctx.close(), "close");
+    need(mr.destroy(), "dereg");
+    need(src.destroy(), "dereg src");
+    need(pd.destroy(), "dealloc pd");
+    need(ctx.destroy(), "close");
     CHECK(reported.size() == 1); // nothing else went wrong
   }
   set_destroy_failure_handler(old);

@@ -283,7 +283,7 @@ TEST_CASE("a batch dropped after a bind rolls the window back by itself", "[mw][
   CHECK(mw.pending() == 0);
   CHECK(mr_dropped.bound_windows() == 0);
   CHECK(lb.b.live_children() == 0);
-  CHECK(mr_dropped.dereg().has_value()); // not busy: the window no longer counts on it
+  CHECK(mr_dropped.destroy().has_value()); // not busy: the window no longer counts on it
   expect_no_completion(lb.cq_b, 100ms);
   // A normal cycle still works, with the key after k0 (the kernel never saw the dropped one).
   const auto d = bind_wait(mw, lb.b, lb.cq_b, mr, {0, 64}, rw_rights);
@@ -434,7 +434,7 @@ TEST_CASE("remote invalidate: the peer's send-with-invalidate, the owner learns 
   CHECK(d2.rkey != d.rkey);
   REQUIRE(lb.write(ms.sge(), d2.at(0)) == IBV_WC_SUCCESS);
   CHECK(all_equal(mem.data(), 64, 0xEE));
-  CHECK(mw.dealloc().has_value()); // revoked for good
+  CHECK(mw.destroy().has_value()); // revoked for good
 }
 
 TEST_CASE("several windows over one region, different rights and ranges for different peers", "[mw]") {
@@ -466,7 +466,7 @@ TEST_CASE("several windows over one region, different rights and ranges for diff
   p2.recover();
 
   // Revoke peer 1 for good; peer 2 keeps working.
-  need(w1.dealloc(), "dealloc w1");
+  need(w1.destroy(), "dealloc w1");
   CHECK(mr.bound_windows() == 1);
   std::memset(src.data(), 0x62, src.size());
   const std::vector<unsigned char> before = mem;
@@ -484,7 +484,7 @@ TEST_CASE("deregistering a region with a bound window is refused with busy, not 
   auto mr = need(MemoryRegion::reg(lb.pd, mem.data(), mem.size(), owner_access), "reg owner");
   auto mw = need(MemoryWindow::alloc(lb.pd, mw_type::type1), "alloc_mw");
   bind_wait(mw, lb.b, lb.cq_b, mr, {0, 64}, access::remote_read);
-  auto r = mr.dereg();
+  auto r = mr.destroy();
   REQUIRE_FALSE(r);
   CHECK(r.error() == errc::busy);
   CHECK(mr);                      // still registered and usable
@@ -492,7 +492,7 @@ TEST_CASE("deregistering a region with a bound window is refused with busy, not 
   need(mw.unbind(lb.b, {7, send_flag::signaled}), "unbind");
   CHECK(mw.complete(wait_one(lb.cq_b)));
   CHECK(mr.bound_windows() == 0);
-  need(mr.dereg(), "dereg after unbind");
+  need(mr.destroy(), "dereg after unbind");
   CHECK_FALSE(mr);
 }
 
@@ -512,7 +512,7 @@ TEST_CASE("destroying a QP with a bound type-2 window returns promptly", "[mw]")
   REQUIRE_FALSE(r);
   CHECK(r.error() == errc::busy);
   CHECK(refused_in < 1s);
-  need(mw.dealloc(), "dealloc window");
+  need(mw.destroy(), "dealloc window");
   const auto t1 = std::chrono::steady_clock::now();
   need(qp.destroy(), "destroy qp");
   const auto destroyed_in = std::chrono::steady_clock::now() - t1;
@@ -551,7 +551,7 @@ TEST_CASE("a region and a QP destroyed under a bound window go when the window g
   }
   CHECK(lb.pd.live_children() == 5); // a, b, the window, the deferred MR and QP
   const auto t1 = std::chrono::steady_clock::now();
-  need(mw.dealloc(), "dealloc"); // the window goes first, then the MR and the QP
+  need(mw.destroy(), "dealloc"); // the window goes first, then the MR and the QP
   CHECK(std::chrono::steady_clock::now() - t1 < 5s);
   CHECK(lb.pd.live_children() == 2);
 }
@@ -596,5 +596,5 @@ TEST_CASE("what a strict grant costs against a type-2 bind + invalidate (printed
        << window_cycle << " us (" << window_cycle / write_rt << "x a 64 B write round trip of " << write_rt
        << " us); strict grant (reg exact MR + bind + dealloc + dereg) " << strict_cycle << " us ("
        << strict_cycle / write_rt << "x), " << strict_cycle / window_cycle << "x the window cycle");
-  need(mw.dealloc(), "dealloc");
+  need(mw.destroy(), "dealloc");
 }

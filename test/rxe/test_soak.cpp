@@ -55,7 +55,7 @@ TEST_CASE("soak: grant/revoke, rereg and indirect-key cycles leave no kernel res
       w.complete(wc);
       ++window_cycles;
     }
-    need(w.dealloc(), "dealloc mw");
+    need(w.destroy(), "dealloc mw");
 
     // Rereg by replacement, flipping remote write on and off.
     std::vector<unsigned char> rr(1 << 20, 0);

@@ -330,11 +330,11 @@ TEST_CASE("empty handles are safe to query and destroy", "[unit][handles]") {
   CHECK(mr.lkey() == 0);
   CHECK(mr.length() == 0);
   CHECK(qp.qp_num() == 0);
-  CHECK(pd.dealloc());
-  CHECK(mr.dereg());
+  CHECK(pd.destroy());
+  CHECK(mr.destroy());
   CHECK(cq.destroy());
   CHECK(qp.destroy());
-  CHECK(ctx.close());
+  CHECK(ctx.destroy());
   CHECK(failures.empty());
 }
 
