@@ -78,7 +78,7 @@ int main(int argc, char **argv) {
           !b.submit() || !bench::rdmaxx_wait(s.cq_b, wc) || !k.complete(wc))
         return false;
       const auto seg = k.segments()[0];
-      if (!peer_write(seg.addr, seg.rkey) || !k.invalidate()) return false;
+      if (!peer_write(seg.addr, seg.rkey) || !k.revoke()) return false;
     }
     return true;
   };

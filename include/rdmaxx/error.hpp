@@ -184,7 +184,7 @@ enum class errc : int {
   region_granted,
   /// An mlx5 IndirectKey was configured over another key that has since been invalidated or
   /// given a new tag (reconfigured): the device refuses every access through it, so it hands out
-  /// no descriptor, SGE or nesting. Invalidate the key (IndirectKey::invalidate) and configure
+  /// no descriptor, SGE or nesting. Revoke the key (IndirectKey::revoke) and configure
   /// it again over the nested key as it is now.
   stale_key,
 };

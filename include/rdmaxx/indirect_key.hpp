@@ -17,15 +17,15 @@
 ///     panic the kernel; elsewhere (or with ikey_options::trusted_peers/type2) one type-2 window per
 ///     segment over the underlying region. configure() adds the binds to the send batch; the
 ///     descriptor carries the segments' window rkeys, and the initiator splits a write or read
-///     into one work request per touched segment (write_indirect / read_indirect). invalidate()
+///     into one work request per touched segment (write_indirect / read_indirect). revoke()
 ///     deallocates the windows: the peer's keys stop working at once. Each segment is a grant
 ///     slot (detail/grant_slot.hpp, as in StrictGrant and GrantPool). The exact regions stay
-///     after invalidate(), so that configuring the same segments again registers nothing (a
+///     after revoke(), so that configuring the same segments again registers nothing (a
 ///     repeated layout costs about what the type-2 backend's cycle costs); the next configure
-///     releases those its layout does not use, release_regions() all of them. While the key
-///     holds an exact region it counts as a child of the underlying MemoryRegion: destroy() of
-///     that answers errc::busy (release_regions() first; a destructor defers the deregistration
-///     instead). There is no single lkey/rkey (both are 0).
+///     deregisters those its layout does not use, destroy_kept_regions() all of them. While the
+///     key holds an exact region it counts as a child of the underlying MemoryRegion: destroy()
+///     of that answers errc::region_granted (destroy_kept_regions() first; a destructor defers
+///     the deregistration instead). There is no single lkey/rkey (both are 0).
 /// The backend is chosen at creation: mlx5 where mlx5dv_is_supported, DEVX QUERY_HCA_CAP answers
 /// (a failed query fails closed), the device allows UMR atomics and an mkey can be created,
 /// software otherwise; forced to software by ikey_options::backend or RDMAXX_UMR=software.
@@ -42,7 +42,7 @@
 ///     does not revoke the outer one (on mlx5 it does).
 ///
 /// Lifetime: borrows its ProtectionDomain (destroy the key first). While configured with remote
-/// rights it counts as a child of the QP its windows were bound through (destroy or invalidate
+/// rights it counts as a child of the QP its windows were bound through (destroy or revoke
 /// the key before that QP: rxe blocks for tens of seconds destroying a QP with bound type-2 windows: README).
 /// A key with a configure (or mlx5 invalidate) in an open batch must stay alive, at its address,
 /// until that batch is submitted or dropped: a dropped batch or a failed submit() undoes the
@@ -66,8 +66,8 @@
 ///
 /// Threads: an IndirectKey is used by one thread at a time, like the SendBatch it posts through
 /// (the provider holds the QP's send-queue lock from ibv_wr_start to ibv_wr_complete, so a
-/// thread must not configure or invalidate while another thread's batch is open on that QP).
-/// Every member, const ones included, reads state another thread's configure(), invalidate()
+/// thread must not configure or revoke while another thread's batch is open on that QP).
+/// Every member, const ones included, reads state another thread's configure(), revoke()
 /// or complete() writes without a lock: give a key and the completions that concern it to one
 /// thread (the one polling its QP's CQ), or serialize them. On mlx5 an outer key reads the state
 /// of the keys nested in it (stale()): nested keys follow the same rule together. What is shared
@@ -150,8 +150,8 @@ struct ikey_state {
   // GrantPool share): its window while configured with remote rights and, with
   // grant_mechanism::type1_exact_region, a region of exactly the segment's bytes (the type-1
   // window is bound over all of it) with a count on the underlying MemoryRegion (links). The
-  // exact regions outlive invalidate(): the next configure reuses those whose segment is
-  // unchanged and releases the others (release_regions() gives them all back).
+  // exact regions outlive revoke(): the next configure reuses those whose segment is
+  // unchanged and deregisters the others (destroy_kept_regions() all of them).
   grant_slot *slots = nullptr;
   child_link *links = nullptr;
   std::uint32_t nsegs = 0;
@@ -184,7 +184,7 @@ struct ikey_state {
   // Deallocating (not invalidating) the windows: never a local invalidate of a type-2 window
   // that may not be bound (rxe panics), and the peer's rkeys die at once. Returns the first
   // errno; the windows that could not be deallocated stay (and so do the regions under them).
-  int release_windows() noexcept {
+  int destroy_windows() noexcept {
     int first = 0;
     for (std::uint32_t i = 0; i < nwindows; ++i)
       if (slots[i].window)
@@ -193,7 +193,7 @@ struct ikey_state {
     return first;
   }
   // Slot i's exact region and the count on its underlying region (after its window).
-  int release_region(std::uint32_t i) noexcept {
+  int destroy_region(std::uint32_t i) noexcept {
     if (slots[i].region)
       if (auto r = slots[i].region.destroy(); !r) return r.error().value();
     slots[i].data = nullptr;
@@ -201,17 +201,17 @@ struct ikey_state {
     return 0;
   }
   // The exact regions of slots [from, nkept).
-  int release_regions(std::uint32_t from = 0) noexcept {
+  int destroy_regions(std::uint32_t from = 0) noexcept {
     int first = 0;
     for (std::uint32_t i = from; i < nkept; ++i)
-      if (const int rc = release_region(i); rc != 0 && first == 0) first = rc;
+      if (const int rc = destroy_region(i); rc != 0 && first == 0) first = rc;
     if (first == 0 && nkept > from) nkept = from;
     return first;
   }
   // Windows, then exact regions (a region with a bound window cannot be deregistered).
-  int release_all() noexcept {
-    if (const int rc = release_windows()) return rc;
-    return release_regions();
+  int destroy_all() noexcept {
+    if (const int rc = destroy_windows()) return rc;
+    return destroy_regions();
   }
   ~ikey_state() {
     delete[] segs;
@@ -307,15 +307,15 @@ public:
   [[nodiscard]] std::uint32_t max_entries() const noexcept { return h_ ? st().max_entries : 0; }
   /// Software: flat segments the key can hold.
   [[nodiscard]] std::uint32_t max_segments() const noexcept { return h_ ? st().max_segments : 0; }
-  /// True from a successful configure() (its operations added to the batch) until invalidate().
-  /// mlx5: until the invalidate is confirmed (the key may work until then), see pending().
+  /// True from a successful configure() (its operations added to the batch) until revoke().
+  /// mlx5: until the revoke (a local invalidate) is confirmed (the key may work until then), see pending().
   [[nodiscard]] bool configured() const noexcept { return h_ && st().configured; }
-  /// A configure (or, mlx5, an invalidate) added to a batch is not confirmed yet (hand its
+  /// A configure (or, mlx5, a revoke) added to a batch is not confirmed yet (hand its
   /// completion to complete(); a dropped batch or a failed submit() undoes it).
   [[nodiscard]] bool pending() const noexcept;
   /// mlx5: configured over a nested key that has since been invalidated or re-tagged (or is
   /// itself stale): the device refuses every access through this key, so descriptor(), sges()
-  /// and nesting answer errc::stale_key until it is invalidated and configured again. Software:
+  /// and nesting answer errc::stale_key until it is revoked and configured again. Software:
   /// false (a nested software key is copied at configure time).
   [[nodiscard]] bool stale() const noexcept {
 #if RDMAXX_HAVE_MLX5
@@ -340,7 +340,7 @@ public:
   /// The PD the key was created on, or nullptr when null.
   [[nodiscard]] ibv_pd *pd() const noexcept { return h_ ? st().pd : nullptr; }
   /// The key's own work request id (detail::object_ids: never handed to another object of this
-  /// process): what its configure and invalidate carry when given own_wr_id (the default), and
+  /// process): what its configure and revoke carry when given own_wr_id (the default), and
   /// so what their completions carry. 0 when null.
   [[nodiscard]] std::uint64_t wr_id() const noexcept { return h_ ? st().id : 0; }
 
@@ -409,7 +409,7 @@ public:
   /// \errors Nothing is then added to the batch:
   /// - errc::null_handle: a null key or QP.
   /// - errc::foreign_wr_id: `w.id` is another window's or key's own id (leave own_wr_id).
-  /// - errc::already_bound: configured (invalidate first).
+  /// - errc::already_bound: configured (revoke first).
   /// - errc::operation_unconfirmed: mlx5: an operation is unconfirmed.
   /// - errc::not_umr_qp: mlx5: `qp` lacks the mlx5 UMR send operations.
   /// - errc::key_retired: mlx5: the mkey's tags are used up (the second configure where the
@@ -439,8 +439,8 @@ public:
   [[nodiscard]] result<void> configure(SendBatch &batch, QueuePair &qp, const layout &l,
                                        access_flags acc, wr w = {window_wr_id}) noexcept;
 
-  /// Invalidate: the key stops working. mlx5: a local invalidate of the mkey added to `batch`
-  /// (ibv_wr_local_inv), posted signaled whatever w.flags says; the key stays configured() (it
+  /// Revoke: the key stops working and the object stays (configure it again). mlx5: a local
+  /// invalidate of the mkey added to `batch` (ibv_wr_local_inv), posted signaled whatever w.flags says; the key stays configured() (it
   /// may still work) and pending() until that completion (this QP, w.id, IBV_WC_LOCAL_INV) is
   /// handed to complete(); a dropped batch or a failed submit() undoes
   /// it (the key stays configured). Software: the windows are deallocated now (ibv_dealloc_mw), so
@@ -457,27 +457,37 @@ public:
   /// - errc::send_queue_full: mlx5: the QP's counted send queue has no room.
   /// - the errno of ibv_dealloc_mw (the key is invalid regardless).
   /// \mallocs None.
-  [[nodiscard]] result<void> invalidate(SendBatch &batch, wr w = {window_wr_id}) noexcept;
-  /// Software only: invalidate now, without a work request (as above).
+  [[nodiscard]] result<void> revoke(SendBatch &batch, wr w = {window_wr_id}) noexcept;
+  /// Software only: revoke now, without a work request (as above: ibv_dealloc_mw per window).
   /// \errors
   /// - errc::null_handle: the key is null.
   /// - errc::not_bound: not configured.
   /// - errc::wrong_type: mlx5 (use the batch form).
   /// - the errno of ibv_dealloc_mw.
   /// \mallocs None.
-  [[nodiscard]] result<void> invalidate() noexcept;
+  [[nodiscard]] result<void> revoke() noexcept;
+  /// The former names of revoke().
+  [[deprecated("use revoke()")]] [[nodiscard]] result<void> invalidate(SendBatch &batch,
+                                                                       wr w = {window_wr_id}) noexcept {
+    return revoke(batch, w);
+  }
+  [[deprecated("use revoke()")]] [[nodiscard]] result<void> invalidate() noexcept { return revoke(); }
 
   /// Software, exact-region mechanism: deregister the regions the key kept for its next
   /// configure (ibv_dereg_mr each) and drop its counts on the underlying MemoryRegions, so those
-  /// can be deregistered. Nothing to do on mlx5 or when none is kept.
+  /// can be destroyed. Nothing to do on mlx5 or when none is kept.
   /// \errors
   /// - errc::null_handle: the key is null.
-  /// - errc::already_bound: configured (its layout uses them: invalidate first).
+  /// - errc::already_bound: configured (its layout uses them: revoke first).
   /// - the errno of ibv_dereg_mr (the regions not deregistered stay kept).
   /// \mallocs None.
-  result<void> release_regions() noexcept;
+  result<void> destroy_kept_regions() noexcept;
+  /// The former name of destroy_kept_regions().
+  [[deprecated("use destroy_kept_regions()")]] result<void> release_regions() noexcept {
+    return destroy_kept_regions();
+  }
   /// Software: exact regions the key holds (its layout's while configured; kept for the next
-  /// configure after invalidate()).
+  /// configure after revoke()).
   [[nodiscard]] std::uint32_t kept_regions() const noexcept {
     if (!h_ || st().backend != umr_backend::software) return 0;
     std::uint32_t k = 0;
@@ -493,7 +503,7 @@ public:
   /// \errors
   /// - errc::null_handle: the key is null.
   /// - errc::wrong_state: not configured.
-  /// - errc::operation_unconfirmed: mlx5: the configure or an invalidate is unconfirmed (work on
+  /// - errc::operation_unconfirmed: mlx5: the configure or a revoke is unconfirmed (work on
   ///   another QP is not ordered after the configure, and it may still fail).
   /// - errc::stale_key: mlx5: a key nested in the layout was invalidated or re-tagged (stale()).
   /// - errc::zero_length: `length` is 0.
@@ -523,9 +533,9 @@ public:
   /// - errc::null_handle: the key is null.
   /// - errc::wrong_state: not configured.
   /// - errc::operation_unconfirmed: the configure's completion was not handed to complete() yet
-  ///   (mlx5: also an unconfirmed invalidate).
+  ///   (mlx5: also an unconfirmed revoke).
   /// - errc::stale_key: mlx5: a key nested in the layout was invalidated or re-tagged since the
-  ///   configure (stale()): the device would refuse the peer; invalidate and configure again.
+  ///   configure (stale()): the device would refuse the peer; revoke and configure again.
   /// - errc::missing_access: no remote rights.
   /// - errc::too_many_entries / out_of_range: an mlx5 key longer than one segment can say (more
   ///   than 4 GiB).
@@ -537,7 +547,7 @@ public:
   /// comment (the destruction deferred until the operation ended, and the destroy-failure hook
   /// told).
   /// \errors On failure the key stays valid:
-  /// - errc::operation_unconfirmed: mlx5: a configure or invalidate is posted and its completion
+  /// - errc::operation_unconfirmed: mlx5: a configure or revoke is posted and its completion
   ///   not handed to complete() (the device may still be writing the mkey).
   /// - errc::busy: mlx5: an outer key configured over this one is alive.
   /// - the errno of the verbs.
@@ -551,7 +561,7 @@ public:
 
   /// Hand a completion to the key (mlx5, see mlx5::complete_key): the unconfirmed operation's own
   /// completion (the QP it was posted on, its wr_id and, when successful, its opcode) confirms
-  /// it (success) or undoes it (error: configure -> not configured, invalidate -> still
+  /// it (success) or undoes it (error: configure -> not configured, revoke -> still
   /// configured); no other completion confirms anything. A receive completion with
   /// IBV_WC_WITH_INV naming the key's rkey (a peer's send-with-invalidate) revokes it when the
   /// key was created with ikey_options::remote_invalidate and the receive arrived on the QP the
@@ -606,20 +616,24 @@ public:
     RDMAXX_TRYV(configure(batch, qp, l, acc, w));
     return batch.submit(); // a failed submit undid the configure
   }
-  /// Invalidate through a batch of its own on `qp` (mlx5: always signaled; hand the completion to
+  /// Revoke through a batch of its own on `qp` (mlx5: always signaled; hand the completion to
   /// complete(); never while a batch is open on `qp`, see configure(qp, l, acc)); software: as
-  /// invalidate(). If the submit
-  /// fails the key stays configured.
+  /// revoke(). If the submit fails the key stays configured.
   /// \errors
-  /// - those of invalidate(batch, w).
+  /// - those of revoke(batch, w).
   /// - errc::wrong_state: also when the QP has not reached RTS.
   /// - the errno of ibv_wr_complete.
   /// \mallocs None.
-  [[nodiscard]] result<void> invalidate(QueuePair &qp, wr w = {window_wr_id, send_flag::signaled}) noexcept {
-    if (backend() != umr_backend::mlx5) return invalidate();
+  [[nodiscard]] result<void> revoke(QueuePair &qp, wr w = {window_wr_id, send_flag::signaled}) noexcept {
+    if (backend() != umr_backend::mlx5) return revoke();
     auto batch = qp.start_send();
-    RDMAXX_TRYV(invalidate(batch, w));
-    return batch.submit(); // a failed submit undid the invalidate
+    RDMAXX_TRYV(revoke(batch, w));
+    return batch.submit(); // a failed submit undid the revoke
+  }
+  /// The former name of revoke(qp, w).
+  [[deprecated("use revoke()")]] [[nodiscard]] result<void>
+  invalidate(QueuePair &qp, wr w = {window_wr_id, send_flag::signaled}) noexcept {
+    return revoke(qp, w);
   }
 
 private:
@@ -639,7 +653,7 @@ private:
         return EBUSY;
       }
 #endif
-      if (const int rc = s->release_all()) return rc;
+      if (const int rc = s->destroy_all()) return rc;
 #if RDMAXX_HAVE_MLX5
       if (s->mkey) {
         if (const int rc = s->destroy_mkey(s->mkey)) return rc;
@@ -879,7 +893,7 @@ inline result<void> IndirectKey::configure(SendBatch &batch, QueuePair &qp, cons
     for (std::size_t i = 0; i < n; ++i)
       if (!s.segs[i].mr) return layout_error(errc::null_handle, no_entry); // raw region
     // Type-2 windows over the segments' own regions: no exact regions.
-    if (const int rc = s.release_regions()) return errno_code(rc);
+    if (const int rc = s.destroy_regions()) return errno_code(rc);
     RDMAXX_TRYV(bind_windows(batch, qp, remote, n, w, mw_type::type2));
     h_.set_parent<detail::parent_slot::second>(detail::handle_access::node(qp));
   }
@@ -897,7 +911,7 @@ inline result<void> IndirectKey::configure(SendBatch &batch, QueuePair &qp, cons
   return success();
 }
 
-inline result<void> IndirectKey::invalidate(SendBatch &batch, wr w) noexcept {
+inline result<void> IndirectKey::revoke(SendBatch &batch, wr w) noexcept {
   if (!h_) return make_error_code(errc::null_handle);
   if (auto ec = detail::resolve_wr(w, st().id)) return ec;
   if (!st().configured) return make_error_code(errc::not_bound);
@@ -912,15 +926,15 @@ inline result<void> IndirectKey::invalidate(SendBatch &batch, wr w) noexcept {
 #endif
   (void)batch;
   (void)w;
-  return invalidate();
+  return revoke();
 }
 
-inline result<void> IndirectKey::invalidate() noexcept {
+inline result<void> IndirectKey::revoke() noexcept {
   if (!h_) return make_error_code(errc::null_handle);
   detail::ikey_state &s = st();
   if (s.backend != umr_backend::software) return make_error_code(errc::wrong_type);
   if (!s.configured) return make_error_code(errc::not_bound);
-  const int rc = s.release_windows(); // the exact regions stay for the next configure
+  const int rc = s.destroy_windows(); // the exact regions stay for the next configure
   s.configured = false;
   s.binds_unconfirmed = false;
   s.nsegs = 0;
@@ -930,11 +944,11 @@ inline result<void> IndirectKey::invalidate() noexcept {
   return success();
 }
 
-inline result<void> IndirectKey::release_regions() noexcept {
+inline result<void> IndirectKey::destroy_kept_regions() noexcept {
   if (!h_) return make_error_code(errc::null_handle);
   if (st().configured) return make_error_code(errc::already_bound);
   if (st().backend != umr_backend::software) return success();
-  if (const int rc = st().release_regions()) return errno_code(rc);
+  if (const int rc = st().destroy_regions()) return errno_code(rc);
   return success();
 }
 
@@ -1011,7 +1025,7 @@ inline bool IndirectKey::complete(const ibv_wc &wc) noexcept {
   // The last bind's own completion: the earlier, unsignaled binds of the configure executed
   // before it (one send queue, in order), so it confirms (or, failed, rolls back) every window.
   for (std::uint32_t i = 0; i < s.nwindows; ++i) (void)s.slots[i].window.complete(wc);
-  if (wc.status != IBV_WC_SUCCESS) (void)invalidate(); // a bind failed or was flushed: no key
+  if (wc.status != IBV_WC_SUCCESS) (void)revoke(); // a bind failed or was flushed: no key
   return true;
 }
 
@@ -1040,7 +1054,7 @@ inline void IndirectKey::undo_op(void *key, std::uint64_t) noexcept {
     return;
   }
 #endif
-  if (self->st().configured) (void)self->invalidate();
+  if (self->st().configured) (void)self->revoke();
 }
 
 inline bool IndirectKey::usable_locally() const noexcept {
@@ -1062,12 +1076,12 @@ inline result<void> IndirectKey::configure_exact(SendBatch &batch, QueuePair &qp
         s.links[i].parent() == g.node)
       continue;
     if (i < s.nkept)
-      if (const int rc = s.release_region(i)) return errno_code(rc);
+      if (const int rc = s.destroy_region(i)) return errno_code(rc);
     if (i >= s.nkept) s.nkept = i + 1;
     RDMAXX_TRYV(s.slots[i].reg_exact(h_.parent(), s.pd, g.data, g.length, g.addr, racc));
     s.links[i] = detail::child_link(g.node, child_kind::indirect_key);
   }
-  if (const int rc = s.release_regions(std::uint32_t(n))) return errno_code(rc);
+  if (const int rc = s.destroy_regions(std::uint32_t(n))) return errno_code(rc);
   return bind_windows(batch, qp, remote, n, w, mw_type::type1);
 }
 
@@ -1077,7 +1091,7 @@ inline result<void> IndirectKey::bind_windows(SendBatch &batch, QueuePair &qp, a
   for (std::uint32_t i = 0; i < n; ++i) {
     s.nwindows = i + 1;
     if (auto r = s.slots[i].alloc_window(h_.parent(), s.pd, type); !r) {
-      s.release_windows();
+      s.destroy_windows();
       return r.error();
     }
   }
@@ -1087,7 +1101,7 @@ inline result<void> IndirectKey::bind_windows(SendBatch &batch, QueuePair &qp, a
   for (std::uint32_t i = 0; i < n; ++i) {
     const key_segment &g = s.segs[i];
     if (auto ec = s.slots[i].check_segment(qp, g.mr, own, g.length, remote)) {
-      s.release_windows();
+      s.destroy_windows();
       return ec;
     }
   }

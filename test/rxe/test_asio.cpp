@@ -1212,7 +1212,7 @@ TEST_CASE("[asio] attached grants and keys: settled() after each grant and revok
       bt.write({0xC0, send_flag::signaled}, {std::uint64_t(std::uintptr_t(sink)), kmr.rkey()}, smr.sge(0, 16));
       need(bt.submit(), "own write");
       need(b.revoke(qo), "revoke b");
-      need(k.invalidate(), "invalidate k");
+      need(k.revoke(), "invalidate k");
       if (auto s = co_await ra::settled(router, b, q, ra::after_ms(5000)); !s) errs[3] = s.error();
       if (auto s = co_await ra::settled(router, a, q, ra::after_ms(5000)); !s) errs[4] = s.error();
       auto w = co_await own.wait(ra::after_ms(5000));

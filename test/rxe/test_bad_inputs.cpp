@@ -264,7 +264,7 @@ void bad_input_world::finish() {
     std::memcpy(want_tgt.data() + 3095, src.data() + 3800, 5);
     std::memcpy(want_tgt.data() + 100, src.data() + 3805, 5);
     CHECK(tgt == want_tgt);
-    need(k.invalidate(), "invalidate k");
+    need(k.revoke(), "invalidate k");
   }
   CHECK(need(lb.a.state(), "state a") == IBV_QPS_RTS);
   CHECK(need(lb.b.state(), "state b") == IBV_QPS_RTS);

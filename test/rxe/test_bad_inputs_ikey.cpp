@@ -148,21 +148,21 @@ TEST_CASE_METHOD(bad_input_world, "bad inputs: layout / IndirectKey", "[bad-inpu
         [&] {
           return configure_with(k2, p2.b, layout::list({{mt, 0, 8}}), remote_rw);
         });
-  t.add("IndirectKey::release_regions", "moved-from key", is(errc::null_handle),
-        [&] { return err(k_moved.release_regions()); });
-  t.add("IndirectKey::release_regions", "a configured key (its layout uses them)", is(errc::already_bound),
-        [&] { return err(kc.release_regions()); });
-  t.add("IndirectKey::invalidate", "unconfigured key", is(errc::not_bound),
-        [&] { return err(k.invalidate()); });
-  t.add("IndirectKey::invalidate (batch)", "unconfigured key", is(errc::not_bound), [&] {
+  t.add("IndirectKey::destroy_kept_regions", "moved-from key", is(errc::null_handle),
+        [&] { return err(k_moved.destroy_kept_regions()); });
+  t.add("IndirectKey::destroy_kept_regions", "a configured key (its layout uses them)", is(errc::already_bound),
+        [&] { return err(kc.destroy_kept_regions()); });
+  t.add("IndirectKey::revoke", "unconfigured key", is(errc::not_bound),
+        [&] { return err(k.revoke()); });
+  t.add("IndirectKey::revoke (batch)", "unconfigured key", is(errc::not_bound), [&] {
     auto b = lb.b.start_send();
-    return err(k.invalidate(b));
+    return err(k.revoke(b));
   });
-  t.add("IndirectKey::invalidate", "moved-from key", is(errc::null_handle),
-        [&] { return err(k_moved.invalidate()); });
-  t.add("IndirectKey::invalidate (batch)", "moved-from key", is(errc::null_handle), [&] {
+  t.add("IndirectKey::revoke", "moved-from key", is(errc::null_handle),
+        [&] { return err(k_moved.revoke()); });
+  t.add("IndirectKey::revoke (batch)", "moved-from key", is(errc::null_handle), [&] {
     auto b = lb.b.start_send();
-    return err(k_moved.invalidate(b));
+    return err(k_moved.revoke(b));
   });
   std::array<ibv_sge, 4> sg{};
   t.add("IndirectKey::sges", "moved-from key", is(errc::null_handle),

@@ -133,7 +133,7 @@ struct ikey_form {
   [[nodiscard]] bool confirmed() const { return k.configured() && k.descriptor().has_value(); }
   [[nodiscard]] bool idle() const { return !k.configured(); }
   void complete(const ibv_wc &wc) { (void)k.complete(wc); }
-  void post_revoke(std::uint64_t) { need(k.invalidate(), "invalidate"); }
+  void post_revoke(std::uint64_t) { need(k.revoke(), "invalidate"); }
 };
 
 // Grant through a submitted batch and confirm with the operation's own completion (the pool's

@@ -190,7 +190,7 @@ TEST_CASE("a software IndirectKey hands out its descriptor only once its binds' 
   CHECK_FALSE(key.pending());
   const auto d = need(key.descriptor(), "descriptor");
   REQUIRE(d.segments().size() == 2);
-  need(key.invalidate(), "invalidate");
+  need(key.revoke(), "invalidate");
 
   // An error completion of the configure (a failed or flushed bind) undoes it: no key, and the
   // keys it would have handed out are dead.
@@ -347,7 +347,7 @@ TEST_CASE("a software IndirectKey reuses the exact regions of unchanged segments
   CHECK(key.kept_regions() == 2);
   CHECK(mr_count() == base + 2);
   const auto first = need(key.descriptor(), "descriptor 1");
-  need(key.invalidate(), "invalidate");
+  need(key.revoke(), "invalidate");
   CHECK(key.kept_regions() == 2); // kept for the next configure
   // The old keys are dead at once although the regions stay (they carry no remote rights).
   CHECK(is_denial(peer_post(lb.a, lb.cq_a, IBV_WR_RDMA_WRITE, src_mr.sge(0, 16), first.segments()[0].addr,
@@ -370,20 +370,20 @@ TEST_CASE("a software IndirectKey reuses the exact regions of unchanged segments
                             first.segments()[1].rkey)));
   CHECK(all_equal(mem.data(), mem.size(), 0));
   lb.recover();
-  need(key.invalidate(), "invalidate 2");
+  need(key.revoke(), "invalidate 2");
 
   // One segment changed: its region is replaced, the other kept; a shorter layout gives back the
   // regions it does not use.
   configure_confirmed(lb, key, layout::list({{mr, 100, 300}, {mr, 6000, 200}}), 63);
   CHECK(key.kept_regions() == 2);
   CHECK(mr_count() == base + 2);
-  need(key.invalidate(), "invalidate 3");
+  need(key.revoke(), "invalidate 3");
   configure_confirmed(lb, key, layout::list({{mr, 100, 300}}), 64);
   CHECK(key.kept_regions() == 1);
   CHECK(mr_count() == base + 1);
-  CHECK(key.release_regions().error() == errc::already_bound); // its layout uses them
-  need(key.invalidate(), "invalidate 4");
-  need(key.release_regions(), "release_regions");
+  CHECK(key.destroy_kept_regions().error() == errc::already_bound); // its layout uses them
+  need(key.revoke(), "invalidate 4");
+  need(key.destroy_kept_regions(), "destroy_kept_regions");
   CHECK(key.kept_regions() == 0);
   CHECK(mr_count() == base);
   need(mr.destroy(), "dereg: nothing counts on it any more");

@@ -372,7 +372,7 @@ TEST_CASE("[hostile] indirect-key segment keys: each reaches exactly its segment
     use_inside(p, o, sg.addr, sg.length, sg.rkey, owner_off[i], unsigned(30 + i)); // still granted
   }
   // The underlying MRs' own rkeys are not handed out; revoke and check every segment key dead.
-  need(key.invalidate(), "invalidate");
+  need(key.revoke(), "invalidate");
   for (const remote_segment &sg : desc.segments()) {
     expect_dead(p, o, sg.addr, sg.length, sg.rkey, "after invalidate");
     invalidate_attacks(p, o, sg.rkey);
@@ -380,7 +380,7 @@ TEST_CASE("[hostile] indirect-key segment keys: each reaches exactly its segment
   // The key keeps its exact regions for the next configure, so m1 is still counted; giving
   // them back frees it.
   CHECK(m1.destroy().error() == errc::region_granted);
-  need(key.release_regions(), "release the kept exact regions");
+  need(key.destroy_kept_regions(), "release the kept exact regions");
   need(m1.destroy(), "dereg m1 after the key is invalidated");
   need(key.destroy(), "destroy key");
   o.check("indirect key");

@@ -360,14 +360,14 @@ TEST_CASE("ikey: after invalidation the key no longer works; it can be configure
   t.reset();
   {
     auto batch = lb.b.start_send();
-    need(key.invalidate(batch), "invalidate");
+    need(key.revoke(batch), "invalidate");
   } // nothing was added: the software backend revokes at once
   CHECK_FALSE(key.configured());
   CHECK(lb.b.live_children() == 0);
   CHECK(key.descriptor().error() == errc::wrong_state);
   ibv_sge sg[4];
   CHECK(key.sges(0, 1, sg).error() == errc::wrong_state);
-  CHECK(key.invalidate().error() == errc::not_bound);
+  CHECK(key.revoke().error() == errc::not_bound);
   // the peer's old descriptor: every segment's rkey is dead
   const auto before = t.image();
   write_through(lb, d, 0, msrc, 60, IBV_WC_REM_ACCESS_ERR);

@@ -306,7 +306,7 @@ TEST_CASE("a parent and its last child destroyed on two threads at once, for eac
       stress("ProtectionDomain + MemoryRegion x2 / IndirectKey (its exact regions kept)", 3, [&] {
         key_round r(ctx, b1, b2);
         auto k = r.key();
-        need(k->invalidate(), "invalidate"); // the windows go; the exact regions stay, on the PD
+        need(k->revoke(), "invalidate"); // the windows go; the exact regions stay, on the PD
         r.qps.reset();
         together([&] { r.pd.reset(); r.m1.reset(); r.m2.reset(); }, [&] { k.reset(); });
       });

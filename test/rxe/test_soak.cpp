@@ -91,7 +91,7 @@ TEST_CASE("soak: grant/revoke, rereg and indirect-key cycles leave no kernel res
         REQUIRE(std::memcmp(target.data() + 30000, src.data() + 500, 500) == 0);
         ++writes_checked;
       }
-      need(key.invalidate(), "invalidate key");
+      need(key.revoke(), "invalidate key");
       ++ikey_cycles;
     }
   }

@@ -47,4 +47,21 @@ TEST_CASE("deprecated: ExactGrant::revoke is destroy", "[unit][deprecated]") {
   CHECK(g.revoke().has_value()); // an empty grant: success, nothing is called
 }
 
+TEST_CASE("deprecated: IndirectKey::invalidate is revoke", "[unit][deprecated]") {
+  IndirectKey k;
+  QueuePair qp;
+  CHECK(same(k.invalidate(), k.revoke()));
+  CHECK(same(k.invalidate(qp), k.revoke(qp)));
+  auto batch = qp.start_send(); // a batch of a null QP: the key answers first
+  CHECK(same(k.invalidate(batch), k.revoke(batch)));
+  CHECK(k.invalidate().error() == errc::null_handle);
+  CHECK(k.invalidate(qp).error() == errc::null_handle);
+}
+
+TEST_CASE("deprecated: IndirectKey::release_regions is destroy_kept_regions", "[unit][deprecated]") {
+  IndirectKey k;
+  CHECK(same(k.release_regions(), k.destroy_kept_regions()));
+  CHECK(k.release_regions().error() == errc::null_handle);
+}
+
 #pragma GCC diagnostic pop
