@@ -183,7 +183,7 @@ struct rig {
         return false;
       ++cnt->posts;
       if (!pool.revoke(s.b, lease)) return false;
-      if (!poll_until(s.cq_b, [&] { return lease.state() == lease_state::ready; }) || !pool.release(lease))
+      if (!poll_until(s.cq_b, [&] { return lease.state() == lease_state::ready; }) || !pool.give_back(lease))
         return false;
       ++cnt->requests;
     }
@@ -204,7 +204,7 @@ struct rig {
           !serve() || !take_reply())
         return false;
       if (prev) {
-        if (!poll_until(s.cq_b, [&] { return prev.state() == lease_state::ready; }) || !pool.release(prev))
+        if (!poll_until(s.cq_b, [&] { return prev.state() == lease_state::ready; }) || !pool.give_back(prev))
           return false;
       }
       prev = std::move(lease);
@@ -213,7 +213,7 @@ struct rig {
     if (!prev) return true;
     ++cnt->posts;
     return pool.revoke(s.b, prev) &&
-           poll_until(s.cq_b, [&] { return prev.state() == lease_state::ready; }) && pool.release(prev);
+           poll_until(s.cq_b, [&] { return prev.state() == lease_state::ready; }) && pool.give_back(prev);
   }
   bool pooled_dropped(long n) noexcept {
     for (long i = 0; i < n; ++i) {

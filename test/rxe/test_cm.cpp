@@ -397,7 +397,7 @@ TEST_CASE("resolve + connect_with: a GrantPool on the connection's own PD, its o
     }
     CHECK(lease.state() == lease_state::ready);
     CHECK(need(lease.buffer(), "buffer").size() == 4096);
-    need(pool.release(lease), "release");
+    need(pool.give_back(lease), "release");
     need(c.disconnect(), "disconnect");
     server.join();
     INFO(server_ec.message());

@@ -473,7 +473,7 @@ TEST_CASE("a GrantPool with lazy slots makes each slot at its first lease; a fai
     REQUIRE(l.state() == lease_state::ready);
     CHECK(is_denial(peer_post(lb.a, lb.cq_a, IBV_WR_RDMA_WRITE, src_mr.sge(0, 64), d.addr, d.rkey)));
     lb.recover();
-    need(pool.release(l), "release");
+    need(pool.give_back(l), "release");
     // The next lease reuses the made slot: nothing new registered.
     auto l2 = need(pool.acquire(), "acquire again");
     CHECK(l2.slot() == 0);
@@ -482,8 +482,8 @@ TEST_CASE("a GrantPool with lazy slots makes each slot at its first lease; a fai
     CHECK(l3.slot() == 1);
     CHECK(pool.stats().slots_made == 2);
     CHECK(mr_count() == mrs0 + 4); // two slots' exact regions, src and sink
-    need(pool.release(l2), "release");
-    need(pool.release(l3), "release");
+    need(pool.give_back(l2), "release");
+    need(pool.give_back(l3), "release");
     need(pool.destroy(), "destroy");
   }
   CHECK(kernel_resources() == before);

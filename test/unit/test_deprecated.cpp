@@ -64,4 +64,11 @@ TEST_CASE("deprecated: IndirectKey::release_regions is destroy_kept_regions", "[
   CHECK(k.release_regions().error() == errc::null_handle);
 }
 
+TEST_CASE("deprecated: GrantPool::release(lease) is give_back", "[unit][deprecated]") {
+  GrantPool p;
+  GrantLease l;
+  CHECK(same(p.release(l), p.give_back(l)));
+  CHECK(p.release(l).error() == errc::null_handle);
+}
+
 #pragma GCC diagnostic pop
