@@ -70,7 +70,7 @@ int main(int argc, char **argv) {
   const layout l = layout::list({{m1, 3, 301}, {m2, 100, 333}, {m3, 7, 350},
                                  {m1, 4000, 299}, {m3, 5000, 360}, {m2, 6000, 355}});
   auto k_safe = bench::must(IndirectKey::create(s.pd, 8), "ikey default");
-  auto k_t2 = bench::must(IndirectKey::create(s.pd, 8, {.trusted_peers = true, .type2 = bench::accept_risk}), "ikey type 2");
+  auto k_t2 = bench::must(IndirectKey::create(s.pd, 8, {.grant = {.trusted_peers = true, .type2 = bench::accept_risk}}), "ikey type 2");
   auto ikey_cycle = [&](IndirectKey &k, long n) {
     for (long i = 0; i < n; ++i) {
       auto b = s.b.start_send();

@@ -14,8 +14,8 @@
 ///     create()): on rxe (grant_mechanism::type1_exact_region) a region of exactly the segment's
 ///     bytes at the same device address plus a type-1 window over all of it, so that every
 ///     segment key reaches exactly its segment's bytes and no peer's send-with-invalidate can
-///     panic the kernel; elsewhere (or with ikey_options::trusted_peers/type2) one type-2 window per
-///     segment over the underlying region. configure() adds the binds to the send batch; the
+///     panic the kernel; elsewhere (or with ikey_options::grant: trusted_peers, type2) one type-2
+///     window per segment over the underlying region. configure() adds the binds to the send batch; the
 ///     descriptor carries the segments' window rkeys, and the initiator splits a write or read
 ///     into one work request per touched segment (write_indirect / read_indirect). revoke()
 ///     deallocates the windows: the peer's keys stop working at once. Each segment is a grant
@@ -126,16 +126,11 @@ struct ikey_options {
   /// creates the mkey with MLX5DV_MKEY_INIT_ATTR_FLAGS_REMOTE_INVALIDATE. Without it such a send
   /// fails at the peer's side. Off by default: any peer holding the key could revoke it.
   bool remote_invalidate = false;
-  /// Software: the peers are trusted (see grant_options::trusted_peers): type-2 windows over the
-  /// underlying regions where the device is not known to panic on a peer's send-with-invalidate
-  /// of an unbound one. Default false: the device's grant mechanism (Capabilities::grant).
-  bool trusted_peers = false;
-  /// Software: type-2 windows even on a device where any peer could then panic the kernel (rxe;
-  /// see type2_risk). Only tests of type-2 behaviour accept it.
-  type2_risk type2 = type2_risk::refuse;
-  /// Software: the device's capabilities, if the caller has them (see grant_options::caps): no
-  /// ibv_query_device_ex at create().
-  const Capabilities *caps = nullptr;
+  /// Software: how the segments are granted, as for every grant form (grant_options, as
+  /// grant_pool_options::grant): grant.trusted_peers / grant.type2 choose type-2 windows over the
+  /// underlying regions (the device's mechanism, Capabilities::grant, by default); grant.caps
+  /// spares the ibv_query_device_ex at create().
+  grant_options grant = {};
 };
 
 namespace detail {
@@ -275,8 +270,8 @@ public:
   ///   chosen automatically, such a device gets the software backend, whose own query decides).
   /// - the errno of mlx5dv_create_mkey when mlx5 is forced.
   /// - software: the errno of ibv_query_device_ex (the grant mechanism is chosen from it; no key
-  ///   rather than a guess; not called when o.caps is given); errc::context_mismatch: o.caps of
-  ///   another device.
+  ///   rather than a guess; not called when o.grant.caps is given); errc::context_mismatch:
+  ///   o.grant.caps of another device.
   /// - ENOMEM.
   /// \mallocs The key's state (new(nothrow)) and, software, its segment table and window table;
   /// mlx5dv_create_mkey allocates inside the provider.
@@ -423,7 +418,7 @@ public:
   ///   operations.
   /// - errc::pd_mismatch: `qp` is on another PD than the key.
   /// - errc::unsafe_grant: remote rights where the only window type would let a peer panic the
-  ///   kernel (see ikey_options::type2).
+  ///   kernel (see grant_options::type2, ikey_options::grant).
   /// - errc::unsupported: remote rights on a device without memory windows.
   /// - the layout_category() codes of layout::validate (naming the entry), expand and (mlx5)
   ///   mlx5::check_provider_limits (errc::provider_limit: a list entry over 2 GiB, a list of
@@ -807,7 +802,7 @@ inline result<IndirectKey> IndirectKey::create_with(const ProtectionDomain &pd, 
   st->slots = new (std::nothrow) detail::grant_slot[segs];
   st->links = new (std::nothrow) detail::child_link[segs];
   // A failed device query fails closed: no key rather than a guess at the mechanism.
-  auto g = detail::grant_for(pd.context(), {o.trusted_peers, o.type2, o.caps});
+  auto g = detail::grant_for(pd.context(), o.grant);
   if (!g) {
     delete st;
     return g.error();

@@ -79,7 +79,7 @@ bad_input_world::bad_input_world() {
   kc = need(IndirectKey::create(pd, 8), "configured key");
   kl = need(IndirectKey::create(pd, 8), "local-only key");
   k2 = need(IndirectKey::create(pd2, 8), "key on pd2");
-  kt = need(IndirectKey::create(pd, 8, {.trusted_peers = true, .type2 = accept_risk}), "type-2 software key");
+  kt = need(IndirectKey::create(pd, 8, {.grant = {.trusted_peers = true, .type2 = accept_risk}}), "type-2 software key");
   {
     auto b = lb.b.start_send();
     need(kc.configure(b, lb.b, layout::list({{mt, 3000, 100}, {mt, 100, 50}}), remote_rw,

@@ -104,7 +104,7 @@ struct lease_form {
 };
 
 // A software IndirectKey of one segment: descriptor() only once the bind's own completion was
-// handed to complete(); invalidate() deallocates the window (no work request).
+// handed to complete(); revoke() deallocates the window (no work request).
 struct ikey_form {
   static constexpr const char *name = "software IndirectKey segment";
   static constexpr bool confirms_grant = true;
@@ -115,8 +115,7 @@ struct ikey_form {
   ikey_form(loopback &lo, owner_memory &mem) : lb(lo), m(mem), k(need(make(lo, mem, {}), "IndirectKey")) {}
   static result<IndirectKey> make(loopback &lo, owner_memory &, grant_options o) {
     return IndirectKey::create(lo.pd, 4,
-                               {.backend = umr_backend::software, .trusted_peers = o.trusted_peers,
-                                .type2 = o.type2, .caps = o.caps});
+                               {.backend = umr_backend::software, .grant = o});
   }
   static result<grant_mechanism> mechanism_with(loopback &lo, owner_memory &mem, grant_options o) {
     RDMAXX_TRY(k, make(lo, mem, o));

@@ -128,7 +128,7 @@ TEST_CASE("type-2 windows on rxe: refused through every public path unless the r
   CHECK(pa.mechanism() == grant_mechanism::type2_window);
   // The software IndirectKey: trusted peers get type-1 exact regions; with remote rights a key
   // configures and a peer reaches exactly the layout through it.
-  auto k = need(IndirectKey::create(lb.pd, 4, {.backend = umr_backend::software, .trusted_peers = true}),
+  auto k = need(IndirectKey::create(lb.pd, 4, {.backend = umr_backend::software, .grant = {.trusted_peers = true}}),
                 "key");
   const layout l = layout::list({{mr, 0, 64}});
   auto b = lb.b.start_send();

@@ -478,7 +478,7 @@ TEST_CASE("ikey: type-2 software remote rights need mw_bind on every region; PDs
   std::vector<unsigned char> a(64), b(64);
   auto ma = need(MemoryRegion::reg(lb.pd, a.data(), a.size(), target_rw), "reg a");
   auto mb = need(MemoryRegion::reg(lb.pd, b.data(), b.size(), remote_rw), "reg b (no mw_bind)");
-  auto key = need(IndirectKey::create(lb.pd, 4, {.trusted_peers = true, .type2 = accept_risk}), "create (type-2 windows)");
+  auto key = need(IndirectKey::create(lb.pd, 4, {.grant = {.trusted_peers = true, .type2 = accept_risk}}), "create (type-2 windows)");
   auto batch = lb.b.start_send();
   auto r = key.configure(batch, lb.b, layout::list({{ma, 0, 8}, {mb, 0, 8}}), remote_rw);
   REQUIRE_FALSE(r.has_value());

@@ -2596,7 +2596,7 @@ TEST_CASE(GRANT_CONTRACT_QUERY_FAILS_CLOSED " (FAULT INJECTION: QUERY_HCA_CAP, i
   // matter, the mechanism comes from them (here an mlx5 device's: type-2B windows).
   const Capabilities caps = caps_of(tristate::no);
   query_calls = 0;
-  auto with_caps = IndirectKey::create_with(sd.pd, 4, {.caps = &caps}, {is_mlx5, failing_devx_cmd, standin_create_mkey});
+  auto with_caps = IndirectKey::create_with(sd.pd, 4, {.grant = {.caps = &caps}}, {is_mlx5, failing_devx_cmd, standin_create_mkey});
   fault_injection::set_query_device(previous);
   REQUIRE(with_caps.has_value());
   CHECK(with_caps.value().backend() == umr_backend::software);
@@ -2614,9 +2614,9 @@ TEST_CASE(GRANT_CONTRACT_TYPE2 " (mlx5 key, device-free: the mkey is no window; 
   standin_device sd;
   const Capabilities defect = caps_of(tristate::yes);
   const ikey_options asks[] = {
-      {.caps = &defect},
-      {.trusted_peers = true, .caps = &defect},
-      {.trusted_peers = true, .type2 = type2_risk::accept_kernel_panic_by_any_peer, .caps = &defect},
+      {.grant = {.caps = &defect}},
+      {.grant = {.trusted_peers = true, .caps = &defect}},
+      {.grant = {.trusted_peers = true, .type2 = type2_risk::accept_kernel_panic_by_any_peer, .caps = &defect}},
   };
   SECTION("an mkey: the same key whatever the type-2 options; remote invalidation only when asked") {
     for (const ikey_options &o : asks) {
@@ -2629,7 +2629,7 @@ TEST_CASE(GRANT_CONTRACT_TYPE2 " (mlx5 key, device-free: the mkey is no window; 
       test_access::disown(k.value());
     }
     mkey_asked.clear();
-    auto k = IndirectKey::create_with(sd.pd, 4, {.remote_invalidate = true, .caps = &defect},
+    auto k = IndirectKey::create_with(sd.pd, 4, {.remote_invalidate = true, .grant = {.caps = &defect}},
                                       {is_mlx5, standin_devx_cmd, standin_create_mkey});
     REQUIRE(k.has_value());
     REQUIRE(mkey_asked.size() == 1);
