@@ -123,9 +123,9 @@ int main(int argc, char **argv) {
                   }
                   return true;
                 }, {}});
-  vs.push_back({"ikey 6 segments: configure+write+invalidate, type-2 (before)",
+  vs.push_back({"ikey 6 segments: configure+write+revoke, type-2 windows over exact regions",
                 [&](long n) { return ikey_cycle(k_t2, n); }, {}});
-  vs.push_back({"ikey 6 segments: configure+write+invalidate, exact (default)",
+  vs.push_back({"ikey 6 segments: configure+write+revoke, type-1 windows over exact regions (default)",
                 [&](long n) { return ikey_cycle(k_safe, n); }, {}});
 
   // The one-shot default (issue 24): against reg + write + dereg of the same bytes (vs[2]).

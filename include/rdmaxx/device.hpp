@@ -138,7 +138,9 @@ enum class grant_mechanism : std::uint8_t {
   none,
   /// A type-2B window bound over a region of exactly the granted bytes, revoked by a local or the
   /// peer's remote invalidation: the fast default where remote invalidation of an unbound window
-  /// is handled by the device (mlx5), and the opt-in for trusted peers elsewhere.
+  /// is handled by the device (mlx5), and the opt-in for trusted peers elsewhere. One
+  /// construction for every grant form: StrictGrant, GrantPool's slots and each segment of a
+  /// software IndirectKey.
   type2_window,
   /// A type-1 window bound over a region of exactly the granted bytes (the region is registered
   /// once per grant slot, the window bound and unbound per grant): bounds are the region's, which

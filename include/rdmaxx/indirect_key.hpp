@@ -11,17 +11,18 @@
 ///   - software (every other device): the layout is flattened into (MR, address, length)
 ///     segments. Local use expands a window of the key into SGEs (sges()). Remote use grants
 ///     each segment through the device's grant mechanism (Capabilities::grant, chosen at
-///     create()): on rxe (grant_mechanism::type1_exact_region) a region of exactly the segment's
-///     bytes at the same device address plus a type-1 window over all of it, so that every
-///     segment key reaches exactly its segment's bytes and no peer's send-with-invalidate can
-///     panic the kernel; elsewhere (or with ikey_options::grant: trusted_peers, type2) one type-2
-///     window per segment over the underlying region. configure() adds the binds to the send batch; the
+///     create(); mechanism()) as StrictGrant grants its range: a region of exactly the segment's
+///     bytes at the same device address, and a window over all of it, so that every segment key
+///     reaches exactly its segment's bytes (the region's bounds, which every device enforces);
+///     the window is type 1 on rxe (grant_mechanism::type1_exact_region: no peer's
+///     send-with-invalidate can panic the kernel), type 2B elsewhere or with ikey_options::grant
+///     (grant_mechanism::type2_window). configure() adds the binds to the send batch; the
 ///     descriptor carries the segments' window rkeys, and the initiator splits a write or read
 ///     into one work request per touched segment (write_indirect / read_indirect). revoke()
 ///     deallocates the windows: the peer's keys stop working at once. Each segment is a grant
 ///     slot (detail/grant_slot.hpp, as in StrictGrant and GrantPool). The exact regions stay
 ///     after revoke(), so that configuring the same segments again registers nothing (a
-///     repeated layout costs about what the type-2 backend's cycle costs); the next configure
+///     repeated layout costs a window bind per segment); the next configure
 ///     deregisters those its layout does not use, destroy_kept_regions() all of them. While the
 ///     key holds an exact region it counts as a child of the underlying MemoryRegion: destroy()
 ///     of that answers errc::region_granted (destroy_kept_regions() first; a destructor defers
@@ -33,11 +34,8 @@
 /// mlx5 an ordinary QP lacks the builders and configure() refuses it (errc::not_umr_qp).
 ///
 /// Differences that remain between the backends (see the README):
-///   - software bounds: with the exact-region mechanism (rxe's default) the device enforces
-///     them (each key's region is exactly its segment); with type-2 windows they are enforced by
-///     rdmaxx's initiator only (write_indirect / read_indirect refuse accesses beyond the
-///     layout), and a peer using raw verbs can reach the rest of an underlying MR on devices that
-///     do not enforce window bounds (rxe) until invalidation;
+///   - software segments need the bytes of a MemoryRegion (a raw region_ref cannot be granted
+///     remotely: there is nothing to register again);
 ///   - a software key nested in another is copied at configure time: invalidating the inner key
 ///     does not revoke the outer one (on mlx5 it does).
 ///
@@ -127,9 +125,9 @@ struct ikey_options {
   /// fails at the peer's side. Off by default: any peer holding the key could revoke it.
   bool remote_invalidate = false;
   /// Software: how the segments are granted, as for every grant form (grant_options, as
-  /// grant_pool_options::grant): grant.trusted_peers / grant.type2 choose type-2 windows over the
-  /// underlying regions (the device's mechanism, Capabilities::grant, by default); grant.caps
-  /// spares the ibv_query_device_ex at create().
+  /// grant_pool_options::grant): grant.trusted_peers / grant.type2 choose type-2 windows (the
+  /// device's mechanism, Capabilities::grant, by default); grant.caps spares the
+  /// ibv_query_device_ex at create().
   grant_options grant = {};
 };
 
@@ -142,9 +140,9 @@ struct ikey_state {
   std::uint32_t max_segments = 0;
   key_segment *segs = nullptr; // software: capacity max_segments
   // Software: one grant slot per segment (detail/grant_slot.hpp, the mechanism StrictGrant and
-  // GrantPool share): its window while configured with remote rights and, with
-  // grant_mechanism::type1_exact_region, a region of exactly the segment's bytes (the type-1
-  // window is bound over all of it) with a count on the underlying MemoryRegion (links). The
+  // GrantPool share): its window while configured with remote rights and a region of exactly
+  // the segment's bytes (the window, type 1 or 2 as `grant` says, is bound over all of it) with a
+  // count on the underlying MemoryRegion (links). The
   // exact regions outlive revoke(): the next configure reuses those whose segment is
   // unchanged and deregisters the others (destroy_kept_regions() all of them).
   grant_slot *slots = nullptr;
@@ -332,6 +330,12 @@ public:
   [[nodiscard]] std::span<const key_segment> segments() const noexcept {
     return configured() ? std::span<const key_segment>(st().segs, st().nsegs) : std::span<const key_segment>{};
   }
+  /// Software: the grant mechanism chosen at create() (Capabilities::grant, or ikey_options::grant's
+  /// choice): how configure() grants each segment remotely; none without a safe window type.
+  /// mlx5 (the mkey is no window) and null: none.
+  [[nodiscard]] grant_mechanism mechanism() const noexcept {
+    return h_ && st().backend == umr_backend::software ? st().grant : grant_mechanism::none;
+  }
   /// The PD the key was created on, or nullptr when null.
   [[nodiscard]] ibv_pd *pd() const noexcept { return h_ ? st().pd : nullptr; }
   /// The key's own work request id (detail::object_ids: never handed to another object of this
@@ -386,11 +390,10 @@ public:
   /// `qp`; they take effect when it is submitted, in order with what follows on that QP).
   /// mlx5: one mkey-configure work request (IBV_SEND_INLINE added to w.flags). Software: the
   /// layout is flattened now; with remote rights, one window per segment is allocated and bound
-  /// (ibv_wr_bind_mw; w.flags' signaled bit on the last bind only): on the exact-region mechanism
-  /// (the default on rxe) a type-1 window over a region of exactly the segment registered by the
-  /// key, so the underlying regions need no remote rights and no MW_BIND (remote write/atomic:
-  /// LOCAL_WRITE); type-2 windows over the underlying regions otherwise, which must then grant
-  /// the rights and have IBV_ACCESS_MW_BIND. mlx5: every underlying region grants the rights.
+  /// (ibv_wr_bind_mw; w.flags' signaled bit on the last bind only) over a region of exactly the
+  /// segment registered by the key (type 1 or 2 as mechanism() says), so the underlying regions
+  /// need no remote rights and no MW_BIND (remote write/atomic: LOCAL_WRITE). mlx5: every
+  /// underlying region grants the rights.
   /// mlx5: `qp` must come from mlx5::create_umr_qp (or create_indirect_key_qp); the work request
   /// is posted signaled whatever w.flags says, and the key is pending until that completion
   /// (this QP, w.id, MLX5DV_WC_UMR) is handed to complete(): descriptor(), sges() and nesting
@@ -686,11 +689,10 @@ private:
             st().hca.repeated_block_disabled};
   }
 #endif
-  // grant_mechanism::type1_exact_region: per segment, a region of exactly its bytes at the same
-  // device address (ibv_reg_mr_iova2: the descriptor is unchanged) with a count on the
-  // underlying MemoryRegion, and a type-1 window bound over all of it in `batch` (a peer's
-  // send-with-invalidate of a type-1 key is refused, and bounds are the exact region's, which
-  // rxe enforces). A slot whose kept region already holds the segment's bytes keeps it (a
+  // Per segment, a region of exactly its bytes at the same device address (ibv_reg_mr_iova2:
+  // the descriptor is unchanged) with a count on the underlying MemoryRegion, and a window of the
+  // key's mechanism bound over all of it in `batch` (bounds are the exact region's, which every
+  // device enforces; a peer's send-with-invalidate of a type-1 key is refused). A slot whose kept region already holds the segment's bytes keeps it (a
   // repeated layout registers nothing); regions of the previous layout beyond this one's
   // segments are released. On failure nothing is added to the batch and no window is left; the
   // regions registered so far stay kept (valid registrations of the segments' bytes).
@@ -839,8 +841,8 @@ inline layout_limits IndirectKey::limits(const QueuePair &qp) const noexcept {
   l.max_segments = st().max_segments;
   l.nested_software_only = true;
   // Exact regions: the key's own registrations carry the remote rights and MW_BIND.
-  l.remote_rights_own = st().grant == grant_mechanism::type1_exact_region;
-  l.remote_needs_mw_bind = !l.remote_rights_own;
+  l.remote_rights_own = true;
+  l.remote_needs_mw_bind = false;
   return l;
 }
 
@@ -877,19 +879,12 @@ inline result<void> IndirectKey::configure(SendBatch &batch, QueuePair &qp, cons
   for (const auto &e : l.entries()) all_bind = all_bind && e.source.access.any(access::mw_bind);
   if (!remote.empty() && s.grant == grant_mechanism::none)
     return make_error_code(s.grant_unsafe ? errc::unsafe_grant : errc::unsupported);
-  if (!remote.empty() && s.grant == grant_mechanism::type1_exact_region) {
+  if (!remote.empty()) {
     for (std::size_t i = 0; i < n; ++i)
       if (!s.segs[i].mr || !s.segs[i].data) return layout_error(errc::null_handle, no_entry);
     RDMAXX_TRYV(configure_exact(batch, qp, remote, n, w));
     // Type-1 windows do not hang on the QP, but their binds are posted through it: the key
     // counts as its child as with type-2 windows (one rule for both mechanisms).
-    h_.set_parent<detail::parent_slot::second>(detail::handle_access::node(qp));
-  } else if (!remote.empty()) {
-    for (std::size_t i = 0; i < n; ++i)
-      if (!s.segs[i].mr) return layout_error(errc::null_handle, no_entry); // raw region
-    // Type-2 windows over the segments' own regions: no exact regions.
-    if (const int rc = s.destroy_regions()) return errno_code(rc);
-    RDMAXX_TRYV(bind_windows(batch, qp, remote, n, w, mw_type::type2));
     h_.set_parent<detail::parent_slot::second>(detail::handle_access::node(qp));
   }
   if (!remote.empty()) {
@@ -1077,7 +1072,8 @@ inline result<void> IndirectKey::configure_exact(SendBatch &batch, QueuePair &qp
     s.links[i] = detail::child_link(g.node, child_kind::indirect_key);
   }
   if (const int rc = s.destroy_regions(std::uint32_t(n))) return errno_code(rc);
-  return bind_windows(batch, qp, remote, n, w, mw_type::type1);
+  return bind_windows(batch, qp, remote, n, w,
+                      s.grant == grant_mechanism::type1_exact_region ? mw_type::type1 : mw_type::type2);
 }
 
 inline result<void> IndirectKey::bind_windows(SendBatch &batch, QueuePair &qp, access_flags remote,
@@ -1090,8 +1086,8 @@ inline result<void> IndirectKey::bind_windows(SendBatch &batch, QueuePair &qp, a
       return r.error();
     }
   }
-  // The segments' own regions were checked by layout::validate (MW_BIND where type-2
-  // windows bind over them, LOCAL_WRITE for remote writes): their access as validated.
+  // Each bind is checked against its slot's exact region (configure_exact made one per
+  // segment); `own` is what a segment's region without one would need.
   const access_flags own = access::mw_bind | access::local_write;
   for (std::uint32_t i = 0; i < n; ++i) {
     const key_segment &g = s.segs[i];

@@ -56,9 +56,11 @@ TEST_CASE_METHOD(bad_input_world, "bad inputs: layout / IndirectKey", "[bad-inpu
   t.add("layout + configure", "remote write over an MR without it", layout_is(errc::missing_access, 1), [&] {
     return configure_with(k, lb.b, layout::list({{mt, 0, 8}, {m_nolw, 0, 8}}), remote_rw);
   });
-  t.add("layout + configure", "remote rights over an MR without MW_BIND (type-2 software backend)",
-        layout_is(errc::missing_access, 0), [&] {
-          return configure_with(kt, lb.b, layout::list({{m_nobind, 0, 8}}), access::remote_read);
+  t.add("layout + configure", "remote rights over a raw region (no MR), type-2 windows",
+        layout_is(errc::null_handle, no_entry), [&] {
+          const region_ref raw =
+              region_ref::raw(ms.iova(), 64, ms.lkey(), 0, target_access, pd.native_handle());
+          return configure_with(kt, lb.b, layout::list({{raw, 0, 8}}), access::remote_read);
         });
   t.add("layout + configure", "remote rights over a raw region (no MR)",
         layout_is(errc::null_handle, no_entry), [&] {

@@ -119,9 +119,7 @@ struct ikey_form {
   }
   static result<grant_mechanism> mechanism_with(loopback &lo, owner_memory &mem, grant_options o) {
     RDMAXX_TRY(k, make(lo, mem, o));
-    // The mechanism shows in the limits: exact regions carry the rights themselves.
-    return k.limits(lo.b).remote_rights_own ? grant_mechanism::type1_exact_region
-                                            : grant_mechanism::type2_window;
+    return k.mechanism();
   }
   remote_descriptor grant(SendBatch &b, std::uint64_t id) {
     const layout l = layout::list({{m.mr, owner_memory::off, owner_memory::len}});
