@@ -257,9 +257,10 @@ struct Capabilities {
   bool mlx5_devx = false;
   /// ibv_rereg_mr works here: probed by re-registering a scratch MR with unchanged access.
   tristate native_rereg = tristate::unknown;
-  /// The backend IndirectKey uses by default here (RDMAXX_UMR=software forces software): mlx5
-  /// when mlx5dv and mlx5_devx (with the default probe, exactly when IndirectKey::create's
-  /// automatic choice is mlx5).
+  /// The backend IndirectKey::create's automatic choice makes here (RDMAXX_UMR=software forces
+  /// software): mlx5 when mlx5dv and mlx5_devx (with the default probe, exactly when create()
+  /// chooses mlx5), software otherwise, with any window type or none (remote rights then need
+  /// Capabilities::grant). none only in a default-constructed Capabilities.
   umr_backend umr = umr_backend::none;
   /// Why `umr` is, or is not, mlx5 (umr_reason_text() in words).
   umr_reason umr_why = umr_reason::no_mlx5_build;
