@@ -70,7 +70,7 @@ int main(int argc, char **argv) {
   const layout l = layout::list({{m1, 3, 301}, {m2, 100, 333}, {m3, 7, 350},
                                  {m1, 4000, 299}, {m3, 5000, 360}, {m2, 6000, 355}});
   auto k_safe = bench::must(IndirectKey::create(s.pd, 8), "ikey default");
-  auto k_t2 = bench::must(IndirectKey::create(s.pd, 8, {.trusted_peers = true, .type2 = bench::accept_risk}), "ikey type 2");
+  auto k_t2 = bench::must(IndirectKey::create(s.pd, 8, {.grant = {.trusted_peers = true, .type2 = bench::accept_risk}}), "ikey type 2");
   auto ikey_cycle = [&](IndirectKey &k, long n) {
     for (long i = 0; i < n; ++i) {
       auto b = s.b.start_send();
@@ -78,7 +78,7 @@ int main(int argc, char **argv) {
           !b.submit() || !bench::rdmaxx_wait(s.cq_b, wc) || !k.complete(wc))
         return false;
       const auto seg = k.segments()[0];
-      if (!peer_write(seg.addr, seg.rkey) || !k.invalidate()) return false;
+      if (!peer_write(seg.addr, seg.rkey) || !k.revoke()) return false;
     }
     return true;
   };
@@ -107,7 +107,7 @@ int main(int argc, char **argv) {
                   for (long i = 0; i < n; ++i) {
                     auto m = MemoryRegion::reg(s.pd, buf.data() + 8192, 4096,
                                                access::local_write | access::remote_write);
-                    if (!m || !peer_write(m.value().iova(), m.value().rkey()) || !m.value().dereg())
+                    if (!m || !peer_write(m.value().iova(), m.value().rkey()) || !m.value().destroy())
                       return false;
                   }
                   return true;
@@ -123,9 +123,9 @@ int main(int argc, char **argv) {
                   }
                   return true;
                 }, {}});
-  vs.push_back({"ikey 6 segments: configure+write+invalidate, type-2 (before)",
+  vs.push_back({"ikey 6 segments: configure+write+revoke, type-2 windows over exact regions",
                 [&](long n) { return ikey_cycle(k_t2, n); }, {}});
-  vs.push_back({"ikey 6 segments: configure+write+invalidate, exact (default)",
+  vs.push_back({"ikey 6 segments: configure+write+revoke, type-1 windows over exact regions (default)",
                 [&](long n) { return ikey_cycle(k_safe, n); }, {}});
 
   // The one-shot default (issue 24): against reg + write + dereg of the same bytes (vs[2]).
@@ -134,7 +134,7 @@ int main(int argc, char **argv) {
                     auto g = ExactGrant::create(s.pd, mr, {8192, 4096}, rights);
                     if (!g) return false;
                     const auto d = g.value().descriptor();
-                    if (!peer_write(d.addr, d.rkey) || !g.value().revoke()) return false;
+                    if (!peer_write(d.addr, d.rkey) || !g.value().destroy()) return false;
                   }
                   return true;
                 }, {}});
@@ -182,6 +182,6 @@ int main(int argc, char **argv) {
   emit(vs[4], vs[5]);
   emit(vs[2], vs[6]);
   emit(vs[0], vs[7]);
-  if (!safe.destroy() || !w2.dealloc() || !k_safe.destroy() || !k_t2.destroy()) return 1;
+  if (!safe.destroy() || !w2.destroy() || !k_safe.destroy() || !k_t2.destroy()) return 1;
   return 0;
 }

@@ -183,7 +183,7 @@ struct rig {
         return false;
       ++cnt->posts;
       if (!pool.revoke(s.b, lease)) return false;
-      if (!poll_until(s.cq_b, [&] { return lease.state() == lease_state::ready; }) || !pool.release(lease))
+      if (!poll_until(s.cq_b, [&] { return lease.state() == lease_state::ready; }) || !pool.give_back(lease))
         return false;
       ++cnt->requests;
     }
@@ -204,7 +204,7 @@ struct rig {
           !serve() || !take_reply())
         return false;
       if (prev) {
-        if (!poll_until(s.cq_b, [&] { return prev.state() == lease_state::ready; }) || !pool.release(prev))
+        if (!poll_until(s.cq_b, [&] { return prev.state() == lease_state::ready; }) || !pool.give_back(prev))
           return false;
       }
       prev = std::move(lease);
@@ -213,7 +213,7 @@ struct rig {
     if (!prev) return true;
     ++cnt->posts;
     return pool.revoke(s.b, prev) &&
-           poll_until(s.cq_b, [&] { return prev.state() == lease_state::ready; }) && pool.release(prev);
+           poll_until(s.cq_b, [&] { return prev.state() == lease_state::ready; }) && pool.give_back(prev);
   }
   bool pooled_dropped(long n) noexcept {
     for (long i = 0; i < n; ++i) {
@@ -247,7 +247,7 @@ struct rig {
           !serve() || !take_reply())
         return false;
       ++cnt->verbs;
-      if (!w.value().dealloc()) return false; // synchronous: the key is dead when it returns
+      if (!w.value().destroy()) return false; // synchronous: the key is dead when it returns
       ++cnt->requests;
     }
     return true;
@@ -262,7 +262,7 @@ struct rig {
           !take_reply())
         return false;
       ++cnt->verbs;
-      if (!m.value().dereg()) return false;
+      if (!m.value().destroy()) return false;
       ++cnt->requests;
     }
     return true;
@@ -307,12 +307,12 @@ ibv_wc_status late_read(int which) {
       if (!d) return std::nullopt;
       key = d.value();
       return d.value();
-    }) && r.serve() && r.take_reply() && w.dealloc().has_value();
+    }) && r.serve() && r.take_reply() && w.destroy().has_value();
   } else if (which == 3) { // reg per request: deregistered
     auto m = bench::must(MemoryRegion::reg(r.s.pd, r.buf.data(), slot, access::local_write | access::remote_read), "reg");
     key = {m.iova(), slot, m.rkey(), access::remote_read};
     ok = r.request(key, [](SendBatch &) { return std::optional(remote_descriptor{}); }) && r.serve() &&
-         r.take_reply() && m.dereg().has_value();
+         r.take_reply() && m.destroy().has_value();
   } else if (which == 4) { // GrantPool: the key of a grant 128 grants ago, the slot granted again
     auto l = bench::must(r.pool.acquire(), "acquire");
     for (std::uint32_t g = 0; ok && g <= r.pool.grants_per_window(); ++g) {

@@ -43,7 +43,7 @@ int main() {
                               [&](long k) {
                                 for (long i = 0; i < k; ++i) {
                                   auto mr = MemoryRegion::reg(pd.value(), buf, sz.bytes, acc);
-                                  if (!mr || !mr.value().dereg()) return false;
+                                  if (!mr || !mr.value().destroy()) return false;
                                 }
                                 return true;
                               });

@@ -116,7 +116,7 @@ int main() {
       [&](long n) {
         for (long i = 0; i < n; ++i) {
           auto m = MemoryRegion::reg(s.pd, buf.data(), buf.size(), acc);
-          if (!m || !m.value().dereg()) return false;
+          if (!m || !m.value().destroy()) return false;
         }
         return true;
       });

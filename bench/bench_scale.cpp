@@ -512,7 +512,7 @@ struct client_end {
       (void)k.pool.complete(std::span(&wc, 1));
       if (wc.status != IBV_WC_SUCCESS && !error) error = std::make_error_code(std::errc::io_error);
       if (k.state == cli_conn::st::wait_revoke && k.lease.state() == lease_state::ready) {
-        (void)k.pool.release(k.lease);
+        (void)k.pool.give_back(k.lease);
         if (running) {
           lat_us.push_back(double(now_ns() - k.t0) / 1e3);
           ++done;

@@ -77,7 +77,7 @@ result<void> run() {
   put(e3, 13);
   if (std::memcmp(r1, e1, sizeof r1) || std::memcmp(r2, e2, sizeof r2) || std::memcmp(r3, e3, sizeof r3))
     return make_error_code(errc::malformed_input);
-  RDMAXX_TRYV(key.invalidate(b)); // mlx5: a signaled local invalidate; software: windows revoked at once
+  RDMAXX_TRYV(key.revoke(b)); // mlx5: a signaled local invalidate; software: windows revoked at once
   RDMAXX_TRYV(disp.settle(key, 5000)); // mlx5: revoked once the invalidate has completed
   if (key.configured()) return make_error_code(errc::wrong_state);
   std::printf("%s: %zu-byte message landed in %zu pieces over 3 regions (%u RDMA writes, %s backend, "

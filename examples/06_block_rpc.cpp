@@ -641,7 +641,7 @@ private:
                   cur_job_.block, cur_.slot());
     }
     last_[cur_.slot()].assign(buf.begin(), buf.end());
-    (void)pool_.release(cur_);
+    (void)pool_.give_back(cur_);
   }
 
   result<void> wait_for_break() noexcept {
@@ -695,7 +695,7 @@ private:
         std::printf("client: slot %u is not what it held when it was last given back\n", l.slot());
       }
       st_.slot_bytes_checked += b.size();
-      (void)pool_.release(l);
+      (void)pool_.give_back(l);
     }
     conn_ = Connection{}; // the QP, then the id: the server sees the disconnect
     RDMAXX_TRYV(connect());

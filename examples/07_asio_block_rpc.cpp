@@ -630,7 +630,7 @@ private:
       ++st_.slot_damage; // not served, yet changed
     }
     k.last[lease.slot()].assign(buf.begin(), buf.end());
-    (void)k.pool.release(lease);
+    (void)k.pool.give_back(lease);
   }
 
   // revoke_all() wants the QP in ERR and its completions polled (grant_pool.hpp). A signaled
@@ -660,7 +660,7 @@ private:
       if (b.size() != block_size || !std::equal(b.begin(), b.end(), k.expect_now.begin())) ++st_.slot_damage;
       else k.last[k.held.slot()].assign(b.begin(), b.end());
       st_.slot_bytes_checked += block_size;
-      if (!k.pool.release(k.held)) ++st_.slot_damage;
+      if (!k.pool.give_back(k.held)) ++st_.slot_damage;
     }
     std::vector<GrantLease> all;
     for (auto l = k.pool.acquire(); l; l = k.pool.acquire()) all.push_back(std::move(l).value());
@@ -671,7 +671,7 @@ private:
                                      : std::equal(b.begin(), b.end(), want.begin());
       if (!same) ++st_.slot_damage;
       st_.slot_bytes_checked += b.size();
-      (void)k.pool.release(l);
+      (void)k.pool.give_back(l);
     }
     k.conn = Connection{};
     RDMAXX_CO_TRYV(co_await connect(k));

@@ -70,7 +70,7 @@ ra::task<result<int>> client(ra::Node &n, address to) {
     RDMAXX_CO_TRYV(co_await ra::revoke(n.router(), pool, conn.qp(), lease, ra::after_ms(timeout_ms)));
     RDMAXX_CO_TRY(bytes, lease.buffer());
     good += replied && std::all_of(bytes.begin(), bytes.end(), [i](std::byte x) { return x == std::byte('a' + i); });
-    RDMAXX_CO_TRYV(pool.release(lease));
+    RDMAXX_CO_TRYV(pool.give_back(lease));
   }
   co_return good;
 }

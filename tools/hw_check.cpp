@@ -262,7 +262,7 @@ int run_live(ibv_device *dev) {
     return int(wc.value().opcode);
   };
   auto invalidate = [&](IndirectKey &x) {
-    if (!x.invalidate(L.a, {x.wr_id()})) return -1;
+    if (!x.revoke(L.a, {x.wr_id()})) return -1;
     auto wc = wait_for(L, x.wr_id(), L.a.qp_num());
     if (!wc || !x.complete(wc.value()) || wc.value().status != IBV_WC_SUCCESS) return -1;
     return int(wc.value().opcode);
@@ -291,7 +291,7 @@ int run_live(ibv_device *dev) {
     auto n = k.sges(L.a, 16, 8, sge);
     auto batch = L.a.start_send();
     if (n) batch.read({200, send_flag::signaled}, {fmr.value().iova(), fmr.value().rkey()}, sge[0]);
-    const bool posted = n && k.invalidate(batch, {k.wr_id()}) && batch.submit();
+    const bool posted = n && k.revoke(batch, {k.wr_id()}) && batch.submit();
     auto rd = posted ? wait_for(L, 200, L.a.qp_num()) : result<ibv_wc>(make_error_code(errc::wrong_state));
     auto iv = posted ? wait_for(L, k.wr_id(), L.a.qp_num()) : result<ibv_wc>(make_error_code(errc::wrong_state));
     const bool ok = rd && iv && rd.value().status == IBV_WC_SUCCESS && k.complete(iv.value()) &&

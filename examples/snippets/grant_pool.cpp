@@ -38,5 +38,5 @@ rdmaxx::result<void> one_request(rdmaxx::GrantPool &pool, rdmaxx::QueuePair &qp,
     RDMAXX_TRY(n, cq.wait(wcs, 20000));
     if (!pool.complete(std::span(wcs).first(n)).empty()) return make_error_code(errc::unexpected_completion);
   }
-  return pool.release(lease);                    // the buffer is ours again
+  return pool.give_back(lease);                  // the buffer is ours again
 }

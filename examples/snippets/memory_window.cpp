@@ -18,5 +18,5 @@ rdmaxx::result<void> window_grant(rdmaxx::ProtectionDomain &pd, rdmaxx::QueuePai
   wire = desc.encode();          // 32 bytes for the peer; remote_descriptor::decode() on its side
   // ... the peer uses it ...
   disp.detach(mw);
-  return mw.dealloc();           // revoke for good: the key is dead when this returns
+  return mw.destroy();           // revoke for good: the key is dead when this returns
 }

@@ -138,7 +138,9 @@ enum class grant_mechanism : std::uint8_t {
   none,
   /// A type-2B window bound over a region of exactly the granted bytes, revoked by a local or the
   /// peer's remote invalidation: the fast default where remote invalidation of an unbound window
-  /// is handled by the device (mlx5), and the opt-in for trusted peers elsewhere.
+  /// is handled by the device (mlx5), and the opt-in for trusted peers elsewhere. One
+  /// construction for every grant form: StrictGrant, GrantPool's slots and each segment of a
+  /// software IndirectKey.
   type2_window,
   /// A type-1 window bound over a region of exactly the granted bytes (the region is registered
   /// once per grant slot, the window bound and unbound per grant): bounds are the region's, which
@@ -255,9 +257,10 @@ struct Capabilities {
   bool mlx5_devx = false;
   /// ibv_rereg_mr works here: probed by re-registering a scratch MR with unchanged access.
   tristate native_rereg = tristate::unknown;
-  /// The backend IndirectKey uses by default here (RDMAXX_UMR=software forces software): mlx5
-  /// when mlx5dv and mlx5_devx (with the default probe, exactly when IndirectKey::create's
-  /// automatic choice is mlx5).
+  /// The backend IndirectKey::create's automatic choice makes here (RDMAXX_UMR=software forces
+  /// software): mlx5 when mlx5dv and mlx5_devx (with the default probe, exactly when create()
+  /// chooses mlx5), software otherwise, with any window type or none (remote rights then need
+  /// Capabilities::grant). none only in a default-constructed Capabilities.
   umr_backend umr = umr_backend::none;
   /// Why `umr` is, or is not, mlx5 (umr_reason_text() in words).
   umr_reason umr_why = umr_reason::no_mlx5_build;
@@ -521,17 +524,21 @@ public:
   [[nodiscard]] bool mlx5_devx() const noexcept { return h_ && devx_; }
   /// The ibv_context (owned: do not close it), or nullptr.
   [[nodiscard]] ibv_context *native_handle() const noexcept { return h_.get(); }
-  /// True unless null (default-constructed, moved from or closed).
+  /// True unless null (default-constructed, moved from or destroyed).
   [[nodiscard]] explicit operator bool() const noexcept { return bool(h_); }
   /// The device name (ibv_get_device_name); empty when null.
   [[nodiscard]] std::string_view name() const noexcept {
     return h_ ? ::ibv_get_device_name(h_.get()->device) : std::string_view{};
   }
-  /// Close now (ibv_close_device) and report the outcome.
+  /// ibv_close_device(3) now, and report the outcome. On failure the Context stays valid. A null
+  /// Context: success, nothing is called.
   /// \errors
-  /// - errc::busy: children live.
+  /// - errc::busy: children (PDs, CQs, channels) live; nothing is called.
+  /// - the errno of ibv_close_device.
   /// \mallocs None.
-  result<void> close() noexcept { return h_.destroy(); }
+  result<void> destroy() noexcept { return h_.destroy(); }
+  /// The former name of destroy().
+  [[deprecated("use destroy()")]] result<void> close() noexcept { return destroy(); }
 
   /// ibv_query_port.
   /// \errors

@@ -178,13 +178,13 @@ enum class errc : int {
   /// default (own_wr_id: the object's own id) or pass an id without the library's tags.
   foreign_wr_id,
   /// A grant (ExactGrant, StrictGrant, GrantPool, IndirectKey) reaches this region's memory: a
-  /// rereg that moves the memory or changes the PD, or a dereg, would leave the grant's key on
-  /// the old memory (which the caller may then free). Destroy or revoke the grant first
-  /// (MemoryRegion::live_grants() counts them); the region is unchanged.
+  /// rereg that moves the memory or changes the PD, or MemoryRegion::destroy(), would leave the
+  /// grant's key on the old memory (which the caller may then free). Destroy or revoke the grant
+  /// first (MemoryRegion::live_grants() counts them); the region is unchanged.
   region_granted,
   /// An mlx5 IndirectKey was configured over another key that has since been invalidated or
   /// given a new tag (reconfigured): the device refuses every access through it, so it hands out
-  /// no descriptor, SGE or nesting. Invalidate the key (IndirectKey::invalidate) and configure
+  /// no descriptor, SGE or nesting. Revoke the key (IndirectKey::revoke) and configure
   /// it again over the nested key as it is now.
   stale_key,
 };

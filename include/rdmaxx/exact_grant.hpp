@@ -9,14 +9,16 @@
 /// per grant, no registration).
 ///
 /// Lifetime: the memory must outlive the grant. The grant counts as a child of the region it was
-/// made from: while it lives, that region's dereg() and a rereg() of its translation or PD answer
+/// made from: while it lives, that region's destroy() and a rereg() of its translation or PD answer
 /// errc::region_granted (the grant's key would stay on the old memory).
 ///
 /// The promise, as for every grant: the key reaches exactly the granted bytes (the region's own
 /// bounds, which every device enforces); it works once create() returns (ibv_reg_mr is
-/// synchronous: there is no completion to wait for), and never after revoke() returns
-/// (ibv_dereg_mr is synchronous). A peer's send-with-invalidate naming the key is refused on rxe
-/// (user MRs cannot be remotely invalidated; tested) and costs the connection, not the kernel.
+/// synchronous: there is no completion to wait for), and never after destroy() returns
+/// (ibv_dereg_mr is synchronous). The key is the region's own, so ending the grant ends the
+/// object: ExactGrant has no revoke() that keeps it (its former revoke() was this destroy()).
+/// A peer's send-with-invalidate naming the key is refused on rxe (user MRs cannot be remotely
+/// invalidated; tested) and costs the connection, not the kernel.
 #pragma once
 
 #include "access.hpp"
@@ -65,19 +67,22 @@ public:
   }
   /// The region registered for exactly the granted bytes.
   [[nodiscard]] const MemoryRegion &region() const noexcept { return region_; }
-  /// True while the grant holds its region (false when empty, moved from or revoked).
+  /// True while the grant holds its region (false when empty, moved from or destroyed).
   [[nodiscard]] explicit operator bool() const noexcept { return bool(region_); }
 
-  /// Revoke: ibv_dereg_mr; the key is dead when this returns.
+  /// End the grant and the object now: ibv_dereg_mr(3); the key is dead when this returns and
+  /// the grant is empty. An empty grant: success, nothing is called.
   /// \errors
   /// - errc::busy: windows are bound to the region (only if the caller bound some).
   /// - the errno of ibv_dereg_mr (the grant then stays live and unchanged).
   /// \mallocs None.
-  result<void> revoke() noexcept {
-    RDMAXX_TRYV(region_.dereg());
+  result<void> destroy() noexcept {
+    RDMAXX_TRYV(region_.destroy());
     source_.drop();
     return success();
   }
+  /// The former name of destroy() (it never kept the object, as a revoke does).
+  [[deprecated("use destroy()")]] result<void> revoke() noexcept { return destroy(); }
 
 private:
   // Counts the grant as a child of the region it was made from (kind exact_grant): that region

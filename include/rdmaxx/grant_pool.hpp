@@ -13,7 +13,7 @@
 ///   batch.submit();                                // bind and request: one post
 ///   for (ibv_wc &wc : pool.complete(polled)) ...   // the pool takes its own completions
 ///   pool.revoke(qp, *lease);                       // on reply, abort or timeout
-///   ... once lease->state() == lease_state::ready: read lease->buffer(), reuse or release it
+///   ... once lease->state() == lease_state::ready: read lease->buffer(), reuse or give_back() it
 /// ```
 ///
 /// Design decisions:
@@ -31,7 +31,7 @@
 ///     (or the peer's send-with-invalidate, type 2 only).
 ///   - The buffer is reachable only through its lease, and only while no peer can reach it:
 ///     GrantLease::buffer() answers errc::grant_outstanding (a result, never an empty span to
-///     write through) while the slot is granted or its revocation unconfirmed, and release()
+///     write through) while the slot is granted or its revocation unconfirmed, and give_back()
 ///     refuses a lease in those states. A revocation counts only once its completion
 ///     (or the receive of the peer's send-with-invalidate) was handed to complete(), or after
 ///     revoke_all() deallocated the windows. Completions the caller forgets to hand over keep
@@ -55,7 +55,7 @@
 ///
 /// Allocation: create() allocates the slots, the free list and the key index (new(nothrow)) besides
 /// what verbs allocates (with lazy_slots, each slot at its first acquire() instead); revoke_all()
-/// reallocates windows (verbs); acquire (of a made slot), grant, revoke, complete and release
+/// reallocates windows (verbs); acquire (of a made slot), grant, revoke, complete and give_back
 /// allocate nothing.
 #pragma once
 
@@ -214,7 +214,7 @@ public:
     ++n_;
   }
   // Destroy the elements and the storage.
-  void release() noexcept {
+  void destroy_all() noexcept {
     p_.reset();
     cap_ = n_ = 0;
   }
@@ -243,7 +243,7 @@ public:
     }
     return std::nullopt;
   }
-  static void release(std::uint16_t id) noexcept {
+  static void give_back(std::uint16_t id) noexcept {
     words()[id / 64].fetch_and(~(std::uint64_t(1) << (id % 64)), std::memory_order_acq_rel);
   }
 
@@ -265,7 +265,7 @@ struct grant_pool_state {
   grant_pool_state(const grant_pool_state &) = delete;
   grant_pool_state &operator=(const grant_pool_state &) = delete;
   ~grant_pool_state() {
-    if (id) pool_ids::release(*id);
+    if (id) pool_ids::give_back(*id);
   }
   std::optional<std::uint16_t> id; // held while the state lives (leases included)
 
@@ -352,7 +352,7 @@ public:
   }
   ~GrantLease() { drop(); }
 
-  /// True unless null (default-constructed, moved from or released).
+  /// True unless null (default-constructed, moved from or given back).
   [[nodiscard]] explicit operator bool() const noexcept { return bool(st_); }
   /// Where the slot stands (ready when null or when the pool was destroyed: no key is alive).
   [[nodiscard]] lease_state state() const noexcept {
@@ -363,7 +363,7 @@ public:
   /// gets an error it must look at (RDMAXX_TRY, or .value(), which throws or terminates), never
   /// a null pointer to write through, and never the bytes a peer may still read or write.
   /// \errors
-  /// - errc::null_handle: a null lease (default-constructed, moved from, released), or its pool
+  /// - errc::null_handle: a null lease (default-constructed, moved from, given back), or its pool
   ///   was destroyed.
   /// - errc::grant_outstanding: granted or revoking: revoke it and hand the pool the completion
   ///   (state() says when it is ready again).
@@ -411,21 +411,21 @@ public:
   /// Closes this pool (as the destructor does), takes over `o`'s.
   GrantPool &operator=(GrantPool &&o) noexcept {
     if (this != &o) {
-      close();
+      drop_state();
       st_ = std::move(o.st_);
     }
     return *this;
   }
   /// Deallocates the windows, deregisters the exact regions (failures go to the destroy-failure
   /// hook). Leases still held become null-like: buffer() answers null_handle, state ready.
-  ~GrantPool() { close(); }
+  ~GrantPool() { drop_state(); }
 
   /// Cut `buffers` into o.slots slots of o.slot_size bytes from its start and, per slot, register
   /// its bytes again alone on `pd` (ibv_reg_mr with MW_BIND and the region's LOCAL_WRITE; `pd`
   /// may be another PD of the same device: the connection's) and allocate a window of the type
   /// the device's grant mechanism calls for (detail::grant_for: one ibv_query_device_ex).
   /// The memory of `buffers` must outlive the pool: the pool counts as a child of `buffers`, so
-  /// until the pool is destroyed `buffers.dereg()` and a rereg of its translation or PD answer
+  /// until the pool is destroyed `buffers.destroy()` and a rereg of its translation or PD answer
   /// errc::region_granted (leases that outlive the pool do not count: it deallocated every key).
   /// \errors
   /// - errc::null_handle: `pd` or `buffers` is null.
@@ -579,20 +579,23 @@ public:
   /// caller's, receives included. Inline, allocation-free.
   std::span<ibv_wc> complete(std::span<ibv_wc> wcs) noexcept;
 
-  /// Give a ready slot back to the pool; `l` becomes null.
+  /// Give a ready slot back to the pool (no verb: the slot's region and window stay, for the
+  /// next acquire()); `l` becomes null.
   /// \errors
   /// - errc::null_handle: a null pool or lease.
   /// - errc::pool_mismatch: a lease of another pool.
   /// - errc::grant_outstanding: granted or revoking: revoke it and hand the pool the completion,
   ///   or revoke_all() after a disconnect; `l` is unchanged.
   /// \mallocs None.
-  result<void> release(GrantLease &l) noexcept {
+  result<void> give_back(GrantLease &l) noexcept {
     RDMAXX_TRY(s, slot_of(l));
     (void)s;
     if (st_->state_of(l.slot_) != lease_state::ready) return make_error_code(errc::grant_outstanding);
     l = GrantLease{};
     return success();
   }
+  /// The former name of give_back() ("release" now means only giving up ownership).
+  [[deprecated("use give_back()")]] result<void> release(GrantLease &l) noexcept { return give_back(l); }
 
   // ---- disconnect ----
 
@@ -625,11 +628,11 @@ public:
     std::error_code first;
     for (detail::grant_slot &s : st_->slots) {
       if (s.window)
-        if (auto r = s.window.dealloc(); !r && !first) first = r.error();
+        if (auto r = s.window.destroy(); !r && !first) first = r.error();
       if (s.region && !s.window)
-        if (auto r = s.region.dereg(); !r && !first) first = r.error();
+        if (auto r = s.region.destroy(); !r && !first) first = r.error();
     }
-    close();
+    drop_state();
     if (first) return first;
     return success();
   }
@@ -679,13 +682,14 @@ private:
       st_->settle(std::uint32_t(&s - st_->slots.data()));
     }
   }
-  void close() noexcept {
+  // The unchecked destruction (destructor, move assignment, and destroy() after its checked pass).
+  void drop_state() noexcept {
     detail::counted_ptr<detail::grant_pool_state> st = std::move(st_);
     if (!st) return;
     st->open = false;
-    st->slots.release(); // per slot the window first, then the region (grant_slot's member order)
-    st->free.release();
-    st->index.release();
+    st->slots.destroy_all(); // per slot the window first, then the region (grant_slot's member order)
+    st->free.destroy_all();
+    st->index.destroy_all();
     st->pd_link.drop();
     st->buffers_link.drop(); // no exact region reaches the bytes any more
     st.reset();

@@ -11,21 +11,22 @@
 ///   - software (every other device): the layout is flattened into (MR, address, length)
 ///     segments. Local use expands a window of the key into SGEs (sges()). Remote use grants
 ///     each segment through the device's grant mechanism (Capabilities::grant, chosen at
-///     create()): on rxe (grant_mechanism::type1_exact_region) a region of exactly the segment's
-///     bytes at the same device address plus a type-1 window over all of it, so that every
-///     segment key reaches exactly its segment's bytes and no peer's send-with-invalidate can
-///     panic the kernel; elsewhere (or with ikey_options::trusted_peers/type2) one type-2 window per
-///     segment over the underlying region. configure() adds the binds to the send batch; the
+///     create(); mechanism()) as StrictGrant grants its range: a region of exactly the segment's
+///     bytes at the same device address, and a window over all of it, so that every segment key
+///     reaches exactly its segment's bytes (the region's bounds, which every device enforces);
+///     the window is type 1 on rxe (grant_mechanism::type1_exact_region: no peer's
+///     send-with-invalidate can panic the kernel), type 2B elsewhere or with ikey_options::grant
+///     (grant_mechanism::type2_window). configure() adds the binds to the send batch; the
 ///     descriptor carries the segments' window rkeys, and the initiator splits a write or read
-///     into one work request per touched segment (write_indirect / read_indirect). invalidate()
+///     into one work request per touched segment (write_indirect / read_indirect). revoke()
 ///     deallocates the windows: the peer's keys stop working at once. Each segment is a grant
 ///     slot (detail/grant_slot.hpp, as in StrictGrant and GrantPool). The exact regions stay
-///     after invalidate(), so that configuring the same segments again registers nothing (a
-///     repeated layout costs about what the type-2 backend's cycle costs); the next configure
-///     releases those its layout does not use, release_regions() all of them. While the key
-///     holds an exact region it counts as a child of the underlying MemoryRegion: dereg() of
-///     that answers errc::busy (release_regions() first; a destructor defers the deregistration
-///     instead). There is no single lkey/rkey (both are 0).
+///     after revoke(), so that configuring the same segments again registers nothing (a
+///     repeated layout costs a window bind per segment); the next configure
+///     deregisters those its layout does not use, destroy_kept_regions() all of them. While the
+///     key holds an exact region it counts as a child of the underlying MemoryRegion: destroy()
+///     of that answers errc::region_granted (destroy_kept_regions() first; a destructor defers
+///     the deregistration instead). There is no single lkey/rkey (both are 0).
 /// The backend is chosen at creation: mlx5 where mlx5dv_is_supported, DEVX QUERY_HCA_CAP answers
 /// (a failed query fails closed), the device allows UMR atomics and an mkey can be created,
 /// software otherwise; forced to software by ikey_options::backend or RDMAXX_UMR=software.
@@ -33,16 +34,13 @@
 /// mlx5 an ordinary QP lacks the builders and configure() refuses it (errc::not_umr_qp).
 ///
 /// Differences that remain between the backends (see the README):
-///   - software bounds: with the exact-region mechanism (rxe's default) the device enforces
-///     them (each key's region is exactly its segment); with type-2 windows they are enforced by
-///     rdmaxx's initiator only (write_indirect / read_indirect refuse accesses beyond the
-///     layout), and a peer using raw verbs can reach the rest of an underlying MR on devices that
-///     do not enforce window bounds (rxe) until invalidation;
+///   - software segments need the bytes of a MemoryRegion (a raw region_ref cannot be granted
+///     remotely: there is nothing to register again);
 ///   - a software key nested in another is copied at configure time: invalidating the inner key
 ///     does not revoke the outer one (on mlx5 it does).
 ///
 /// Lifetime: borrows its ProtectionDomain (destroy the key first). While configured with remote
-/// rights it counts as a child of the QP its windows were bound through (destroy or invalidate
+/// rights it counts as a child of the QP its windows were bound through (destroy or revoke
 /// the key before that QP: rxe blocks for tens of seconds destroying a QP with bound type-2 windows: README).
 /// A key with a configure (or mlx5 invalidate) in an open batch must stay alive, at its address,
 /// until that batch is submitted or dropped: a dropped batch or a failed submit() undoes the
@@ -66,8 +64,8 @@
 ///
 /// Threads: an IndirectKey is used by one thread at a time, like the SendBatch it posts through
 /// (the provider holds the QP's send-queue lock from ibv_wr_start to ibv_wr_complete, so a
-/// thread must not configure or invalidate while another thread's batch is open on that QP).
-/// Every member, const ones included, reads state another thread's configure(), invalidate()
+/// thread must not configure or revoke while another thread's batch is open on that QP).
+/// Every member, const ones included, reads state another thread's configure(), revoke()
 /// or complete() writes without a lock: give a key and the completions that concern it to one
 /// thread (the one polling its QP's CQ), or serialize them. On mlx5 an outer key reads the state
 /// of the keys nested in it (stale()): nested keys follow the same rule together. What is shared
@@ -126,16 +124,11 @@ struct ikey_options {
   /// creates the mkey with MLX5DV_MKEY_INIT_ATTR_FLAGS_REMOTE_INVALIDATE. Without it such a send
   /// fails at the peer's side. Off by default: any peer holding the key could revoke it.
   bool remote_invalidate = false;
-  /// Software: the peers are trusted (see grant_options::trusted_peers): type-2 windows over the
-  /// underlying regions where the device is not known to panic on a peer's send-with-invalidate
-  /// of an unbound one. Default false: the device's grant mechanism (Capabilities::grant).
-  bool trusted_peers = false;
-  /// Software: type-2 windows even on a device where any peer could then panic the kernel (rxe;
-  /// see type2_risk). Only tests of type-2 behaviour accept it.
-  type2_risk type2 = type2_risk::refuse;
-  /// Software: the device's capabilities, if the caller has them (see grant_options::caps): no
+  /// Software: how the segments are granted, as for every grant form (grant_options, as
+  /// grant_pool_options::grant): grant.trusted_peers / grant.type2 choose type-2 windows (the
+  /// device's mechanism, Capabilities::grant, by default); grant.caps spares the
   /// ibv_query_device_ex at create().
-  const Capabilities *caps = nullptr;
+  grant_options grant = {};
 };
 
 namespace detail {
@@ -147,11 +140,11 @@ struct ikey_state {
   std::uint32_t max_segments = 0;
   key_segment *segs = nullptr; // software: capacity max_segments
   // Software: one grant slot per segment (detail/grant_slot.hpp, the mechanism StrictGrant and
-  // GrantPool share): its window while configured with remote rights and, with
-  // grant_mechanism::type1_exact_region, a region of exactly the segment's bytes (the type-1
-  // window is bound over all of it) with a count on the underlying MemoryRegion (links). The
-  // exact regions outlive invalidate(): the next configure reuses those whose segment is
-  // unchanged and releases the others (release_regions() gives them all back).
+  // GrantPool share): its window while configured with remote rights and a region of exactly
+  // the segment's bytes (the window, type 1 or 2 as `grant` says, is bound over all of it) with a
+  // count on the underlying MemoryRegion (links). The
+  // exact regions outlive revoke(): the next configure reuses those whose segment is
+  // unchanged and deregisters the others (destroy_kept_regions() all of them).
   grant_slot *slots = nullptr;
   child_link *links = nullptr;
   std::uint32_t nsegs = 0;
@@ -184,34 +177,34 @@ struct ikey_state {
   // Deallocating (not invalidating) the windows: never a local invalidate of a type-2 window
   // that may not be bound (rxe panics), and the peer's rkeys die at once. Returns the first
   // errno; the windows that could not be deallocated stay (and so do the regions under them).
-  int release_windows() noexcept {
+  int destroy_windows() noexcept {
     int first = 0;
     for (std::uint32_t i = 0; i < nwindows; ++i)
       if (slots[i].window)
-        if (auto r = slots[i].window.dealloc(); !r && first == 0) first = r.error().value();
+        if (auto r = slots[i].window.destroy(); !r && first == 0) first = r.error().value();
     if (first == 0) nwindows = 0;
     return first;
   }
   // Slot i's exact region and the count on its underlying region (after its window).
-  int release_region(std::uint32_t i) noexcept {
+  int destroy_region(std::uint32_t i) noexcept {
     if (slots[i].region)
-      if (auto r = slots[i].region.dereg(); !r) return r.error().value();
+      if (auto r = slots[i].region.destroy(); !r) return r.error().value();
     slots[i].data = nullptr;
     links[i].drop();
     return 0;
   }
   // The exact regions of slots [from, nkept).
-  int release_regions(std::uint32_t from = 0) noexcept {
+  int destroy_regions(std::uint32_t from = 0) noexcept {
     int first = 0;
     for (std::uint32_t i = from; i < nkept; ++i)
-      if (const int rc = release_region(i); rc != 0 && first == 0) first = rc;
+      if (const int rc = destroy_region(i); rc != 0 && first == 0) first = rc;
     if (first == 0 && nkept > from) nkept = from;
     return first;
   }
   // Windows, then exact regions (a region with a bound window cannot be deregistered).
-  int release_all() noexcept {
-    if (const int rc = release_windows()) return rc;
-    return release_regions();
+  int destroy_all() noexcept {
+    if (const int rc = destroy_windows()) return rc;
+    return destroy_regions();
   }
   ~ikey_state() {
     delete[] segs;
@@ -275,8 +268,8 @@ public:
   ///   chosen automatically, such a device gets the software backend, whose own query decides).
   /// - the errno of mlx5dv_create_mkey when mlx5 is forced.
   /// - software: the errno of ibv_query_device_ex (the grant mechanism is chosen from it; no key
-  ///   rather than a guess; not called when o.caps is given); errc::context_mismatch: o.caps of
-  ///   another device.
+  ///   rather than a guess; not called when o.grant.caps is given); errc::context_mismatch:
+  ///   o.grant.caps of another device.
   /// - ENOMEM.
   /// \mallocs The key's state (new(nothrow)) and, software, its segment table and window table;
   /// mlx5dv_create_mkey allocates inside the provider.
@@ -307,15 +300,15 @@ public:
   [[nodiscard]] std::uint32_t max_entries() const noexcept { return h_ ? st().max_entries : 0; }
   /// Software: flat segments the key can hold.
   [[nodiscard]] std::uint32_t max_segments() const noexcept { return h_ ? st().max_segments : 0; }
-  /// True from a successful configure() (its operations added to the batch) until invalidate().
-  /// mlx5: until the invalidate is confirmed (the key may work until then), see pending().
+  /// True from a successful configure() (its operations added to the batch) until revoke().
+  /// mlx5: until the revoke (a local invalidate) is confirmed (the key may work until then), see pending().
   [[nodiscard]] bool configured() const noexcept { return h_ && st().configured; }
-  /// A configure (or, mlx5, an invalidate) added to a batch is not confirmed yet (hand its
+  /// A configure (or, mlx5, a revoke) added to a batch is not confirmed yet (hand its
   /// completion to complete(); a dropped batch or a failed submit() undoes it).
   [[nodiscard]] bool pending() const noexcept;
   /// mlx5: configured over a nested key that has since been invalidated or re-tagged (or is
   /// itself stale): the device refuses every access through this key, so descriptor(), sges()
-  /// and nesting answer errc::stale_key until it is invalidated and configured again. Software:
+  /// and nesting answer errc::stale_key until it is revoked and configured again. Software:
   /// false (a nested software key is copied at configure time).
   [[nodiscard]] bool stale() const noexcept {
 #if RDMAXX_HAVE_MLX5
@@ -337,10 +330,16 @@ public:
   [[nodiscard]] std::span<const key_segment> segments() const noexcept {
     return configured() ? std::span<const key_segment>(st().segs, st().nsegs) : std::span<const key_segment>{};
   }
+  /// Software: the grant mechanism chosen at create() (Capabilities::grant, or ikey_options::grant's
+  /// choice): how configure() grants each segment remotely; none without a safe window type.
+  /// mlx5 (the mkey is no window) and null: none.
+  [[nodiscard]] grant_mechanism mechanism() const noexcept {
+    return h_ && st().backend == umr_backend::software ? st().grant : grant_mechanism::none;
+  }
   /// The PD the key was created on, or nullptr when null.
   [[nodiscard]] ibv_pd *pd() const noexcept { return h_ ? st().pd : nullptr; }
   /// The key's own work request id (detail::object_ids: never handed to another object of this
-  /// process): what its configure and invalidate carry when given own_wr_id (the default), and
+  /// process): what its configure and revoke carry when given own_wr_id (the default), and
   /// so what their completions carry. 0 when null.
   [[nodiscard]] std::uint64_t wr_id() const noexcept { return h_ ? st().id : 0; }
 
@@ -391,25 +390,24 @@ public:
   /// `qp`; they take effect when it is submitted, in order with what follows on that QP).
   /// mlx5: one mkey-configure work request (IBV_SEND_INLINE added to w.flags). Software: the
   /// layout is flattened now; with remote rights, one window per segment is allocated and bound
-  /// (ibv_wr_bind_mw; w.flags' signaled bit on the last bind only): on the exact-region mechanism
-  /// (the default on rxe) a type-1 window over a region of exactly the segment registered by the
-  /// key, so the underlying regions need no remote rights and no MW_BIND (remote write/atomic:
-  /// LOCAL_WRITE); type-2 windows over the underlying regions otherwise, which must then grant
-  /// the rights and have IBV_ACCESS_MW_BIND. mlx5: every underlying region grants the rights.
+  /// (ibv_wr_bind_mw; w.flags' signaled bit on the last bind only) over a region of exactly the
+  /// segment registered by the key (type 1 or 2 as mechanism() says), so the underlying regions
+  /// need no remote rights and no MW_BIND (remote write/atomic: LOCAL_WRITE). mlx5: every
+  /// underlying region grants the rights.
   /// mlx5: `qp` must come from mlx5::create_umr_qp (or create_indirect_key_qp); the work request
   /// is posted signaled whatever w.flags says, and the key is pending until that completion
   /// (this QP, w.id, MLX5DV_WC_UMR) is handed to complete(): descriptor(), sges() and nesting
   /// refuse until then. Give w.id a value no other outstanding work request of the QP has. Each
   /// configure after the first gives the mkey a new 8-bit tag, so lkey()/rkey() change and no
   /// rkey of an earlier configure answers again; while configured the key counts as a child of
-  /// each MemoryRegion and nested key of its layout (a region's dereg() and rereg() answer
+  /// each MemoryRegion and nested key of its layout (a region's destroy() and rereg() answer
   /// errc::region_granted, a nested key's destroy() errc::busy). If the batch is dropped or its submit() fails, the batch undoes the configure
   /// (mlx5: the operation is dropped, its tag given back; software: the windows are deallocated, the key
   /// is not configured): keep the key alive and in place until then.
   /// \errors Nothing is then added to the batch:
   /// - errc::null_handle: a null key or QP.
   /// - errc::foreign_wr_id: `w.id` is another window's or key's own id (leave own_wr_id).
-  /// - errc::already_bound: configured (invalidate first).
+  /// - errc::already_bound: configured (revoke first).
   /// - errc::operation_unconfirmed: mlx5: an operation is unconfirmed.
   /// - errc::not_umr_qp: mlx5: `qp` lacks the mlx5 UMR send operations.
   /// - errc::key_retired: mlx5: the mkey's tags are used up (the second configure where the
@@ -423,7 +421,7 @@ public:
   ///   operations.
   /// - errc::pd_mismatch: `qp` is on another PD than the key.
   /// - errc::unsafe_grant: remote rights where the only window type would let a peer panic the
-  ///   kernel (see ikey_options::type2).
+  ///   kernel (see grant_options::type2, ikey_options::grant).
   /// - errc::unsupported: remote rights on a device without memory windows.
   /// - the layout_category() codes of layout::validate (naming the entry), expand and (mlx5)
   ///   mlx5::check_provider_limits (errc::provider_limit: a list entry over 2 GiB, a list of
@@ -439,8 +437,8 @@ public:
   [[nodiscard]] result<void> configure(SendBatch &batch, QueuePair &qp, const layout &l,
                                        access_flags acc, wr w = {window_wr_id}) noexcept;
 
-  /// Invalidate: the key stops working. mlx5: a local invalidate of the mkey added to `batch`
-  /// (ibv_wr_local_inv), posted signaled whatever w.flags says; the key stays configured() (it
+  /// Revoke: the key stops working and the object stays (configure it again). mlx5: a local
+  /// invalidate of the mkey added to `batch` (ibv_wr_local_inv), posted signaled whatever w.flags says; the key stays configured() (it
   /// may still work) and pending() until that completion (this QP, w.id, IBV_WC_LOCAL_INV) is
   /// handed to complete(); a dropped batch or a failed submit() undoes
   /// it (the key stays configured). Software: the windows are deallocated now (ibv_dealloc_mw), so
@@ -457,27 +455,37 @@ public:
   /// - errc::send_queue_full: mlx5: the QP's counted send queue has no room.
   /// - the errno of ibv_dealloc_mw (the key is invalid regardless).
   /// \mallocs None.
-  [[nodiscard]] result<void> invalidate(SendBatch &batch, wr w = {window_wr_id}) noexcept;
-  /// Software only: invalidate now, without a work request (as above).
+  [[nodiscard]] result<void> revoke(SendBatch &batch, wr w = {window_wr_id}) noexcept;
+  /// Software only: revoke now, without a work request (as above: ibv_dealloc_mw per window).
   /// \errors
   /// - errc::null_handle: the key is null.
   /// - errc::not_bound: not configured.
   /// - errc::wrong_type: mlx5 (use the batch form).
   /// - the errno of ibv_dealloc_mw.
   /// \mallocs None.
-  [[nodiscard]] result<void> invalidate() noexcept;
+  [[nodiscard]] result<void> revoke() noexcept;
+  /// The former names of revoke().
+  [[deprecated("use revoke()")]] [[nodiscard]] result<void> invalidate(SendBatch &batch,
+                                                                       wr w = {window_wr_id}) noexcept {
+    return revoke(batch, w);
+  }
+  [[deprecated("use revoke()")]] [[nodiscard]] result<void> invalidate() noexcept { return revoke(); }
 
   /// Software, exact-region mechanism: deregister the regions the key kept for its next
   /// configure (ibv_dereg_mr each) and drop its counts on the underlying MemoryRegions, so those
-  /// can be deregistered. Nothing to do on mlx5 or when none is kept.
+  /// can be destroyed. Nothing to do on mlx5 or when none is kept.
   /// \errors
   /// - errc::null_handle: the key is null.
-  /// - errc::already_bound: configured (its layout uses them: invalidate first).
+  /// - errc::already_bound: configured (its layout uses them: revoke first).
   /// - the errno of ibv_dereg_mr (the regions not deregistered stay kept).
   /// \mallocs None.
-  result<void> release_regions() noexcept;
+  result<void> destroy_kept_regions() noexcept;
+  /// The former name of destroy_kept_regions().
+  [[deprecated("use destroy_kept_regions()")]] result<void> release_regions() noexcept {
+    return destroy_kept_regions();
+  }
   /// Software: exact regions the key holds (its layout's while configured; kept for the next
-  /// configure after invalidate()).
+  /// configure after revoke()).
   [[nodiscard]] std::uint32_t kept_regions() const noexcept {
     if (!h_ || st().backend != umr_backend::software) return 0;
     std::uint32_t k = 0;
@@ -493,7 +501,7 @@ public:
   /// \errors
   /// - errc::null_handle: the key is null.
   /// - errc::wrong_state: not configured.
-  /// - errc::operation_unconfirmed: mlx5: the configure or an invalidate is unconfirmed (work on
+  /// - errc::operation_unconfirmed: mlx5: the configure or a revoke is unconfirmed (work on
   ///   another QP is not ordered after the configure, and it may still fail).
   /// - errc::stale_key: mlx5: a key nested in the layout was invalidated or re-tagged (stale()).
   /// - errc::zero_length: `length` is 0.
@@ -523,9 +531,9 @@ public:
   /// - errc::null_handle: the key is null.
   /// - errc::wrong_state: not configured.
   /// - errc::operation_unconfirmed: the configure's completion was not handed to complete() yet
-  ///   (mlx5: also an unconfirmed invalidate).
+  ///   (mlx5: also an unconfirmed revoke).
   /// - errc::stale_key: mlx5: a key nested in the layout was invalidated or re-tagged since the
-  ///   configure (stale()): the device would refuse the peer; invalidate and configure again.
+  ///   configure (stale()): the device would refuse the peer; revoke and configure again.
   /// - errc::missing_access: no remote rights.
   /// - errc::too_many_entries / out_of_range: an mlx5 key longer than one segment can say (more
   ///   than 4 GiB).
@@ -537,7 +545,7 @@ public:
   /// comment (the destruction deferred until the operation ended, and the destroy-failure hook
   /// told).
   /// \errors On failure the key stays valid:
-  /// - errc::operation_unconfirmed: mlx5: a configure or invalidate is posted and its completion
+  /// - errc::operation_unconfirmed: mlx5: a configure or revoke is posted and its completion
   ///   not handed to complete() (the device may still be writing the mkey).
   /// - errc::busy: mlx5: an outer key configured over this one is alive.
   /// - the errno of the verbs.
@@ -551,7 +559,7 @@ public:
 
   /// Hand a completion to the key (mlx5, see mlx5::complete_key): the unconfirmed operation's own
   /// completion (the QP it was posted on, its wr_id and, when successful, its opcode) confirms
-  /// it (success) or undoes it (error: configure -> not configured, invalidate -> still
+  /// it (success) or undoes it (error: configure -> not configured, revoke -> still
   /// configured); no other completion confirms anything. A receive completion with
   /// IBV_WC_WITH_INV naming the key's rkey (a peer's send-with-invalidate) revokes it when the
   /// key was created with ikey_options::remote_invalidate and the receive arrived on the QP the
@@ -606,20 +614,24 @@ public:
     RDMAXX_TRYV(configure(batch, qp, l, acc, w));
     return batch.submit(); // a failed submit undid the configure
   }
-  /// Invalidate through a batch of its own on `qp` (mlx5: always signaled; hand the completion to
+  /// Revoke through a batch of its own on `qp` (mlx5: always signaled; hand the completion to
   /// complete(); never while a batch is open on `qp`, see configure(qp, l, acc)); software: as
-  /// invalidate(). If the submit
-  /// fails the key stays configured.
+  /// revoke(). If the submit fails the key stays configured.
   /// \errors
-  /// - those of invalidate(batch, w).
+  /// - those of revoke(batch, w).
   /// - errc::wrong_state: also when the QP has not reached RTS.
   /// - the errno of ibv_wr_complete.
   /// \mallocs None.
-  [[nodiscard]] result<void> invalidate(QueuePair &qp, wr w = {window_wr_id, send_flag::signaled}) noexcept {
-    if (backend() != umr_backend::mlx5) return invalidate();
+  [[nodiscard]] result<void> revoke(QueuePair &qp, wr w = {window_wr_id, send_flag::signaled}) noexcept {
+    if (backend() != umr_backend::mlx5) return revoke();
     auto batch = qp.start_send();
-    RDMAXX_TRYV(invalidate(batch, w));
-    return batch.submit(); // a failed submit undid the invalidate
+    RDMAXX_TRYV(revoke(batch, w));
+    return batch.submit(); // a failed submit undid the revoke
+  }
+  /// The former name of revoke(qp, w).
+  [[deprecated("use revoke()")]] [[nodiscard]] result<void>
+  invalidate(QueuePair &qp, wr w = {window_wr_id, send_flag::signaled}) noexcept {
+    return revoke(qp, w);
   }
 
 private:
@@ -639,7 +651,7 @@ private:
         return EBUSY;
       }
 #endif
-      if (const int rc = s->release_all()) return rc;
+      if (const int rc = s->destroy_all()) return rc;
 #if RDMAXX_HAVE_MLX5
       if (s->mkey) {
         if (const int rc = s->destroy_mkey(s->mkey)) return rc;
@@ -677,11 +689,10 @@ private:
             st().hca.repeated_block_disabled};
   }
 #endif
-  // grant_mechanism::type1_exact_region: per segment, a region of exactly its bytes at the same
-  // device address (ibv_reg_mr_iova2: the descriptor is unchanged) with a count on the
-  // underlying MemoryRegion, and a type-1 window bound over all of it in `batch` (a peer's
-  // send-with-invalidate of a type-1 key is refused, and bounds are the exact region's, which
-  // rxe enforces). A slot whose kept region already holds the segment's bytes keeps it (a
+  // Per segment, a region of exactly its bytes at the same device address (ibv_reg_mr_iova2:
+  // the descriptor is unchanged) with a count on the underlying MemoryRegion, and a window of the
+  // key's mechanism bound over all of it in `batch` (bounds are the exact region's, which every
+  // device enforces; a peer's send-with-invalidate of a type-1 key is refused). A slot whose kept region already holds the segment's bytes keeps it (a
   // repeated layout registers nothing); regions of the previous layout beyond this one's
   // segments are released. On failure nothing is added to the batch and no window is left; the
   // regions registered so far stay kept (valid registrations of the segments' bytes).
@@ -793,7 +804,7 @@ inline result<IndirectKey> IndirectKey::create_with(const ProtectionDomain &pd, 
   st->slots = new (std::nothrow) detail::grant_slot[segs];
   st->links = new (std::nothrow) detail::child_link[segs];
   // A failed device query fails closed: no key rather than a guess at the mechanism.
-  auto g = detail::grant_for(pd.context(), {o.trusted_peers, o.type2, o.caps});
+  auto g = detail::grant_for(pd.context(), o.grant);
   if (!g) {
     delete st;
     return g.error();
@@ -830,8 +841,8 @@ inline layout_limits IndirectKey::limits(const QueuePair &qp) const noexcept {
   l.max_segments = st().max_segments;
   l.nested_software_only = true;
   // Exact regions: the key's own registrations carry the remote rights and MW_BIND.
-  l.remote_rights_own = st().grant == grant_mechanism::type1_exact_region;
-  l.remote_needs_mw_bind = !l.remote_rights_own;
+  l.remote_rights_own = true;
+  l.remote_needs_mw_bind = false;
   return l;
 }
 
@@ -868,19 +879,12 @@ inline result<void> IndirectKey::configure(SendBatch &batch, QueuePair &qp, cons
   for (const auto &e : l.entries()) all_bind = all_bind && e.source.access.any(access::mw_bind);
   if (!remote.empty() && s.grant == grant_mechanism::none)
     return make_error_code(s.grant_unsafe ? errc::unsafe_grant : errc::unsupported);
-  if (!remote.empty() && s.grant == grant_mechanism::type1_exact_region) {
+  if (!remote.empty()) {
     for (std::size_t i = 0; i < n; ++i)
       if (!s.segs[i].mr || !s.segs[i].data) return layout_error(errc::null_handle, no_entry);
     RDMAXX_TRYV(configure_exact(batch, qp, remote, n, w));
     // Type-1 windows do not hang on the QP, but their binds are posted through it: the key
     // counts as its child as with type-2 windows (one rule for both mechanisms).
-    h_.set_parent<detail::parent_slot::second>(detail::handle_access::node(qp));
-  } else if (!remote.empty()) {
-    for (std::size_t i = 0; i < n; ++i)
-      if (!s.segs[i].mr) return layout_error(errc::null_handle, no_entry); // raw region
-    // Type-2 windows over the segments' own regions: no exact regions.
-    if (const int rc = s.release_regions()) return errno_code(rc);
-    RDMAXX_TRYV(bind_windows(batch, qp, remote, n, w, mw_type::type2));
     h_.set_parent<detail::parent_slot::second>(detail::handle_access::node(qp));
   }
   if (!remote.empty()) {
@@ -897,7 +901,7 @@ inline result<void> IndirectKey::configure(SendBatch &batch, QueuePair &qp, cons
   return success();
 }
 
-inline result<void> IndirectKey::invalidate(SendBatch &batch, wr w) noexcept {
+inline result<void> IndirectKey::revoke(SendBatch &batch, wr w) noexcept {
   if (!h_) return make_error_code(errc::null_handle);
   if (auto ec = detail::resolve_wr(w, st().id)) return ec;
   if (!st().configured) return make_error_code(errc::not_bound);
@@ -912,15 +916,15 @@ inline result<void> IndirectKey::invalidate(SendBatch &batch, wr w) noexcept {
 #endif
   (void)batch;
   (void)w;
-  return invalidate();
+  return revoke();
 }
 
-inline result<void> IndirectKey::invalidate() noexcept {
+inline result<void> IndirectKey::revoke() noexcept {
   if (!h_) return make_error_code(errc::null_handle);
   detail::ikey_state &s = st();
   if (s.backend != umr_backend::software) return make_error_code(errc::wrong_type);
   if (!s.configured) return make_error_code(errc::not_bound);
-  const int rc = s.release_windows(); // the exact regions stay for the next configure
+  const int rc = s.destroy_windows(); // the exact regions stay for the next configure
   s.configured = false;
   s.binds_unconfirmed = false;
   s.nsegs = 0;
@@ -930,11 +934,11 @@ inline result<void> IndirectKey::invalidate() noexcept {
   return success();
 }
 
-inline result<void> IndirectKey::release_regions() noexcept {
+inline result<void> IndirectKey::destroy_kept_regions() noexcept {
   if (!h_) return make_error_code(errc::null_handle);
   if (st().configured) return make_error_code(errc::already_bound);
   if (st().backend != umr_backend::software) return success();
-  if (const int rc = st().release_regions()) return errno_code(rc);
+  if (const int rc = st().destroy_regions()) return errno_code(rc);
   return success();
 }
 
@@ -1011,7 +1015,7 @@ inline bool IndirectKey::complete(const ibv_wc &wc) noexcept {
   // The last bind's own completion: the earlier, unsignaled binds of the configure executed
   // before it (one send queue, in order), so it confirms (or, failed, rolls back) every window.
   for (std::uint32_t i = 0; i < s.nwindows; ++i) (void)s.slots[i].window.complete(wc);
-  if (wc.status != IBV_WC_SUCCESS) (void)invalidate(); // a bind failed or was flushed: no key
+  if (wc.status != IBV_WC_SUCCESS) (void)revoke(); // a bind failed or was flushed: no key
   return true;
 }
 
@@ -1040,7 +1044,7 @@ inline void IndirectKey::undo_op(void *key, std::uint64_t) noexcept {
     return;
   }
 #endif
-  if (self->st().configured) (void)self->invalidate();
+  if (self->st().configured) (void)self->revoke();
 }
 
 inline bool IndirectKey::usable_locally() const noexcept {
@@ -1062,13 +1066,14 @@ inline result<void> IndirectKey::configure_exact(SendBatch &batch, QueuePair &qp
         s.links[i].parent() == g.node)
       continue;
     if (i < s.nkept)
-      if (const int rc = s.release_region(i)) return errno_code(rc);
+      if (const int rc = s.destroy_region(i)) return errno_code(rc);
     if (i >= s.nkept) s.nkept = i + 1;
     RDMAXX_TRYV(s.slots[i].reg_exact(h_.parent(), s.pd, g.data, g.length, g.addr, racc));
     s.links[i] = detail::child_link(g.node, child_kind::indirect_key);
   }
-  if (const int rc = s.release_regions(std::uint32_t(n))) return errno_code(rc);
-  return bind_windows(batch, qp, remote, n, w, mw_type::type1);
+  if (const int rc = s.destroy_regions(std::uint32_t(n))) return errno_code(rc);
+  return bind_windows(batch, qp, remote, n, w,
+                      s.grant == grant_mechanism::type1_exact_region ? mw_type::type1 : mw_type::type2);
 }
 
 inline result<void> IndirectKey::bind_windows(SendBatch &batch, QueuePair &qp, access_flags remote,
@@ -1077,17 +1082,17 @@ inline result<void> IndirectKey::bind_windows(SendBatch &batch, QueuePair &qp, a
   for (std::uint32_t i = 0; i < n; ++i) {
     s.nwindows = i + 1;
     if (auto r = s.slots[i].alloc_window(h_.parent(), s.pd, type); !r) {
-      s.release_windows();
+      s.destroy_windows();
       return r.error();
     }
   }
-  // The segments' own regions were checked by layout::validate (MW_BIND where type-2
-  // windows bind over them, LOCAL_WRITE for remote writes): their access as validated.
+  // Each bind is checked against its slot's exact region (configure_exact made one per
+  // segment); `own` is what a segment's region without one would need.
   const access_flags own = access::mw_bind | access::local_write;
   for (std::uint32_t i = 0; i < n; ++i) {
     const key_segment &g = s.segs[i];
     if (auto ec = s.slots[i].check_segment(qp, g.mr, own, g.length, remote)) {
-      s.release_windows();
+      s.destroy_windows();
       return ec;
     }
   }

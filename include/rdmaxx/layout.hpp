@@ -186,8 +186,8 @@ struct layout_limits {
   bool nested_hardware_only = false;      ///< mlx5: nested keys must be hardware keys
   bool nested_software_only = false;      ///< software: nested keys must be software keys
   bool remote_needs_mw_bind = false;      ///< software: remote rights need MRs with mw_bind
-  /// Software over exact regions (grant_mechanism::type1_exact_region): the key registers its
-  /// own region per segment, so the sources need no remote rights and no mw_bind (and their own
+  /// Software (type-1 or type-2 windows, both over exact regions): the key registers its own
+  /// region per segment, so the sources need no remote rights and no mw_bind (and their own
   /// rkeys, which reach the whole region, need not exist); remote write or atomic rights need
   /// LOCAL_WRITE on the source.
   bool remote_rights_own = false;

@@ -264,12 +264,14 @@ public:
   ///   EINVAL).
   /// - the errno of ibv_dereg_mr.
   /// \mallocs None.
-  result<void> dereg() noexcept {
+  result<void> destroy() noexcept {
     if (bound_windows() == 0 && live_grants() != 0) return make_error_code(errc::region_granted);
     RDMAXX_TRYV(h_.destroy());
     pages_ = {};
     return success();
   }
+  /// The former name of destroy().
+  [[deprecated("use destroy()")]] result<void> dereg() noexcept { return destroy(); }
 
   /// Re-register: change the translation, the PD, the access rights, or any combination, keeping
   /// this handle (ibv_rereg_mr(3), or a make-before-break replacement; see rereg_policy). Keys
@@ -326,7 +328,7 @@ public:
   }
   /// Live grants that reach this MR's memory: ExactGrants and StrictGrants made from it, GrantPools
   /// over it, IndirectKeys whose layout names it. While any lives, rereg() of the translation or
-  /// PD and dereg() answer errc::region_granted: the memory must outlive its grants.
+  /// PD and destroy() answer errc::region_granted: the memory must outlive its grants.
   [[nodiscard]] std::uint32_t live_grants() const noexcept {
     return h_.live_children(child_kind::exact_grant) + h_.live_children(child_kind::strict_grant) +
            h_.live_children(child_kind::grant_pool) + h_.live_children(child_kind::indirect_key);
@@ -390,7 +392,7 @@ private:
   [[nodiscard]] static result<MemoryRegion> reg_on(detail::parent_node *pd_node, ibv_pd *pd, void *addr,
                                                    std::size_t length, std::uint64_t iova,
                                                    access_flags acc, mr_kind kind) noexcept {
-    // The node counts memory windows bound to this MR (dereg refuses with errc::busy meanwhile).
+    // The node counts memory windows bound to this MR (destroy() refuses with errc::busy meanwhile).
     MemoryRegion r;
     if (auto ec = detail::create_with_node(r.h_, pd_node, [&] {
           return ::ibv_reg_mr_iova2(pd, addr, length, iova, int(acc.native()));

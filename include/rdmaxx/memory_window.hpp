@@ -13,7 +13,7 @@
 ///   - destroying a QP with a bound type-2 window blocks for tens of seconds on rxe (README): such a window counts as a child of
 ///     its QP, so qp.destroy() answers errc::busy until the window is invalidated or deallocated;
 ///   - ibv_dereg_mr of an MR with bound windows: windows count as children of their MR, so
-///     mr.dereg() answers errc::busy (rxe itself answers EINVAL);
+///     mr.destroy() answers errc::busy (rxe itself answers EINVAL);
 ///   - the provider does not update mw->rkey on type-2 binds: the library chooses each new key
 ///     (ibv_inc_rkey) and writes it back; a type-1 unbind with a NULL MR crashes the rxe provider:
 ///     the library unbinds with the bound MR, addr 0, length 0.
@@ -27,13 +27,13 @@
 /// back by the batch itself (SendBatch keeps an undo per window operation; cancel_pending() is
 /// not needed for that).
 ///
-/// Revoking for good: dealloc() (synchronous: ibv_dealloc_mw unbinds and frees). Prefer it to
+/// Revoking for good: destroy() (synchronous: ibv_dealloc_mw unbinds and frees). Prefer it to
 /// invalidate() when the peer keeps the old key: a peer's send-with-invalidate of a type-2 window
 /// that is allocated but no longer bound panics rxe, and the owner cannot stop a peer from sending
 /// one. invalidate() is for windows that are rebound right away. The library learns of a remote
 /// invalidate only from the receive completion handed to complete(): a local invalidate posted
 /// while a peer may be sending send-with-invalidate for the same key is a race no library can
-/// close on rxe (both paths reach the same kernel bug); dealloc() has no such race.
+/// close on rxe (both paths reach the same kernel bug); destroy() has no such race.
 ///
 /// Not thread-safe: one thread at a time per window (like the QP it posts on).
 ///
@@ -332,11 +332,13 @@ public:
   /// \errors
   /// - the errno of ibv_dealloc_mw (the window then stays allocated and unchanged).
   /// \mallocs None.
-  result<void> dealloc() noexcept {
+  result<void> destroy() noexcept {
     RDMAXX_TRYV(h_.destroy());
     forget();
     return success();
   }
+  /// The former name of destroy().
+  [[deprecated("use destroy()")]] result<void> dealloc() noexcept { return destroy(); }
 
   // ---- completions ----
 

@@ -25,17 +25,20 @@ namespace rdmaxx {
 /// the middle of an 8 KiB region, read inside it through a loopback QP pair, then read the 64
 /// bytes just past its end (inside the region). Sets caps.mw_bounds_enforced (yes: refused with a
 /// remote access error; no: the read succeeded, as on rxe; unknown: the probe could not tell) and
-/// returns it. Creates and destroys a PD, CQs, QPs (gid index `gid_index`), MRs and a window
+/// returns it. Creates and destroys a PD, CQs, QPs, MRs and a window
 /// (type 1 where the device has it; a type-2 window only where that is not refused, see
-/// MemoryWindow::alloc).
+/// MemoryWindow::alloc). The QPs connect from the GID `gid_index` names, as connections pick
+/// it: gid_auto (the default) chooses by type (detail::select_gid_index: on RoCE a v2 GID, an
+/// IPv4-mapped one first; on InfiniBand index 0).
 /// \errors
 /// - errc::null_handle: `ctx` is null.
 /// - errc::unsupported: no window type.
 /// - errc::unsafe_grant: only type-2 windows, on a device where they expose the kernel.
-/// - the errors of the scratch objects.
+/// - the errors of the scratch objects; gid_auto: those of detail::select_gid_index
+///   (errc::no_device: no usable GID on port 1).
 /// \mallocs The scratch objects (their nodes and what verbs allocates), freed before returning.
 [[nodiscard]] inline result<tristate> probe_window_bounds(const Context &ctx, Capabilities &caps,
-                                                          int gid_index = 1) noexcept {
+                                                          int gid_index = gid_auto) noexcept {
   if (!ctx) return make_error_code(errc::null_handle);
   if (!caps.mw_type2b && !caps.mw_type1) return make_error_code(errc::unsupported);
   caps.mw_bounds_enforced = tristate::unknown;
@@ -77,7 +80,7 @@ namespace rdmaxx {
   if (outside == IBV_WC_SUCCESS) caps.mw_bounds_enforced = tristate::no;
   else if (outside == IBV_WC_REM_ACCESS_ERR) caps.mw_bounds_enforced = tristate::yes;
   // The window goes before the QP it is bound through (see the lifetime rules above).
-  RDMAXX_TRYV(mw.dealloc());
+  RDMAXX_TRYV(mw.destroy());
   return caps.mw_bounds_enforced;
 }
 

@@ -44,7 +44,7 @@ public:
 
   /// The ibv_pd (owned: do not deallocate it), or nullptr.
   [[nodiscard]] ibv_pd *native_handle() const noexcept { return h_.get(); }
-  /// True unless null (default-constructed, moved from or deallocated).
+  /// True unless null (default-constructed, moved from or destroyed).
   [[nodiscard]] explicit operator bool() const noexcept { return bool(h_); }
   /// The device context of the PD, or nullptr when null.
   [[nodiscard]] ibv_context *context() const noexcept { return h_ ? h_.get()->context : nullptr; }
@@ -55,7 +55,9 @@ public:
   /// - errc::busy: children (MRs, MWs, QPs) are alive; nothing is called.
   /// - the errno of ibv_dealloc_pd.
   /// \mallocs None.
-  result<void> dealloc() noexcept { return h_.destroy(); }
+  result<void> destroy() noexcept { return h_.destroy(); }
+  /// The former name of destroy().
+  [[deprecated("use destroy()")]] result<void> dealloc() noexcept { return destroy(); }
 
 private:
   using traits = detail::deleter<ibv_pd, ::ibv_dealloc_pd, "ProtectionDomain", "ibv_dealloc_pd">;

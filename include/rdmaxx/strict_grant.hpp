@@ -39,7 +39,7 @@ namespace rdmaxx {
 /// Any denied access (out of bounds, revoked key, wrong QP) moves the owner's QP to ERR as well
 /// as the peer's: reconnect it (the grant stays valid).
 /// Lifetime: the memory must outlive the grant. The grant counts as a child of the region it was
-/// made from: while it lives, that region's dereg() and a rereg() of its translation or PD answer
+/// made from: while it lives, that region's destroy() and a rereg() of its translation or PD answer
 /// errc::region_granted (the exact region, and so the key, would stay on the old memory).
 /// Reuse: a StrictGrant kept per buffer slot (grant, revoke, grant again) never hands out a key it
 /// handed out before: before the window's 8-bit key could repeat (grants_per_window() grants),
@@ -73,9 +73,7 @@ public:
   /// what ibv_alloc_mw allocates.
   [[nodiscard]] static result<StrictGrant> create(const ProtectionDomain &pd, const MemoryRegion &mr,
                                                   window_range r, grant_options o = {}) noexcept {
-    if (!pd) return make_error_code(errc::null_handle);
-    if (auto ec = mr.usable()) return ec;
-    if (mr.native_handle()->context != pd.context()) return make_error_code(errc::context_mismatch);
+    if (auto ec = check_source(pd, mr)) return ec;
     RDMAXX_TRY(g, detail::grant_for(pd.context(), o));
     if (g.mechanism == grant_mechanism::none)
       return make_error_code(g.unsafe ? errc::unsafe_grant : errc::unsupported);
@@ -85,25 +83,24 @@ public:
                 type2_risk::accept_kernel_panic_by_any_peer);
   }
 
-  /// The explicit form: as above with a window of `type` chosen by the caller, on the MR's PD.
-  /// A type-2 window on a device with Capabilities::remote_inv_unbound_mw_panics (rxe) is refused
-  /// unless `risk` accepts the device-wide exposure (see type2_risk).
+  /// The explicit form: as above with a window of `type` chosen by the caller, and the same PD
+  /// rule (`pd` any PD of `mr`'s device: the exact region is registered on it). A type-2 window on
+  /// a device with Capabilities::remote_inv_unbound_mw_panics (rxe) is refused unless `risk`
+  /// accepts the device-wide exposure (see type2_risk).
   /// \errors
   /// - errc::null_handle: `pd` or `mr` is null.
   /// - errc::unsafe_grant: type 2 there, not accepted.
   /// - errc::unusable: `mr` is unusable.
+  /// - errc::context_mismatch: `pd` of another device.
   /// - errc::zero_length: `r` is empty.
   /// - errc::out_of_range: `r` is not inside `mr`.
-  /// - errc::pd_mismatch: `mr` is not on `pd`.
   /// - the errno of ibv_reg_mr.
   /// - those of MemoryWindow::alloc.
   /// \mallocs As the default form.
   [[nodiscard]] static result<StrictGrant> create(const ProtectionDomain &pd, const MemoryRegion &mr,
                                                   window_range r, mw_type type,
                                                   type2_risk risk = type2_risk::refuse) noexcept {
-    if (!pd) return make_error_code(errc::null_handle);
-    if (auto ec = mr.usable()) return ec;
-    if (mr.pd() != pd.native_handle()) return make_error_code(errc::pd_mismatch);
+    if (auto ec = check_source(pd, mr)) return ec;
     return make(pd, mr, r, type, risk);
   }
 
@@ -205,13 +202,20 @@ public:
   ///   destroyed).
   /// \mallocs None.
   result<void> destroy() noexcept {
-    RDMAXX_TRYV(slot_.window.dealloc());
-    RDMAXX_TRYV(slot_.region.dereg());
+    RDMAXX_TRYV(slot_.window.destroy());
+    RDMAXX_TRYV(slot_.region.destroy());
     source_.drop();
     return success();
   }
 
 private:
+  // Both create() forms' PD rule: the exact region is registered on `pd`, any PD of `mr`'s device.
+  [[nodiscard]] static std::error_code check_source(const ProtectionDomain &pd, const MemoryRegion &mr) noexcept {
+    if (!pd) return make_error_code(errc::null_handle);
+    if (auto ec = mr.usable()) return ec;
+    if (mr.native_handle()->context != pd.context()) return make_error_code(errc::context_mismatch);
+    return {};
+  }
   [[nodiscard]] static result<StrictGrant> make(const ProtectionDomain &pd, const MemoryRegion &mr,
                                                 window_range r, mw_type type,
                                                 type2_risk risk) noexcept {

@@ -79,7 +79,7 @@ bad_input_world::bad_input_world() {
   kc = need(IndirectKey::create(pd, 8), "configured key");
   kl = need(IndirectKey::create(pd, 8), "local-only key");
   k2 = need(IndirectKey::create(pd2, 8), "key on pd2");
-  kt = need(IndirectKey::create(pd, 8, {.trusted_peers = true, .type2 = accept_risk}), "type-2 software key");
+  kt = need(IndirectKey::create(pd, 8, {.grant = {.trusted_peers = true, .type2 = accept_risk}}), "type-2 software key");
   {
     auto b = lb.b.start_send();
     need(kc.configure(b, lb.b, layout::list({{mt, 3000, 100}, {mt, 100, 50}}), remote_rw,
@@ -172,12 +172,12 @@ std::error_code bad_input_world::write_md(QueuePair &q) {
 void bad_input_world::finish() {
   // The checked destruction of a moved-from handle is a no-op that succeeds (not a bad input: it
   // mirrors the destructor), and it must not crash.
-  CHECK(ctx_moved.close().has_value());
-  CHECK(pd_moved.dealloc().has_value());
-  CHECK(mr_moved.dereg().has_value());
+  CHECK(ctx_moved.destroy().has_value());
+  CHECK(pd_moved.destroy().has_value());
+  CHECK(mr_moved.destroy().has_value());
   CHECK(cq_moved.destroy().has_value());
   CHECK(qp_moved.destroy().has_value());
-  CHECK(w_moved.dealloc().has_value());
+  CHECK(w_moved.destroy().has_value());
   CHECK(g_moved.destroy().has_value());
   CHECK(k_moved.destroy().has_value());
 
@@ -264,26 +264,26 @@ void bad_input_world::finish() {
     std::memcpy(want_tgt.data() + 3095, src.data() + 3800, 5);
     std::memcpy(want_tgt.data() + 100, src.data() + 3805, 5);
     CHECK(tgt == want_tgt);
-    need(k.invalidate(), "invalidate k");
+    need(k.revoke(), "invalidate k");
   }
   CHECK(need(lb.a.state(), "state a") == IBV_QPS_RTS);
   CHECK(need(lb.b.state(), "state b") == IBV_QPS_RTS);
 
   // Everything is destroyable through the checked calls, children first.
-  for (MemoryWindow *w : {&w1, &w2, &w1b, &w2b, &w2i, &w2x}) destroyed(w->dealloc(), "window");
+  for (MemoryWindow *w : {&w1, &w2, &w1b, &w2b, &w2i, &w2x}) destroyed(w->destroy(), "window");
   destroyed(g.destroy(), "strict grant");
   for (IndirectKey *key : {&k, &kc, &kl, &k2, &kt}) destroyed(key->destroy(), "indirect key");
   for (MemoryRegion *m : {&mt, &mt2, &mt_x, &ms, &md, &mrr, &ma, &m_nobind, &m_nolw, &mu})
-    destroyed(m->dereg(), "memory region");
+    destroyed(m->destroy(), "memory region");
   for (QueuePair *q : {&lb.a, &lb.b, &p2.a, &p2.b, &vp.a, &vp.b}) destroyed(q->destroy(), "queue pair");
   for (CompletionQueue *c :
        {&lb.cq_a, &lb.cq_b, &p2.cq_a, &p2.cq_b, &vp.cq_a, &vp.cq_b, &cq_ch, &cq_s, &cq_x})
     destroyed(c->destroy(), "completion queue");
   destroyed(ch.destroy(), "completion channel");
   destroyed(ch_x.destroy(), "completion channel of the other context");
-  for (ProtectionDomain *p : {&pd, &pd2, &pd_x}) destroyed(p->dealloc(), "protection domain");
-  destroyed(ctx.close(), "context");
-  destroyed(ctx_x.close(), "other context");
+  for (ProtectionDomain *p : {&pd, &pd2, &pd_x}) destroyed(p->destroy(), "protection domain");
+  destroyed(ctx.destroy(), "context");
+  destroyed(ctx_x.destroy(), "other context");
 }
 
 } // namespace rxe::bad_input
@@ -388,7 +388,7 @@ TEST_CASE_METHOD(bad_input_world, "bad inputs: Context", "[bad-input][context]")
         [&] { return err(ctx_moved.wait_async_event(0)); });
   t.add("Context::wait_async_event", "zero timeout, no event", is(errc::timeout),
         [&] { return err(ctx.wait_async_event(0)); });
-  t.add("Context::close", "children alive", is(errc::busy), [&] { return err(ctx.close()); });
+  t.add("Context::destroy", "children alive", is(errc::busy), [&] { return err(ctx.destroy()); });
   t.add("probe_window_bounds", "moved-from context", is(errc::null_handle), [&] {
     Capabilities c;
     c.mw_type2b = true;
@@ -421,8 +421,8 @@ TEST_CASE_METHOD(bad_input_world, "bad inputs: ProtectionDomain", "[bad-input][p
         [&] { return err(ProtectionDomain::alloc(ctx_moved)); });
   t.add("ProtectionDomain::alloc", "default-constructed context", is(errc::null_handle),
         [&] { return err(ProtectionDomain::alloc(Context{})); });
-  t.add("ProtectionDomain::dealloc", "MRs, windows and QPs alive", is(errc::busy),
-        [&] { return err(pd.dealloc()); });
+  t.add("ProtectionDomain::destroy", "MRs, windows and QPs alive", is(errc::busy),
+        [&] { return err(pd.destroy()); });
   t.run();
   finish();
 }

@@ -56,9 +56,11 @@ TEST_CASE_METHOD(bad_input_world, "bad inputs: layout / IndirectKey", "[bad-inpu
   t.add("layout + configure", "remote write over an MR without it", layout_is(errc::missing_access, 1), [&] {
     return configure_with(k, lb.b, layout::list({{mt, 0, 8}, {m_nolw, 0, 8}}), remote_rw);
   });
-  t.add("layout + configure", "remote rights over an MR without MW_BIND (type-2 software backend)",
-        layout_is(errc::missing_access, 0), [&] {
-          return configure_with(kt, lb.b, layout::list({{m_nobind, 0, 8}}), access::remote_read);
+  t.add("layout + configure", "remote rights over a raw region (no MR), type-2 windows",
+        layout_is(errc::null_handle, no_entry), [&] {
+          const region_ref raw =
+              region_ref::raw(ms.iova(), 64, ms.lkey(), 0, target_access, pd.native_handle());
+          return configure_with(kt, lb.b, layout::list({{raw, 0, 8}}), access::remote_read);
         });
   t.add("layout + configure", "remote rights over a raw region (no MR)",
         layout_is(errc::null_handle, no_entry), [&] {
@@ -148,21 +150,21 @@ TEST_CASE_METHOD(bad_input_world, "bad inputs: layout / IndirectKey", "[bad-inpu
         [&] {
           return configure_with(k2, p2.b, layout::list({{mt, 0, 8}}), remote_rw);
         });
-  t.add("IndirectKey::release_regions", "moved-from key", is(errc::null_handle),
-        [&] { return err(k_moved.release_regions()); });
-  t.add("IndirectKey::release_regions", "a configured key (its layout uses them)", is(errc::already_bound),
-        [&] { return err(kc.release_regions()); });
-  t.add("IndirectKey::invalidate", "unconfigured key", is(errc::not_bound),
-        [&] { return err(k.invalidate()); });
-  t.add("IndirectKey::invalidate (batch)", "unconfigured key", is(errc::not_bound), [&] {
+  t.add("IndirectKey::destroy_kept_regions", "moved-from key", is(errc::null_handle),
+        [&] { return err(k_moved.destroy_kept_regions()); });
+  t.add("IndirectKey::destroy_kept_regions", "a configured key (its layout uses them)", is(errc::already_bound),
+        [&] { return err(kc.destroy_kept_regions()); });
+  t.add("IndirectKey::revoke", "unconfigured key", is(errc::not_bound),
+        [&] { return err(k.revoke()); });
+  t.add("IndirectKey::revoke (batch)", "unconfigured key", is(errc::not_bound), [&] {
     auto b = lb.b.start_send();
-    return err(k.invalidate(b));
+    return err(k.revoke(b));
   });
-  t.add("IndirectKey::invalidate", "moved-from key", is(errc::null_handle),
-        [&] { return err(k_moved.invalidate()); });
-  t.add("IndirectKey::invalidate (batch)", "moved-from key", is(errc::null_handle), [&] {
+  t.add("IndirectKey::revoke", "moved-from key", is(errc::null_handle),
+        [&] { return err(k_moved.revoke()); });
+  t.add("IndirectKey::revoke (batch)", "moved-from key", is(errc::null_handle), [&] {
     auto b = lb.b.start_send();
-    return err(k_moved.invalidate(b));
+    return err(k_moved.revoke(b));
   });
   std::array<ibv_sge, 4> sg{};
   t.add("IndirectKey::sges", "moved-from key", is(errc::null_handle),

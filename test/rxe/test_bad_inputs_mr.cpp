@@ -112,7 +112,7 @@ TEST_CASE_METHOD(bad_input_world, "bad inputs: MemoryRegion", "[bad-input][mr]")
   t.add("MemoryRegion::rereg_native_unchecked", "moved-from MR", is(errc::null_handle), [&] {
     return err(mr_moved.rereg_native_unchecked(IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, 1));
   });
-  t.add("MemoryRegion::dereg", "windows bound to the MR", is(errc::busy), [&] { return err(mt.dereg()); });
+  t.add("MemoryRegion::destroy", "windows bound to the MR", is(errc::busy), [&] { return err(mt.destroy()); });
   // A grant reaches the region's memory: moving it, changing its PD or deregistering it would
   // leave the grant's key on the old memory. Nothing changes; the grant keeps working (finish()).
   std::vector<unsigned char> under(2 * N, 0), elsewhere(2 * N, 0);
@@ -123,7 +123,7 @@ TEST_CASE_METHOD(bad_input_world, "bad inputs: MemoryRegion", "[bad-input][mr]")
         [&] { return err(mg.rereg(change_translation(elsewhere.data(), elsewhere.size()))); });
   t.add("MemoryRegion::rereg", "PD change under a grant", is(errc::region_granted),
         [&] { return err(mg.rereg(change_pd(pd2))); });
-  t.add("MemoryRegion::dereg", "a grant made from the MR", is(errc::region_granted), [&] { return err(mg.dereg()); });
+  t.add("MemoryRegion::destroy", "a grant made from the MR", is(errc::region_granted), [&] { return err(mg.destroy()); });
   t.add("MemoryRegion::usable", "moved-from MR", is(errc::null_handle), [&] { return mr_moved.usable(); });
   t.add("MemoryRegion::usable", "unusable MR", is(errc::unusable), [&] { return mu.usable(); });
   t.run();
@@ -133,9 +133,9 @@ TEST_CASE_METHOD(bad_input_world, "bad inputs: MemoryRegion", "[bad-input][mr]")
   // The access change alone is allowed under these grants (their regions are their own).
   need(mg.rereg(change_access(lw | access::remote_read)), "access change under the grants");
   need(sg_under.destroy(), "destroy the strict grant");
-  need(eg_under.revoke(), "revoke the exact grant");
+  need(eg_under.destroy(), "revoke the exact grant");
   CHECK(mg.live_grants() == 0);
   need(mg.rereg(change_translation(elsewhere.data(), elsewhere.size())), "rereg once the grants are gone");
-  need(mg.dereg(), "dereg");
+  need(mg.destroy(), "dereg");
   finish();
 }

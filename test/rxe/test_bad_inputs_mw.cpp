@@ -209,9 +209,13 @@ TEST_CASE_METHOD(bad_input_world, "bad inputs: StrictGrant", "[bad-input][strict
   t.add("StrictGrant::create", "unusable MR", is(errc::unusable), [&] {
     return err(StrictGrant::create(pd, mu, {0, 64}, mw_type::type2, accept_risk));
   });
-  t.add("StrictGrant::create", "PD other than the MR's", is(errc::pd_mismatch), [&] {
-    return err(StrictGrant::create(pd2, mt, {0, 64}, mw_type::type2, accept_risk));
+  t.add("StrictGrant::create", "PD of another context", is(errc::context_mismatch), [&] {
+    return err(StrictGrant::create(pd_x, mt, {0, 64}, mw_type::type2, accept_risk));
   });
+  // Another PD of the MR's device: accepted by both forms (one PD rule; the exact region is
+  // registered on it).
+  CHECK(StrictGrant::create(pd2, mt, {0, 64}, mw_type::type2, accept_risk));
+  CHECK(StrictGrant::create(pd2, mt, {0, 64}));
   t.add("StrictGrant::create", "zero length", is(errc::zero_length), [&] {
     return err(StrictGrant::create(pd, mt, {0, 0}, mw_type::type2, accept_risk));
   });
@@ -315,7 +319,7 @@ TEST_CASE_METHOD(bad_input_world, "bad inputs: ExactGrant", "[bad-input][exact-g
   std::memcpy(want.data() + 512, src.data(), 128);
   CHECK(tgt == want);
   std::memcpy(tgt.data() + 512, snap_tgt.data() + 512, 128);
-  destroyed(eg.revoke(), "exact grant");
+  destroyed(eg.destroy(), "exact grant");
   CHECK(!eg);
   finish();
 }

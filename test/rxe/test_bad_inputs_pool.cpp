@@ -151,23 +151,23 @@ TEST_CASE_METHOD(bad_input_world, "bad inputs: GrantPool", "[bad-input][grant-po
     while (vp.cq_b.poll(wc).value() > 0) {}
     need(vpool.revoke_all(), "revoke_all");
     CHECK(l.state() == lease_state::ready);
-    need(vpool.release(l), "release");
+    need(vpool.give_back(l), "release");
     need(vpool.destroy(), "destroy the victim's pool");
     vp.recover();
     return ec;
   });
-  t.add("GrantPool::release", "a granted lease", is(errc::grant_outstanding), [&] {
-    const auto ec = err(pool.release(granted));
+  t.add("GrantPool::give_back", "a granted lease", is(errc::grant_outstanding), [&] {
+    const auto ec = err(pool.give_back(granted));
     CHECK(bool(granted)); // unchanged
     return ec;
   });
-  t.add("GrantPool::release", "a lease of another pool", is(errc::pool_mismatch), [&] {
-    const auto ec = err(pool.release(foreign));
+  t.add("GrantPool::give_back", "a lease of another pool", is(errc::pool_mismatch), [&] {
+    const auto ec = err(pool.give_back(foreign));
     CHECK(bool(foreign));
     return ec;
   });
-  t.add("GrantPool::release", "a null lease", is(errc::null_handle), [&] { return err(pool.release(null_lease)); });
-  t.add("GrantPool::release", "moved-from pool", is(errc::null_handle), [&] { return err(moved.release(ready)); });
+  t.add("GrantPool::give_back", "a null lease", is(errc::null_handle), [&] { return err(pool.give_back(null_lease)); });
+  t.add("GrantPool::give_back", "moved-from pool", is(errc::null_handle), [&] { return err(moved.give_back(ready)); });
   t.add("GrantPool::revoke_all", "moved-from pool", is(errc::null_handle), [&] { return err(moved.revoke_all()); });
   t.add("GrantPool::destroy", "moved-from pool", is(errc::null_handle), [&] { return err(moved.destroy()); });
   t.add("GrantLease::buffer", "a granted lease", is(errc::grant_outstanding), [&] { return err(granted.buffer()); });
@@ -235,13 +235,13 @@ TEST_CASE_METHOD(bad_input_world, "bad inputs: GrantPool", "[bad-input][grant-po
     auto wcs2 = wait_wc(lb.cq_b, 1);
     CHECK(pool.complete(wcs2).empty());
     CHECK(granted.state() == lease_state::ready);
-    need(pool.release(ready), "release");
-    need(pool.release(granted), "release");
+    need(pool.give_back(ready), "release");
+    need(pool.give_back(granted), "release");
   }
   destroyed(pool.destroy(), "pool");
   destroyed(other.destroy(), "other pool");
   destroyed(single.destroy(), "one-slot pool");
-  destroyed(pbuf.dereg(), "pool buffers");
-  destroyed(obuf.dereg(), "other pool's buffer");
+  destroyed(pbuf.destroy(), "pool buffers");
+  destroyed(obuf.destroy(), "other pool's buffer");
   finish();
 }

@@ -250,7 +250,7 @@ TEST_CASE("checked destroy of every cm handle: Connection stops at its first fai
     CHECK(r.error() == errc::busy); // the PD: the caller's region is on it
     CHECK(c);                       // the PD, Context, id and channel stay
     CHECK(c.state() == conn_state::failed);
-    need(mr.dereg(), "dereg");
+    need(mr.destroy(), "dereg");
     need(c.destroy(), "destroy again");
     CHECK_FALSE(c);
     need(c.destroy(), "null: nothing to do");
@@ -407,7 +407,7 @@ TEST_CASE("resolve + connect_with: a GrantPool on the connection's own PD, its o
     }
     CHECK(lease.state() == lease_state::ready);
     CHECK(need(lease.buffer(), "buffer").size() == 4096);
-    need(pool.release(lease), "release");
+    need(pool.give_back(lease), "release");
     need(c.disconnect(), "disconnect");
     server.join();
     INFO(server_ec.message());

@@ -349,16 +349,16 @@ TEST_CASE("destroying a parent before its children is diagnosed, and children st
   auto mr = need(MemoryRegion::reg(pd, buf.data(), buf.size(), access::local_write), "reg");
   CHECK(pd.live_children() == 1);
   // The checked call refuses without calling ibv_dealloc_pd.
-  auto r = pd.dealloc();
+  auto r = pd.destroy();
   REQUIRE_FALSE(r);
   CHECK(r.error() == errc::busy);
   CHECK(pd);
   // Closing the context under a live PD is refused too (verbs would tear the PD down).
-  CHECK(ctx.close().error() == errc::busy);
-  need(mr.dereg(), "dereg");
+  CHECK(ctx.destroy().error() == errc::busy);
+  need(mr.destroy(), "dereg");
   CHECK(pd.live_children() == 0);
-  need(pd.dealloc(), "dealloc");
-  CHECK(ctx.close().has_value());
+  need(pd.destroy(), "dealloc");
+  CHECK(ctx.destroy().has_value());
 
   // The destructor path goes to the hook with the number of children, and the PD's destruction
   // is deferred to its last child: nothing leaks.
@@ -376,8 +376,8 @@ TEST_CASE("destroying a parent before its children is diagnosed, and children st
   CHECK(seen[0].live_children == 1);
   // The MR is still valid and deregisters cleanly; that also deallocates the PD.
   CHECK(orphan.lkey() != 0);
-  CHECK(orphan.dereg().has_value());
+  CHECK(orphan.destroy().has_value());
   // ctx2 has no children left: the deferred ibv_dealloc_pd succeeded.
-  CHECK(ctx2.close().has_value());
+  CHECK(ctx2.destroy().has_value());
   CHECK(seen.size() == 1);
 }

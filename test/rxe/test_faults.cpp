@@ -74,14 +74,14 @@ TEST_CASE("faults: the peer goes away mid-operation", "[faults]") {
     CHECK(all_equal(dst.data(), dst.size(), 0));
   }
   // Everything left is destroyable, with errors reported, in the right order.
-  need(md.dereg(), "dereg");
-  need(ms.dereg(), "dereg");
+  need(md.destroy(), "dereg");
+  need(ms.destroy(), "dereg");
   need(a.destroy(), "destroy a");
   need(b.destroy(), "destroy b");
   need(cq_a.destroy(), "destroy cq a");
   need(cq_b.destroy(), "destroy cq b");
-  need(pd.dealloc(), "dealloc");
-  need(ctx.close(), "close");
+  need(pd.destroy(), "dealloc");
+  need(ctx.destroy(), "close");
 }
 
 TEST_CASE("faults: more completions than the CQ holds", "[faults]") {

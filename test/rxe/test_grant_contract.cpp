@@ -104,7 +104,7 @@ struct lease_form {
 };
 
 // A software IndirectKey of one segment: descriptor() only once the bind's own completion was
-// handed to complete(); invalidate() deallocates the window (no work request).
+// handed to complete(); revoke() deallocates the window (no work request).
 struct ikey_form {
   static constexpr const char *name = "software IndirectKey segment";
   static constexpr bool confirms_grant = true;
@@ -115,14 +115,11 @@ struct ikey_form {
   ikey_form(loopback &lo, owner_memory &mem) : lb(lo), m(mem), k(need(make(lo, mem, {}), "IndirectKey")) {}
   static result<IndirectKey> make(loopback &lo, owner_memory &, grant_options o) {
     return IndirectKey::create(lo.pd, 4,
-                               {.backend = umr_backend::software, .trusted_peers = o.trusted_peers,
-                                .type2 = o.type2, .caps = o.caps});
+                               {.backend = umr_backend::software, .grant = o});
   }
   static result<grant_mechanism> mechanism_with(loopback &lo, owner_memory &mem, grant_options o) {
     RDMAXX_TRY(k, make(lo, mem, o));
-    // The mechanism shows in the limits: exact regions carry the rights themselves.
-    return k.limits(lo.b).remote_rights_own ? grant_mechanism::type1_exact_region
-                                            : grant_mechanism::type2_window;
+    return k.mechanism();
   }
   remote_descriptor grant(SendBatch &b, std::uint64_t id) {
     const layout l = layout::list({{m.mr, owner_memory::off, owner_memory::len}});
@@ -133,7 +130,7 @@ struct ikey_form {
   [[nodiscard]] bool confirmed() const { return k.configured() && k.descriptor().has_value(); }
   [[nodiscard]] bool idle() const { return !k.configured(); }
   void complete(const ibv_wc &wc) { (void)k.complete(wc); }
-  void post_revoke(std::uint64_t) { need(k.invalidate(), "invalidate"); }
+  void post_revoke(std::uint64_t) { need(k.revoke(), "invalidate"); }
 };
 
 // Grant through a submitted batch and confirm with the operation's own completion (the pool's

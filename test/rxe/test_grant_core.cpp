@@ -128,7 +128,7 @@ TEST_CASE("type-2 windows on rxe: refused through every public path unless the r
   CHECK(pa.mechanism() == grant_mechanism::type2_window);
   // The software IndirectKey: trusted peers get type-1 exact regions; with remote rights a key
   // configures and a peer reaches exactly the layout through it.
-  auto k = need(IndirectKey::create(lb.pd, 4, {.backend = umr_backend::software, .trusted_peers = true}),
+  auto k = need(IndirectKey::create(lb.pd, 4, {.backend = umr_backend::software, .grant = {.trusted_peers = true}}),
                 "key");
   const layout l = layout::list({{mr, 0, 64}});
   auto b = lb.b.start_send();
@@ -163,7 +163,7 @@ TEST_CASE("an allocate()d region destroyed under a bound window keeps its pages 
   std::vector<unsigned char> want(64);
   fill(want.data(), 64, 3);
   CHECK(got == want);
-  need(w.dealloc(), "dealloc"); // the last child: the region is deregistered, then unmapped
+  need(w.destroy(), "dealloc"); // the last child: the region is deregistered, then unmapped
   CHECK_FALSE(mapped(p, 8192));
 }
 
@@ -190,7 +190,7 @@ TEST_CASE("a software IndirectKey hands out its descriptor only once its binds' 
   CHECK_FALSE(key.pending());
   const auto d = need(key.descriptor(), "descriptor");
   REQUIRE(d.segments().size() == 2);
-  need(key.invalidate(), "invalidate");
+  need(key.revoke(), "invalidate");
 
   // An error completion of the configure (a failed or flushed bind) undoes it: no key, and the
   // keys it would have handed out are dead.
@@ -305,7 +305,7 @@ TEST_CASE("ExactGrant, the one-shot grant: exactly the bytes, live on return, de
   CHECK(all_equal(mem.data() + off, 8, 0x6B));
   std::memset(mem.data() + off, 0, 8);
   // Dead after revoke.
-  need(g.revoke(), "revoke");
+  need(g.destroy(), "revoke");
   CHECK_FALSE(g);
   CHECK(is_denial(peer_post(lb.a, lb.cq_a, IBV_WR_RDMA_WRITE, src_mr.sge(0, 8), d.addr, d.rkey)));
   CHECK(all_equal(mem.data(), N, 0));
@@ -347,7 +347,7 @@ TEST_CASE("a software IndirectKey reuses the exact regions of unchanged segments
   CHECK(key.kept_regions() == 2);
   CHECK(mr_count() == base + 2);
   const auto first = need(key.descriptor(), "descriptor 1");
-  need(key.invalidate(), "invalidate");
+  need(key.revoke(), "invalidate");
   CHECK(key.kept_regions() == 2); // kept for the next configure
   // The old keys are dead at once although the regions stay (they carry no remote rights).
   CHECK(is_denial(peer_post(lb.a, lb.cq_a, IBV_WR_RDMA_WRITE, src_mr.sge(0, 16), first.segments()[0].addr,
@@ -355,7 +355,7 @@ TEST_CASE("a software IndirectKey reuses the exact regions of unchanged segments
   CHECK(all_equal(mem.data(), mem.size(), 0));
   lb.recover();
   // The underlying region is counted while its exact regions are kept.
-  CHECK(mr.dereg().error() == errc::region_granted);
+  CHECK(mr.destroy().error() == errc::region_granted);
 
   // The same layout again: nothing registered, new keys, the old ones still dead.
   configure_confirmed(lb, key, l, 62);
@@ -370,23 +370,23 @@ TEST_CASE("a software IndirectKey reuses the exact regions of unchanged segments
                             first.segments()[1].rkey)));
   CHECK(all_equal(mem.data(), mem.size(), 0));
   lb.recover();
-  need(key.invalidate(), "invalidate 2");
+  need(key.revoke(), "invalidate 2");
 
   // One segment changed: its region is replaced, the other kept; a shorter layout gives back the
   // regions it does not use.
   configure_confirmed(lb, key, layout::list({{mr, 100, 300}, {mr, 6000, 200}}), 63);
   CHECK(key.kept_regions() == 2);
   CHECK(mr_count() == base + 2);
-  need(key.invalidate(), "invalidate 3");
+  need(key.revoke(), "invalidate 3");
   configure_confirmed(lb, key, layout::list({{mr, 100, 300}}), 64);
   CHECK(key.kept_regions() == 1);
   CHECK(mr_count() == base + 1);
-  CHECK(key.release_regions().error() == errc::already_bound); // its layout uses them
-  need(key.invalidate(), "invalidate 4");
-  need(key.release_regions(), "release_regions");
+  CHECK(key.destroy_kept_regions().error() == errc::already_bound); // its layout uses them
+  need(key.revoke(), "invalidate 4");
+  need(key.destroy_kept_regions(), "destroy_kept_regions");
   CHECK(key.kept_regions() == 0);
   CHECK(mr_count() == base);
-  need(mr.dereg(), "dereg: nothing counts on it any more");
+  need(mr.destroy(), "dereg: nothing counts on it any more");
 }
 
 TEST_CASE("GrantPool::destroy, the checked destruction: every key dead when it returns, the pool "
@@ -405,7 +405,7 @@ TEST_CASE("GrantPool::destroy, the checked destruction: every key dead when it r
   CHECK(is_denial(peer_post(lb.a, lb.cq_a, IBV_WR_RDMA_WRITE, src_mr.sge(0, 64), d.addr, d.rkey)));
   CHECK(all_equal(buf.address(), 8192, 0));
   lb.recover();
-  need(buf.dereg(), "the buffers' region: nothing counts on it any more");
+  need(buf.destroy(), "the buffers' region: nothing counts on it any more");
 }
 
 // Issue 24, "How cost grows": a large pool of which a connection uses few slots costs only what it
@@ -473,7 +473,7 @@ TEST_CASE("a GrantPool with lazy slots makes each slot at its first lease; a fai
     REQUIRE(l.state() == lease_state::ready);
     CHECK(is_denial(peer_post(lb.a, lb.cq_a, IBV_WR_RDMA_WRITE, src_mr.sge(0, 64), d.addr, d.rkey)));
     lb.recover();
-    need(pool.release(l), "release");
+    need(pool.give_back(l), "release");
     // The next lease reuses the made slot: nothing new registered.
     auto l2 = need(pool.acquire(), "acquire again");
     CHECK(l2.slot() == 0);
@@ -482,8 +482,8 @@ TEST_CASE("a GrantPool with lazy slots makes each slot at its first lease; a fai
     CHECK(l3.slot() == 1);
     CHECK(pool.stats().slots_made == 2);
     CHECK(mr_count() == mrs0 + 4); // two slots' exact regions, src and sink
-    need(pool.release(l2), "release");
-    need(pool.release(l3), "release");
+    need(pool.give_back(l2), "release");
+    need(pool.give_back(l3), "release");
     need(pool.destroy(), "destroy");
   }
   CHECK(kernel_resources() == before);

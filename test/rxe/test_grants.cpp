@@ -330,7 +330,7 @@ TEST_CASE("[grants] a request: grant in the request's batch, verified read and w
   REQUIRE(c.server_access(r, 12) == IBV_WC_SUCCESS);
   REQUIRE(c.server_reply() == IBV_WC_SUCCESS);
   c.client_wait_reply(2);
-  CHECK(c.pool.release(l).error() == errc::grant_outstanding); // not revoked yet
+  CHECK(c.pool.give_back(l).error() == errc::grant_outstanding); // not revoked yet
   CHECK(l); // kept
   c.revoke_and_wait(l);
   CHECK(std::memcmp(need(l.buffer(), "buffer").data(), c.server.block(), slot_bytes) == 0);
@@ -340,11 +340,11 @@ TEST_CASE("[grants] a request: grant in the request's batch, verified read and w
   CHECK(c.server_post(IBV_WR_RDMA_WRITE, c.server.block_sge(), old.addr, old.rkey) == IBV_WC_REM_ACCESS_ERR);
   c.recover();
   CHECK(c.untouched());
-  need(c.pool.release(l), "release");
+  need(c.pool.give_back(l), "release");
   CHECK_FALSE(l);
   CHECK(c.pool.available() == c.pool.size());
   // Bad input on the request path.
-  CHECK(c.pool.release(l).error() == errc::null_handle);
+  CHECK(c.pool.give_back(l).error() == errc::null_handle);
   GrantLease none;
   auto b = c.qc.start_send();
   CHECK(c.pool.grant(b, c.qc, none, access::remote_read).error() == errc::null_handle);
@@ -360,9 +360,9 @@ TEST_CASE("[grants] a request: grant in the request's batch, verified read and w
     CHECK(e == errc::pool_mismatch);
     CHECK(e.message().find("the pool that leased it") != std::string::npos);
     CHECK(c.pool.revoke(c.qc, foreign).error() == errc::pool_mismatch);
-    CHECK(c.pool.release(foreign).error() == errc::pool_mismatch);
+    CHECK(c.pool.give_back(foreign).error() == errc::pool_mismatch);
     CHECK(foreign.state() == lease_state::ready);
-    need(other.release(foreign), "release to its own pool");
+    need(other.give_back(foreign), "release to its own pool");
   }
   CHECK(c.pool.grant(b, c.qs, l2, access::remote_read).error() == errc::pd_mismatch); // server's PD
   CHECK(l2.state() == lease_state::ready);
@@ -405,7 +405,7 @@ TEST_CASE("[grants] nbs 5708: a late read after the timeout never sees the next 
   on_time_write(c, l, 3, 0x22);
   CHECK(std::memcmp(c.server.block(), req2.data(), slot_bytes) == 0);
   CHECK(c.untouched());
-  need(c.pool.release(l), "release");
+  need(c.pool.give_back(l), "release");
   CHECK(c.pool.available() == c.pool.size());
   CHECK(c.pool.stats().revoked_by_dealloc >= 1);
 }
@@ -429,7 +429,7 @@ TEST_CASE("[grants] nbs 5708, write form: a late write leaves request 2's buffer
   CHECK(c.server_access(late, 0x99) == IBV_WC_REM_ACCESS_ERR);
   c.recover();
   CHECK(c.untouched()); // the whole client memory, request 2's slot included
-  need(c.pool.release(l), "release");
+  need(c.pool.give_back(l), "release");
 }
 
 TEST_CASE("[grants] late and duplicate send-with-invalidate from a buggy server: no panic, pool serves on",
@@ -464,8 +464,8 @@ TEST_CASE("[grants] late and duplicate send-with-invalidate from a buggy server:
   auto l2 = need(c.pool.acquire(), "acquire 2");
   on_time_write(c, l2, 4, 0x33);
   CHECK(c.untouched());
-  need(c.pool.release(l), "release");
-  need(c.pool.release(l2), "release 2");
+  need(c.pool.give_back(l), "release");
+  need(c.pool.give_back(l2), "release 2");
   CHECK(c.pool.available() == c.pool.size());
 }
 
@@ -545,7 +545,7 @@ TEST_CASE("[grants] load: 4 connections x N requests, 5% served past the timeout
         on_time_write(c, l, ++id, pattern + 1000); // the reused request goes through
         ++verified;
       }
-      need(c.pool.release(l), "release");
+      need(c.pool.give_back(l), "release");
     }
   }
   std::printf("[grants] load: %d connections x %d requests: %d verified, %d timeouts, %d late accesses "
@@ -697,7 +697,7 @@ TEST_CASE("[grants] a server that disconnects or is killed mid-request (rdma_cm)
     CHECK(pool.stats().revoked_by_dealloc == 3);
     for (auto &x : leases) {
       CHECK(x.state() == lease_state::ready);
-      need(pool.release(x), "release");
+      need(pool.give_back(x), "release");
     }
     CHECK(pool.available() == pool.size());
     // Nothing is reachable afterwards: a QP of the pool's PD answers every old key with a denial.

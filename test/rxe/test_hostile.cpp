@@ -357,7 +357,7 @@ TEST_CASE("[hostile] indirect-key segment keys: each reaches exactly its segment
   const auto desc = need(key.descriptor(), "descriptor");
   REQUIRE(desc.segments().size() == 3);
   // The underlying regions are counted: they cannot be deregistered under the key.
-  CHECK(m1.dereg().error() == errc::region_granted);
+  CHECK(m1.destroy().error() == errc::region_granted);
   for (std::size_t i = 0; i < 3; ++i) {
     const remote_segment sg = desc.segments()[i];
     INFO("segment " << i);
@@ -372,16 +372,16 @@ TEST_CASE("[hostile] indirect-key segment keys: each reaches exactly its segment
     use_inside(p, o, sg.addr, sg.length, sg.rkey, owner_off[i], unsigned(30 + i)); // still granted
   }
   // The underlying MRs' own rkeys are not handed out; revoke and check every segment key dead.
-  need(key.invalidate(), "invalidate");
+  need(key.revoke(), "invalidate");
   for (const remote_segment &sg : desc.segments()) {
     expect_dead(p, o, sg.addr, sg.length, sg.rkey, "after invalidate");
     invalidate_attacks(p, o, sg.rkey);
   }
   // The key keeps its exact regions for the next configure, so m1 is still counted; giving
   // them back frees it.
-  CHECK(m1.dereg().error() == errc::region_granted);
-  need(key.release_regions(), "release the kept exact regions");
-  need(m1.dereg(), "dereg m1 after the key is invalidated");
+  CHECK(m1.destroy().error() == errc::region_granted);
+  need(key.destroy_kept_regions(), "release the kept exact regions");
+  need(m1.destroy(), "dereg m1 after the key is invalidated");
   need(key.destroy(), "destroy key");
   o.check("indirect key");
 }

@@ -71,17 +71,17 @@ TEST_CASE("a deferred QP keeps its CQs and PD until its last window goes", "[lif
     REQUIRE_FALSE(r);
     CHECK(r.error() == errc::busy);
     CHECK(send_cq);
-    CHECK(pd.dealloc().error() == errc::busy);
+    CHECK(pd.destroy().error() == errc::busy);
 
-    need(mw.dealloc(), "dealloc mw"); // the last child: the orphaned QP is destroyed now
+    need(mw.destroy(), "dealloc mw"); // the last child: the orphaned QP is destroyed now
     need(send_cq.destroy(), "destroy send cq");
     need(recv_cq.destroy(), "destroy recv cq");
     need(peer.destroy(), "destroy peer");
     need(peer_cq.destroy(), "destroy peer cq");
-    need(mr.dereg(), "dereg");
-    need(src.dereg(), "dereg src");
-    need(pd.dealloc(), "dealloc pd");
-    need(ctx.close(), "close");
+    need(mr.destroy(), "dereg");
+    need(src.destroy(), "dereg src");
+    need(pd.destroy(), "dealloc pd");
+    need(ctx.destroy(), "close");
     CHECK(reported.size() == 1); // nothing else went wrong
   }
   set_destroy_failure_handler(old);
@@ -306,7 +306,7 @@ TEST_CASE("a parent and its last child destroyed on two threads at once, for eac
       stress("ProtectionDomain + MemoryRegion x2 / IndirectKey (its exact regions kept)", 3, [&] {
         key_round r(ctx, b1, b2);
         auto k = r.key();
-        need(k->invalidate(), "invalidate"); // the windows go; the exact regions stay, on the PD
+        need(k->revoke(), "invalidate"); // the windows go; the exact regions stay, on the PD
         r.qps.reset();
         together([&] { r.pd.reset(); r.m1.reset(); r.m2.reset(); }, [&] { k.reset(); });
       });

@@ -277,7 +277,7 @@ TEST_CASE("a batch dropped after a bind rolls the window back by itself", "[mw][
   CHECK(lb.mw.pending() == 0);
   CHECK(mr_dropped.bound_windows() == 0);
   CHECK(lb.b.live_children() == 0);
-  CHECK(mr_dropped.dereg().has_value()); // not busy: the window no longer counts on it
+  CHECK(mr_dropped.destroy().has_value()); // not busy: the window no longer counts on it
   expect_no_completion(lb.cq_b, 100ms);
   // A normal cycle still works, with the key after k0 (the kernel never saw the dropped one).
   const auto d = lb.bind({0, 64}, rw_rights);
@@ -417,7 +417,7 @@ TEST_CASE("remote invalidate: the peer's send-with-invalidate, the owner learns 
   CHECK(d2.rkey != d.rkey);
   REQUIRE(lb.write(lb.ms.sge(), d2.at(0)) == IBV_WC_SUCCESS);
   CHECK(all_equal(lb.mem.data(), 64, 0xEE));
-  CHECK(lb.mw.dealloc().has_value()); // revoked for good
+  CHECK(lb.mw.destroy().has_value()); // revoked for good
 }
 
 TEST_CASE("several windows over one region, different rights and ranges for different peers", "[mw]") {
@@ -446,7 +446,7 @@ TEST_CASE("several windows over one region, different rights and ranges for diff
   p2.recover();
 
   // Revoke peer 1 for good; peer 2 keeps working.
-  need(lb.mw.dealloc(), "dealloc w1");
+  need(lb.mw.destroy(), "dealloc w1");
   CHECK(lb.mr.bound_windows() == 1);
   std::memset(lb.src.data(), 0x62, lb.src.size());
   const std::vector<unsigned char> before = lb.mem;
@@ -461,7 +461,7 @@ TEST_CASE("several windows over one region, different rights and ranges for diff
 TEST_CASE("deregistering a region with a bound window is refused with busy, not leaked", "[mw]") {
   window_fixture lb(mw_type::type1, 4096, 0);
   lb.bind({0, 64}, access::remote_read);
-  auto r = lb.mr.dereg();
+  auto r = lb.mr.destroy();
   REQUIRE_FALSE(r);
   CHECK(r.error() == errc::busy);
   CHECK(lb.mr); // still registered and usable
@@ -469,7 +469,7 @@ TEST_CASE("deregistering a region with a bound window is refused with busy, not 
   need(lb.mw.unbind(lb.b, {7, send_flag::signaled}), "unbind");
   CHECK(lb.mw.complete(wait_one(lb.cq_b)));
   CHECK(lb.mr.bound_windows() == 0);
-  need(lb.mr.dereg(), "dereg after unbind");
+  need(lb.mr.destroy(), "dereg after unbind");
   CHECK_FALSE(lb.mr);
 }
 
@@ -489,7 +489,7 @@ TEST_CASE("destroying a QP with a bound type-2 window returns promptly", "[mw]")
   REQUIRE_FALSE(r);
   CHECK(r.error() == errc::busy);
   CHECK(refused_in < 1s);
-  need(mw.dealloc(), "dealloc window");
+  need(mw.destroy(), "dealloc window");
   const auto t1 = std::chrono::steady_clock::now();
   need(qp.destroy(), "destroy qp");
   const auto destroyed_in = std::chrono::steady_clock::now() - t1;
@@ -528,7 +528,7 @@ TEST_CASE("a region and a QP destroyed under a bound window go when the window g
   }
   CHECK(lb.pd.live_children() == 5); // a, b, the window, the deferred MR and QP
   const auto t1 = std::chrono::steady_clock::now();
-  need(mw.dealloc(), "dealloc"); // the window goes first, then the MR and the QP
+  need(mw.destroy(), "dealloc"); // the window goes first, then the MR and the QP
   CHECK(std::chrono::steady_clock::now() - t1 < 5s);
   CHECK(lb.pd.live_children() == 2);
 }
@@ -569,5 +569,5 @@ TEST_CASE("what a strict grant costs against a type-2 bind + invalidate (printed
        << window_cycle << " us (" << window_cycle / write_rt << "x a 64 B write round trip of " << write_rt
        << " us); strict grant (reg exact MR + bind + dealloc + dereg) " << strict_cycle << " us ("
        << strict_cycle / write_rt << "x), " << strict_cycle / window_cycle << "x the window cycle");
-  need(lb.mw.dealloc(), "dealloc");
+  need(lb.mw.destroy(), "dealloc");
 }

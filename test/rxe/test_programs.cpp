@@ -130,7 +130,7 @@ struct ikey_form {
     const key_segment &s = k.segments()[0];
     return {s.addr, s.length, s.rkey, rights, false};
   }
-  void post_revoke() { need(k.invalidate(), "invalidate"); }
+  void post_revoke() { need(k.revoke(), "invalidate"); }
   void complete(const ibv_wc &wc) { (void)k.complete(wc); }
   [[nodiscard]] bool granted() const { return k.configured() && k.descriptor().has_value(); }
   [[nodiscard]] bool revoked() const { return !k.configured(); }
@@ -484,7 +484,7 @@ TEST_CASE("program: rereg under a grant answers region_granted and changes nothi
     auto p = mr.rereg(change_pd(pd2));
     REQUIRE_FALSE(p);
     CHECK(p.error() == errc::region_granted);
-    CHECK(mr.dereg().error() == errc::region_granted);
+    CHECK(mr.destroy().error() == errc::region_granted);
     CHECK(mr.address() == user.data()); // unchanged
     CHECK(mr.pd() == w.lb.pd.native_handle());
     CHECK(mr.live_grants() == 1);
@@ -519,7 +519,7 @@ TEST_CASE("program: rereg under a grant answers region_granted and changes nothi
     const remote_descriptor d = g.descriptor();
     refused_now("ExactGrant");
     CHECK(lands_in_user(d));
-    need(g.revoke(), "revoke");
+    need(g.destroy(), "revoke");
     CHECK(mr.live_grants() == 0);
     need(move_it(), "rereg once the grant is revoked");
     CHECK(is_denial(peer_post(w.lb.a, w.lb.cq_a, IBV_WR_RDMA_WRITE, w.src_mr.sge(0, 64), d.addr, d.rkey)));
@@ -554,8 +554,8 @@ TEST_CASE("program: rereg under a grant answers region_granted and changes nothi
     CHECK(mr.rereg(change_access(access::local_write | access::mw_bind | access::remote_read)).error() ==
           errc::region_granted);
     CHECK(lands_in_user(d));
-    need(k.invalidate(), "invalidate");
-    need(k.release_regions(), "release the kept regions");
+    need(k.revoke(), "invalidate");
+    need(k.destroy_kept_regions(), "release the kept regions");
     CHECK(mr.live_grants() == 0);
     need(move_it(), "rereg once the key let go");
     CHECK(is_denial(peer_post(w.lb.a, w.lb.cq_a, IBV_WR_RDMA_WRITE, w.src_mr.sge(0, 64), d.addr, d.rkey)));

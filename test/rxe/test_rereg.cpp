@@ -93,7 +93,7 @@ TEST_CASE("rereg: a PD change lets the new PD's QPs in and keeps the old PD's ou
   CHECK(e.write(e.msrc.sge(0, 256), {mr.iova() + 1024, mr.rkey()}) == IBV_WC_REM_ACCESS_ERR);
   CHECK(dst == before);
   // The old PD can now go away before the MR, the new one cannot.
-  CHECK(pd2.dealloc().error() == errc::busy);
+  CHECK(pd2.destroy().error() == errc::busy);
 }
 
 TEST_CASE("rereg: translation, PD and access changed together", "[rereg]") {

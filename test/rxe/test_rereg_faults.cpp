@@ -61,7 +61,7 @@ TEST_CASE("rereg fault injection: every failure code leaves the state the man pa
       CHECK(mr.rereg_native_unchecked(IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, 0).error() ==
             errc::unusable);
       CHECK(lb.pd.live_children() == 4);
-      REQUIRE(mr.dereg().has_value()); // still deregistered
+      REQUIRE(mr.destroy().has_value()); // still deregistered
       CHECK(lb.pd.live_children() == 3);
     } else {
       // Valid: the real MR still carries traffic.

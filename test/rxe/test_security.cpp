@@ -104,7 +104,7 @@ TEST_CASE("revocation matrix: the old key fails for reads and writes, memory unc
     break;
   case revocation::type1_dealloc:
   case revocation::type2_dealloc:
-    need(mw.dealloc(), "dealloc");
+    need(mw.destroy(), "dealloc");
     break;
   }
   // Invalidated windows keep their key (dead until the next bind); every other way changes it.
@@ -166,7 +166,7 @@ TEST_CASE("bounds: the probe tells the truth about the device, strict grants hol
     CHECK(seen == probed);
     if (is_rxe) CHECK(probed == tristate::no); // measured rxe defect (REFERENCE section 2)
     if (st != IBV_WC_SUCCESS) lb.recover();
-    need(mw.dealloc(), "dealloc");
+    need(mw.destroy(), "dealloc");
   }
 
   // Strict grant: the window sits on a region of exactly the granted bytes.
@@ -270,7 +270,7 @@ TEST_CASE("sequences that panic rxe are refused with clear errors, and the run g
   CHECK(w1.complete(wait_one(lb.cq_a)));
   CHECK(w1.state() == mw_state::unbound);
   // Revoked for good: deallocated, not left allocated and unbound.
-  need(mw.dealloc(), "dealloc");
+  need(mw.destroy(), "dealloc");
   CHECK(mr.bound_windows() == 0);
   CHECK(lb.b.live_children() == 0);
   // The device still works: the run went on.

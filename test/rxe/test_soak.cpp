@@ -55,7 +55,7 @@ TEST_CASE("soak: grant/revoke, rereg and indirect-key cycles leave no kernel res
       w.complete(wc);
       ++window_cycles;
     }
-    need(w.dealloc(), "dealloc mw");
+    need(w.destroy(), "dealloc mw");
 
     // Rereg by replacement, flipping remote write on and off.
     std::vector<unsigned char> rr(1 << 20, 0);
@@ -91,7 +91,7 @@ TEST_CASE("soak: grant/revoke, rereg and indirect-key cycles leave no kernel res
         REQUIRE(std::memcmp(target.data() + 30000, src.data() + 500, 500) == 0);
         ++writes_checked;
       }
-      need(key.invalidate(), "invalidate key");
+      need(key.revoke(), "invalidate key");
       ++ikey_cycles;
     }
   }

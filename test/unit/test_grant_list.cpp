@@ -141,7 +141,7 @@ TEST_CASE("GrantPool: a null pool and a null lease answer null_handle and hold n
   CHECK(p.acquire().error() == errc::null_handle);
   CHECK(p.revoke_all().error() == errc::null_handle);
   GrantLease l;
-  CHECK(p.release(l).error() == errc::null_handle);
+  CHECK(p.give_back(l).error() == errc::null_handle);
   CHECK(l.state() == lease_state::ready);
   CHECK(l.buffer().error() == errc::null_handle); // never an empty span to write through
   ibv_wc wc[2]{};

@@ -330,11 +330,11 @@ TEST_CASE("empty handles are safe to query and destroy", "[unit][handles]") {
   CHECK(mr.lkey() == 0);
   CHECK(mr.length() == 0);
   CHECK(qp.qp_num() == 0);
-  CHECK(pd.dealloc());
-  CHECK(mr.dereg());
+  CHECK(pd.destroy());
+  CHECK(mr.destroy());
   CHECK(cq.destroy());
   CHECK(qp.destroy());
-  CHECK(ctx.close());
+  CHECK(ctx.destroy());
   CHECK(failures.empty());
 }
 
@@ -353,21 +353,21 @@ TEST_CASE("live GrantPools never share a pool id: 65,536 at most, a freed id com
     held.push_back(*id);
   }
   CHECK_FALSE(ids::acquire().has_value()); // all alive: refused, never a shared id
-  ids::release(held[100]);
+  ids::give_back(held[100]);
   const auto again = ids::acquire();
   REQUIRE(again.has_value());
   CHECK(*again == held[100]);
-  for (const std::uint16_t id : held) ids::release(id);
+  for (const std::uint16_t id : held) ids::give_back(id);
   // Freed ids are handed out from a moving start: the next two differ.
   const auto a = ids::acquire(), b = ids::acquire();
   REQUIRE((a && b));
   CHECK(*a != *b);
-  ids::release(*a);
+  ids::give_back(*a);
   const auto c = ids::acquire();
   REQUIRE(c.has_value());
   CHECK(*c != *a);
-  ids::release(*b);
-  ids::release(*c);
+  ids::give_back(*b);
+  ids::give_back(*c);
 }
 
 // A deleter declared in one line (detail::deleter) gives the handle the same names, kind and

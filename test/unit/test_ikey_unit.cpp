@@ -155,7 +155,7 @@ TEST_CASE("ikey: a null IndirectKey refuses everything cleanly", "[unit][ikey]")
   ibv_sge sg[2];
   CHECK(k.sges(0, 1, sg).error() == errc::null_handle);
   CHECK(k.descriptor().error() == errc::null_handle);
-  CHECK(k.invalidate().error() == errc::null_handle);
+  CHECK(k.revoke().error() == errc::null_handle);
   CHECK(k.destroy().has_value());
   const region_ref r = k;
   CHECK(r.problem == errc::null_handle);

@@ -1041,7 +1041,7 @@ TEST_CASE("mlx5 contract: two keys on one QP, default ids: a completion confirms
   // Another object's own id given explicitly: refused before any mlx5dv call.
   g.rec.calls.clear();
   auto b2 = g.qp.start_send();
-  CHECK(g.key.invalidate(b2, {other.wr_id(), send_flag::signaled}).error() == errc::foreign_wr_id);
+  CHECK(g.key.revoke(b2, {other.wr_id(), send_flag::signaled}).error() == errc::foreign_wr_id);
   CHECK(g.names() == names{"wr_start"});
   test_access::disown(other);
 }
@@ -1079,7 +1079,7 @@ TEST_CASE("mlx5 contract: IndirectKey posts the configure, then follows its comp
   CHECK(region_ref(g.key).problem == errc::operation_unconfirmed);
   // a second operation while one is unconfirmed: before already_bound, nothing added
   CHECK(g.key.configure(batch, g.qp, l, rw).error() == errc::operation_unconfirmed);
-  CHECK(g.key.invalidate(batch).error() == errc::operation_unconfirmed);
+  CHECK(g.key.revoke(batch).error() == errc::operation_unconfirmed);
   REQUIRE(batch.submit().has_value());
   CHECK(g.names() == with(with({"wr_start"}, configure_calls), {"wr_complete"}));
 
@@ -1122,7 +1122,7 @@ TEST_CASE("mlx5 contract: IndirectKey posts the configure, then follows its comp
   CHECK(g.names() == names{"wr_start"});
 
   // the invalidate: a local invalidate of the mkey's lkey; live until its completion
-  REQUIRE(g.key.invalidate(b2, {0x61, send_flag::signaled}).has_value());
+  REQUIRE(g.key.revoke(b2, {0x61, send_flag::signaled}).has_value());
   REQUIRE(g.names() == (names{"wr_start", "local_inv"}));
   CHECK(g.rec.calls[1].key == 0x7700);
   CHECK(g.rec.calls[1].wr_id == 0x61);
@@ -1138,7 +1138,7 @@ TEST_CASE("mlx5 contract: IndirectKey posts the configure, then follows its comp
   CHECK_FALSE(g.key.pending());
   auto b3 = g.qp.start_send();
   g.rec.calls.clear();
-  REQUIRE(g.key.invalidate(b3, {0x62}).has_value()); // asked unsignaled: posted signaled
+  REQUIRE(g.key.revoke(b3, {0x62}).has_value()); // asked unsignaled: posted signaled
   CHECK(g.rec.calls.back().wr_flags == unsigned(IBV_SEND_SIGNALED | IBV_SEND_FENCE));
   REQUIRE(b3.submit().has_value());
   CHECK_FALSE(g.key.complete(wc_of(0x63, umr_qpn, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE))); // another WR
@@ -1148,8 +1148,8 @@ TEST_CASE("mlx5 contract: IndirectKey posts the configure, then follows its comp
   CHECK_FALSE(g.key.configured());
   CHECK(g.key.length() == 0);
   auto b4 = g.qp.start_send();
-  CHECK(g.key.invalidate(b4).error() == errc::not_bound);
-  CHECK(g.key.invalidate().error() == errc::wrong_type); // the software form
+  CHECK(g.key.revoke(b4).error() == errc::not_bound);
+  CHECK(g.key.revoke().error() == errc::wrong_type); // the software form
 }
 
 namespace {
@@ -1351,7 +1351,7 @@ void configure_confirmed(mlx5_rig &g, IndirectKey &k, const layout &l, std::uint
   REQUIRE(test_access::mk(k).phase == mlx5::key_phase::configured);
 }
 void invalidate_confirmed(mlx5_rig &g, IndirectKey &k, std::uint64_t id) {
-  REQUIRE(k.invalidate(g.qp, {id}).has_value());
+  REQUIRE(k.revoke(g.qp, {id}).has_value());
   REQUIRE(feed(k, g.rec.poll()) == 1);
   REQUIRE(test_access::mk(k).phase == mlx5::key_phase::idle);
 }
@@ -1478,7 +1478,7 @@ TEST_CASE("mlx5 contract: destroy() refuses while an operation is unconfirmed", 
   CHECK(g.key);
   CHECK(g.key.pending());
   REQUIRE(feed(g.key, g.rec.poll()) == 1);
-  REQUIRE(g.key.invalidate(g.qp, {2}).has_value());
+  REQUIRE(g.key.revoke(g.qp, {2}).has_value());
   CHECK(g.key.destroy().error() == errc::operation_unconfirmed);
   REQUIRE(feed(g.key, g.rec.poll()) == 1);
   CHECK_FALSE(g.key.pending()); // destroy() would now reach mlx5dv_destroy_mkey (not on a stand-in)
@@ -1521,7 +1521,7 @@ TEST_CASE("mlx5 contract: a peer's send-with-invalidate revokes the key", "[unit
     CHECK(g.key.configured());
   }
   SECTION("while the local invalidate is unconfirmed") {
-    REQUIRE(g.key.invalidate(g.qp, {3}).has_value());
+    REQUIRE(g.key.revoke(g.qp, {3}).has_value());
     CHECK(g.key.complete(recv_inv(g.key.rkey())));
     CHECK(g.key.pending());
     // the local invalidate of a key the peer already invalidated fails: the key is gone anyway
@@ -1641,10 +1641,10 @@ TEST_CASE("mlx5 contract: a UMR QP's counted send queue refuses a full queue bef
   CHECK(g.phase() == mlx5::key_phase::configured);
   CHECK(qp_node.live_children() == 0);
   CHECK(g.qp.send_queue_room() == 1); // the configure retired; the write after it not yet
-  REQUIRE(g.key.invalidate(g.qp, {0x37}).has_value());
+  REQUIRE(g.key.revoke(g.qp, {0x37}).has_value());
   CHECK(g.qp.send_queue_room() == 0);
   auto b = g.qp.start_send();
-  CHECK(g.key.invalidate(b, {0x38}).error() == errc::operation_unconfirmed);
+  CHECK(g.key.revoke(b, {0x38}).error() == errc::operation_unconfirmed);
   REQUIRE(b.submit().has_value());
   {
     // a flushed invalidate (the QP went to ERR) retires nothing and lets the QP go
@@ -1844,7 +1844,7 @@ TEST_CASE("mlx5 contract: a reset with an unconfirmed key operation answers busy
   }
   SECTION("an unconfirmed invalidate") {
     configure_confirmed(g, g.key, one_entry, 0x52);
-    REQUIRE(g.key.invalidate(g.qp, {0x53}).has_value());
+    REQUIRE(g.key.revoke(g.qp, {0x53}).has_value());
     CHECK(g.qp.to_reset().error() == errc::busy);
     CHECK(g.key.pending());
     // its own completion handed over: the reset goes through
@@ -1893,7 +1893,7 @@ TEST_CASE("mlx5 contract: cancel_pending() after a successful submit changes not
   CHECK(feed(g.key, g.rec.poll()) == 1);
   CHECK(g.phase() == mlx5::key_phase::configured);
   // a posted invalidate: the key may already be revoked, and stays invalidating until its completion
-  REQUIRE(g.key.invalidate(g.qp, {0x63}).has_value());
+  REQUIRE(g.key.revoke(g.qp, {0x63}).has_value());
   g.key.cancel_pending();
   CHECK(g.phase() == mlx5::key_phase::invalidating);
   CHECK(g.key.descriptor().error() == errc::operation_unconfirmed);
@@ -1997,7 +1997,7 @@ TEST_CASE("mlx5 contract: a key destroyed or assigned over under a posted operat
     REQUIRE(g.connect().has_value());
     IndirectKey k = make();
     configure_confirmed(g, k, la, 0x73);
-    REQUIRE(k.invalidate(g.qp, {0x74}).has_value());
+    REQUIRE(k.revoke(g.qp, {0x74}).has_value());
     k = IndirectKey{}; // move assignment over the key with a posted invalidate
     CHECK(destroyed_mkeys.empty());
     deferred();
@@ -2167,7 +2167,7 @@ struct mlx5_key_form {
   [[nodiscard]] bool confirmed() const { return g.key.configured() && g.key.descriptor().has_value(); }
   [[nodiscard]] bool idle() const { return test_access::mk(g.key).phase == mlx5::key_phase::idle; }
   void complete(const ibv_wc &wc) { (void)g.key.complete(wc); }
-  void post_revoke(std::uint64_t id) { REQUIRE(g.key.invalidate(g.qp, {id}).has_value()); }
+  void post_revoke(std::uint64_t id) { REQUIRE(g.key.revoke(g.qp, {id}).has_value()); }
 };
 static_assert(grant_contract::grant_form<mlx5_key_form>);
 
@@ -2299,7 +2299,7 @@ TEST_CASE(GRANT_CONTRACT_OWN_COMPLETION " (mlx5 key, device-free)", "[unit][mlx5
     configure_confirmed(g, g.key, one_entry, 0x1);
     auto batch = g.qp.start_send();
     post_write(batch, 0x20, true);
-    REQUIRE(g.key.invalidate(batch, {0x21}).has_value()); // asked unsignaled
+    REQUIRE(g.key.revoke(batch, {0x21}).has_value()); // asked unsignaled
     CHECK(g.rec.calls.back().name == "local_inv");
     CHECK(g.rec.calls.back().wr_flags == unsigned(IBV_SEND_SIGNALED | IBV_SEND_FENCE));
     REQUIRE(batch.submit().has_value());
@@ -2402,13 +2402,13 @@ TEST_CASE(GRANT_CONTRACT_ROLLBACK " (mlx5 key, device-free)", "[unit][mlx5][ikey
     REQUIRE(g.key.complete(wc_of(0x74, umr_qpn)));
     g.rec.calls.clear();
     wr_complete_rc = EINVAL;
-    CHECK(g.key.invalidate(g.qp, {0x75, send_flag::signaled}).error() == std::errc::invalid_argument);
+    CHECK(g.key.revoke(g.qp, {0x75, send_flag::signaled}).error() == std::errc::invalid_argument);
     CHECK(g.names() == (names{"wr_start", "local_inv", "wr_complete"}));
     CHECK(g.phase() == mlx5::key_phase::configured);
     CHECK(g.key.configured());
     CHECK(g.key.descriptor().has_value());
     wr_complete_rc = 0;
-    REQUIRE(g.key.invalidate(g.qp, {0x76, send_flag::signaled}).has_value());
+    REQUIRE(g.key.revoke(g.qp, {0x76, send_flag::signaled}).has_value());
     CHECK(g.key.complete(wc_of(0x76, umr_qpn, IBV_WC_SUCCESS, IBV_WC_LOCAL_INV)));
     CHECK_FALSE(g.key.configured());
   }
@@ -2596,7 +2596,7 @@ TEST_CASE(GRANT_CONTRACT_QUERY_FAILS_CLOSED " (FAULT INJECTION: QUERY_HCA_CAP, i
   // matter, the mechanism comes from them (here an mlx5 device's: type-2B windows).
   const Capabilities caps = caps_of(tristate::no);
   query_calls = 0;
-  auto with_caps = IndirectKey::create_with(sd.pd, 4, {.caps = &caps}, {is_mlx5, failing_devx_cmd, standin_create_mkey});
+  auto with_caps = IndirectKey::create_with(sd.pd, 4, {.grant = {.caps = &caps}}, {is_mlx5, failing_devx_cmd, standin_create_mkey});
   fault_injection::set_query_device(previous);
   REQUIRE(with_caps.has_value());
   CHECK(with_caps.value().backend() == umr_backend::software);
@@ -2614,9 +2614,9 @@ TEST_CASE(GRANT_CONTRACT_TYPE2 " (mlx5 key, device-free: the mkey is no window; 
   standin_device sd;
   const Capabilities defect = caps_of(tristate::yes);
   const ikey_options asks[] = {
-      {.caps = &defect},
-      {.trusted_peers = true, .caps = &defect},
-      {.trusted_peers = true, .type2 = type2_risk::accept_kernel_panic_by_any_peer, .caps = &defect},
+      {.grant = {.caps = &defect}},
+      {.grant = {.trusted_peers = true, .caps = &defect}},
+      {.grant = {.trusted_peers = true, .type2 = type2_risk::accept_kernel_panic_by_any_peer, .caps = &defect}},
   };
   SECTION("an mkey: the same key whatever the type-2 options; remote invalidation only when asked") {
     for (const ikey_options &o : asks) {
@@ -2629,7 +2629,7 @@ TEST_CASE(GRANT_CONTRACT_TYPE2 " (mlx5 key, device-free: the mkey is no window; 
       test_access::disown(k.value());
     }
     mkey_asked.clear();
-    auto k = IndirectKey::create_with(sd.pd, 4, {.remote_invalidate = true, .caps = &defect},
+    auto k = IndirectKey::create_with(sd.pd, 4, {.remote_invalidate = true, .grant = {.caps = &defect}},
                                       {is_mlx5, standin_devx_cmd, standin_create_mkey});
     REQUIRE(k.has_value());
     REQUIRE(mkey_asked.size() == 1);
@@ -2992,7 +2992,7 @@ TEST_CASE("mlx5 contract: an outer key over an invalidated or re-tagged inner ke
   configure_confirmed(g, outer2, layout::list({{outer, 0, 64}}), 9);
   CHECK(outer2.descriptor().has_value());
   // an inner invalidate only posted: the outer keys stop being handed out at once
-  REQUIRE(g.key.invalidate(g.qp, {10}).has_value());
+  REQUIRE(g.key.revoke(g.qp, {10}).has_value());
   CHECK(outer.descriptor().error() == errc::stale_key);
   CHECK(outer2.descriptor().error() == errc::stale_key);
   REQUIRE(feed(g.key, g.rec.poll()) == 1);
@@ -3068,7 +3068,7 @@ TEST_CASE("mlx5 contract: the local invalidate is fenced behind earlier work of 
   configure_confirmed(g, g.key, one_entry, 1);
   auto batch = g.qp.start_send();
   post_write(batch, 0x20, false); // earlier work in the same batch (a read's completion order is the same)
-  REQUIRE(g.key.invalidate(batch, {0x21}).has_value());
+  REQUIRE(g.key.revoke(batch, {0x21}).has_value());
   REQUIRE(batch.submit().has_value());
   const call &w = g.rec.calls[g.rec.calls.size() - 3];
   const call &inv = g.rec.calls[g.rec.calls.size() - 2];

@@ -116,7 +116,7 @@ TEST_CASE("an empty window refuses every operation and ignores completions", "[u
   CHECK(mw.bind(qp, mr, {0, 64}, access::remote_read).error() == errc::null_handle);
   CHECK(mw.unbind(qp).error() == errc::null_handle);
   CHECK(mw.invalidate(qp).error() == errc::null_handle);
-  CHECK(mw.dealloc().has_value()); // nothing to free
+  CHECK(mw.destroy().has_value()); // nothing to free
   ibv_wc wc{};
   wc.status = IBV_WC_REM_ACCESS_ERR;
   CHECK_FALSE(mw.complete(wc));

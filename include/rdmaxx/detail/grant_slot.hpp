@@ -129,7 +129,7 @@ struct grant_slot {
   [[gnu::cold]] result<void> renew() noexcept {
     ibv_mw *old = window.native_handle();
     RDMAXX_TRY(fresh, mw_access::alloc_on(mw_access::pd_node(window), old->pd, window.type()));
-    RDMAXX_TRYV(window.dealloc()); // `fresh` is deallocated on this path
+    RDMAXX_TRYV(window.destroy()); // `fresh` is deallocated on this path
     window = std::move(fresh);
     key_changes = 0;
     return success();

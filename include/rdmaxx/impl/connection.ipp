@@ -154,8 +154,8 @@ inline result<void> Connection::destroy() noexcept {
   RDMAXX_TRYV(qp_.destroy());
   RDMAXX_TRYV(cq_.destroy());
   RDMAXX_TRYV(cq_ch_.destroy());
-  RDMAXX_TRYV(pd_.dealloc());
-  RDMAXX_TRYV(ctx_.close());
+  RDMAXX_TRYV(pd_.destroy());
+  RDMAXX_TRYV(ctx_.destroy());
   RDMAXX_TRYV(id_.destroy());
   slot_.reset(); // its queued events go with it; the kernel has no more of the id's
   link_.drop();

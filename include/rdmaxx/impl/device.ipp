@@ -71,9 +71,9 @@ namespace rdmaxx {
   constexpr bool built_with_mlx5 = false;
 #endif
   c.umr_why = detail::umr_reason_of(built_with_mlx5, c.mlx5dv, detail::umr_forced_software(), c.umr_why);
-  c.umr = c.umr_why == umr_reason::chosen ? umr_backend::mlx5
-          : (c.mw_type2a || c.mw_type2b)  ? umr_backend::software
-                                          : umr_backend::none;
+  // What IndirectKey::create's automatic choice makes: the software backend needs no window type
+  // (without windows a key serves local use; remote rights are refused at configure).
+  c.umr = c.umr_why == umr_reason::chosen ? umr_backend::mlx5 : umr_backend::software;
   detail::known_invalidate_defect(c.vendor_id, c.mlx5dv, c.remote_inv_unbound_mw_panics,
                                   c.defect_measured_on);
   const bool has_mw = c.max_mw != 0;

@@ -111,7 +111,7 @@ inline std::string detail::rdmaxx_category_impl::message(int c) const {
            "memory; destroy or revoke the grant first";
   case errc::stale_key:
     return "stale key: a key nested in its layout was invalidated or re-tagged since it was configured; "
-           "invalidate it and configure it again";
+           "revoke it and configure it again";
   case errc::bad_grant_rights:
     return "bad grant rights: a peer can be granted only remote_read, remote_write and remote_atomic "
            "(at least one); local_write and mw_bind belong to the region's registration";

@@ -77,7 +77,7 @@ inline result<void> GrantPool::revoke_all() noexcept {
     // The replacement first, as grant_slot::renew(): while the old window is allocated the
     // device cannot give its index (and with it the old keys) to the new one.
     auto fresh = detail::mw_access::alloc_on(st_->pd_link.parent(), st_->pd, st_->type);
-    if (auto r = s.window.dealloc(); !r) {
+    if (auto r = s.window.destroy(); !r) {
       if (!first) first = r.error();
       continue; // still allocated, key perhaps alive: the slot stays out of use (`fresh` freed)
     }

@@ -66,7 +66,7 @@ inline constexpr std::uint64_t umr_send_ops =
   return dv;
 }
 
-/// The verbs send operations of a UMR QP: `ops` plus local invalidate (IndirectKey::invalidate).
+/// The verbs send operations of a UMR QP: `ops` plus local invalidate (IndirectKey::revoke).
 [[nodiscard]] constexpr send_ops umr_verbs_ops(send_ops ops) noexcept { return ops | send_op::local_inv; }
 
 /// Default queue sizes of a UMR QP: max_inline_data 512 (32 inline list entries, as pyverbs).
