@@ -46,7 +46,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
+#include "detail/owned_array.hpp"
 #include <new>
 #include <span>
 #include <utility>
@@ -255,7 +255,7 @@ private:
     detail::completion_targets t;
   };
   detail::counted_ptr<table> targets_;
-  std::unique_ptr<ibv_wc[]> stash_;
+  detail::owned_array<ibv_wc> stash_;
   std::size_t cap_ = 0, head_ = 0, n_ = 0; // the stash: a ring of cap_ entries, n_ from head_
 };
 

@@ -76,7 +76,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
+#include "detail/owned_array.hpp"
 #include <new>
 #include <optional>
 #include <span>
@@ -190,7 +190,7 @@ public:
     p_.reset(new (std::nothrow) T[cap]());
     cap_ = p_ ? cap : 0;
     n_ = filled ? cap_ : 0;
-    return p_ != nullptr;
+    return bool(p_);
   }
   [[nodiscard]] std::size_t size() const noexcept { return n_; }
   [[nodiscard]] bool empty() const noexcept { return n_ == 0; }
@@ -220,7 +220,7 @@ public:
   }
 
 private:
-  std::unique_ptr<T[]> p_;
+  detail::owned_array<T> p_;
   std::size_t cap_ = 0, n_ = 0;
 };
 

@@ -16,7 +16,7 @@
 
 #include <concepts>
 #include <cstddef>
-#include <memory>
+#include "owned_array.hpp"
 #include <new>
 #include <span>
 #include <system_error>
@@ -110,7 +110,7 @@ public:
     t_.reset(new (std::nothrow) completion_target[capacity ? capacity : 1]());
     cap_ = t_ ? capacity : 0;
     n_ = 0;
-    return t_ != nullptr;
+    return bool(t_);
   }
   [[nodiscard]] std::size_t size() const noexcept { return n_; }
   [[nodiscard]] std::size_t capacity() const noexcept { return cap_; }
@@ -153,7 +153,7 @@ public:
   }
 
 private:
-  std::unique_ptr<completion_target[]> t_;
+  owned_array<completion_target> t_;
   std::size_t cap_ = 0, n_ = 0;
 };
 
