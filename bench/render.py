@@ -39,7 +39,8 @@ GOALS = [
      "`bench/bench_scale`: N connections over rdma_cm in one VM (client and server in one "
      "process), a `GrantPool` of 16 slots per client end, one request in flight per connection; "
      "counts per connection after the per-end shared resources; medians of the runs, spread = "
-     "the runs' range."),
+     "the runs' range. Nothing is compared here, so there is no A/A: the runs' range is the "
+     "noise."),
     ("compile-time", "Compile time",
      "CPU seconds of one translation unit including an rdmaxx header against one including only "
      "what it wraps (`verbs.h`, Outcome's `std_result.hpp`, `<system_error>`; for `asio.hpp` also "

@@ -1,7 +1,7 @@
 /// \file
 /// rdmaxx/detail/owned_array.hpp: the owning pointer of one heap array (`new (std::nothrow) T[n]()`),
-/// move-only, null after move, `delete[]` at the end: what std::unique_ptr<T[]> did for the library's
-/// three arrays (a pool's vectors, a dispatcher's table and its stash), without <memory>, one of
+/// move-only, null after move, `delete[]` at the end: what `std::unique_ptr<T[]>` did for the library's
+/// three arrays (a pool's vectors, a dispatcher's table and its stash), without `<memory>`, one of
 /// the costlier standard headers to compile (bench/results/records.json, goal compile-time).
 #pragma once
 
