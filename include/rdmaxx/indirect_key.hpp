@@ -464,11 +464,12 @@ public:
   /// - the errno of ibv_dealloc_mw.
   /// \mallocs None.
   [[nodiscard]] result<void> revoke() noexcept;
-  /// The former names of revoke().
+  /// The former name of revoke(SendBatch &, wr).
   [[deprecated("use revoke()")]] [[nodiscard]] result<void> invalidate(SendBatch &batch,
                                                                        wr w = {window_wr_id}) noexcept {
     return revoke(batch, w);
   }
+  /// The former name of revoke().
   [[deprecated("use revoke()")]] [[nodiscard]] result<void> invalidate() noexcept { return revoke(); }
 
   /// Software, exact-region mechanism: deregister the regions the key kept for its next
