@@ -14,7 +14,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
-#include <atomic>
+#include "detail/atomic.hpp"
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -93,13 +93,13 @@ inline constexpr int cm_call_tag = 254;
 // codes for addresses past that say "address not recorded". Entries are never changed.
 struct cm_address_book {
   static constexpr int capacity = 127;
-  std::atomic_flag lock = ATOMIC_FLAG_INIT;
+  detail::atomic<bool> lock;
   int n = 0;
   sockaddr_in6 a[capacity]{}; // an AF_INET address is stored in the first 16 bytes
   void acquire() noexcept {
-    while (lock.test_and_set(std::memory_order_acquire)) {}
+    while (lock.exchange(true, detail::order::acquire)) {}
   }
-  void release() noexcept { lock.clear(std::memory_order_release); }
+  void release() noexcept { lock.store(false, detail::order::release); }
 };
 inline cm_address_book &cm_addresses() noexcept {
   static cm_address_book b;

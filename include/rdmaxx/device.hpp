@@ -21,7 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <array>
-#include <atomic>
+#include "detail/atomic.hpp"
 #include <cstdio>
 #include <cstdlib>
 #include <poll.h>
@@ -394,8 +394,8 @@ namespace fault_injection {
 using query_device_fn = int (*)(ibv_context *ctx, const ibv_query_device_ex_input *input,
                                 ibv_device_attr_ex *attr);
 /// The installed substitute (nullptr: the real verb). Install through set_query_device().
-inline std::atomic<query_device_fn> &query_device_override() noexcept {
-  static std::atomic<query_device_fn> fn{nullptr};
+inline detail::atomic<query_device_fn> &query_device_override() noexcept {
+  static detail::atomic<query_device_fn> fn{nullptr};
   return fn;
 }
 /// Install (or with nullptr remove) the substitute. Returns the previous one.
@@ -408,7 +408,7 @@ namespace detail {
 /// ibv_query_device_ex into `ax`, and what is known of the remote-invalidate panic of that device
 /// (known_invalidate_defect). Returns 0 or the query's errno.
 [[nodiscard]] inline int query_defect(ibv_context *ctx, ibv_device_attr_ex &ax, tristate &panics) noexcept {
-  auto query = fault_injection::query_device_override().load(std::memory_order_acquire);
+  auto query = fault_injection::query_device_override().load(detail::order::acquire);
   if (const int rc = query ? query(ctx, nullptr, &ax) : ::ibv_query_device_ex(ctx, nullptr, &ax)) return rc;
   bool mlx5dv = false;
 #if RDMAXX_HAVE_MLX5

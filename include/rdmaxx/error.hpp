@@ -18,7 +18,7 @@
 #include <boost/outcome/std_result.hpp>
 #include <infiniband/verbs.h>
 
-#include <atomic>
+#include "detail/atomic.hpp"
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -229,15 +229,15 @@ public:
   [[nodiscard]] virtual retry_hint retry_hint_of_value(int value) const noexcept = 0;
 };
 inline constexpr std::size_t retry_hinted_slots = 4;
-[[nodiscard]] inline std::atomic<const retry_hinted_category *> *retry_hinted() noexcept {
-  static std::atomic<const retry_hinted_category *> s[retry_hinted_slots]{};
+[[nodiscard]] inline detail::atomic<const retry_hinted_category *> *retry_hinted() noexcept {
+  static detail::atomic<const retry_hinted_category *> s[retry_hinted_slots]{};
   return s;
 }
 inline void register_retry_hinted(const retry_hinted_category &c) noexcept {
-  std::atomic<const retry_hinted_category *> *s = retry_hinted();
+  detail::atomic<const retry_hinted_category *> *s = retry_hinted();
   for (std::size_t i = 0; i < retry_hinted_slots; ++i) {
     const retry_hinted_category *none = nullptr;
-    if (s[i].compare_exchange_strong(none, &c, std::memory_order_acq_rel) || none == &c) return;
+    if (s[i].compare_exchange_strong(none, &c, detail::order::acq_rel) || none == &c) return;
   }
 }
 } // namespace detail
@@ -276,9 +276,9 @@ inline void register_retry_hinted(const retry_hinted_category &c) noexcept {
     default: return retry_hint::no;
     }
   }
-  const std::atomic<const detail::retry_hinted_category *> *h = detail::retry_hinted();
+  const detail::atomic<const detail::retry_hinted_category *> *h = detail::retry_hinted();
   for (std::size_t i = 0; i < detail::retry_hinted_slots; ++i) {
-    const detail::retry_hinted_category *c = h[i].load(std::memory_order_acquire);
+    const detail::retry_hinted_category *c = h[i].load(detail::order::acquire);
     if (!c) break;
     if (&ec.category() == c) return c->retry_hint_of_value(ec.value());
   }
@@ -680,12 +680,12 @@ inline void default_destroy_failure_handler(const destroy_failure &f) noexcept {
   describe(f, line, sizeof line);
   std::fprintf(stderr, "%s\n", line);
 }
-inline std::atomic<destroy_failure_handler> &destroy_failure_hook() noexcept {
-  static std::atomic<destroy_failure_handler> h{&default_destroy_failure_handler};
+inline detail::atomic<destroy_failure_handler> &destroy_failure_hook() noexcept {
+  static detail::atomic<destroy_failure_handler> h{&default_destroy_failure_handler};
   return h;
 }
 [[gnu::cold]] inline void report_destroy_failure(const destroy_failure &f) noexcept {
-  destroy_failure_hook().load(std::memory_order_acquire)(f);
+  destroy_failure_hook().load(detail::order::acquire)(f);
 }
 } // namespace detail
 
@@ -693,7 +693,7 @@ inline std::atomic<destroy_failure_handler> &destroy_failure_hook() noexcept {
 /// children are alive. Returns the previous handler. The default prints one line to stderr.
 inline destroy_failure_handler set_destroy_failure_handler(destroy_failure_handler h) noexcept {
   if (h == nullptr) h = &detail::default_destroy_failure_handler;
-  return detail::destroy_failure_hook().exchange(h, std::memory_order_acq_rel);
+  return detail::destroy_failure_hook().exchange(h, detail::order::acq_rel);
 }
 
 } // namespace rdmaxx

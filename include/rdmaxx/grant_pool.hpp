@@ -73,7 +73,7 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
+#include "detail/atomic.hpp"
 #include <cstddef>
 #include <cstdint>
 #include "detail/owned_array.hpp"
@@ -233,27 +233,27 @@ public:
   static constexpr std::uint32_t count = 1u << 16;
   // A free id, or nullopt when `count` pools are alive.
   [[nodiscard]] static std::optional<std::uint16_t> acquire() noexcept {
-    const std::uint32_t start = cursor().fetch_add(1, std::memory_order_relaxed);
+    const std::uint32_t start = cursor().fetch_add(1, detail::order::relaxed);
     for (std::uint32_t k = 0; k < count; ++k) {
       const std::uint32_t id = (start + k) % count;
       const std::uint64_t bit = std::uint64_t(1) << (id % 64);
-      std::atomic<std::uint64_t> &w = words()[id / 64];
-      if ((w.load(std::memory_order_relaxed) & bit) == 0 && (w.fetch_or(bit, std::memory_order_acq_rel) & bit) == 0)
+      detail::atomic<std::uint64_t> &w = words()[id / 64];
+      if ((w.load(detail::order::relaxed) & bit) == 0 && (w.fetch_or(bit, detail::order::acq_rel) & bit) == 0)
         return std::uint16_t(id);
     }
     return std::nullopt;
   }
   static void give_back(std::uint16_t id) noexcept {
-    words()[id / 64].fetch_and(~(std::uint64_t(1) << (id % 64)), std::memory_order_acq_rel);
+    words()[id / 64].fetch_and(~(std::uint64_t(1) << (id % 64)), detail::order::acq_rel);
   }
 
 private:
-  static std::atomic<std::uint32_t> &cursor() noexcept {
-    static std::atomic<std::uint32_t> c{0};
+  static detail::atomic<std::uint32_t> &cursor() noexcept {
+    static detail::atomic<std::uint32_t> c{0};
     return c;
   }
-  static std::array<std::atomic<std::uint64_t>, count / 64> &words() noexcept {
-    static std::array<std::atomic<std::uint64_t>, count / 64> w{};
+  static std::array<detail::atomic<std::uint64_t>, count / 64> &words() noexcept {
+    static std::array<detail::atomic<std::uint64_t>, count / 64> w{};
     return w;
   }
 };

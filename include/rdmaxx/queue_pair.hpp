@@ -586,7 +586,7 @@ inline result<void> QueuePair::reset_and_reconnect() noexcept {
 
 inline result<void> QueuePair::to_reset() noexcept {
   if (!h_) return make_error_code(errc::null_handle);
-  if (const auto *c = detail::sq_credit::of(h_.get()); c && c->key_ops.load(std::memory_order_acquire) != 0)
+  if (const auto *c = detail::sq_credit::of(h_.get()); c && c->key_ops.load(detail::order::acquire) != 0)
     return make_error_code(errc::busy); // RESET would drop their completions (mlx5_cq_clean)
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RESET;

@@ -18,7 +18,7 @@
 
 #include <infiniband/verbs.h>
 
-#include <atomic>
+#include "detail/atomic.hpp"
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -69,8 +69,8 @@ inline constinit ibv_qp_ex unready_qp = make_null_qp();
 // ibv_qp_ex). Relaxed atomic stores: plain moves on x86-64 and arm64, and race-free on the
 // null_qp that the null QueuePairs of all threads share.
 inline void set_wr(ibv_qp_ex *qp, std::uint64_t id, unsigned flags) noexcept {
-  std::atomic_ref(qp->wr_id).store(id, std::memory_order_relaxed);
-  std::atomic_ref(qp->wr_flags).store(flags, std::memory_order_relaxed);
+  detail::atomic_store(qp->wr_id, id, detail::order::relaxed);
+  detail::atomic_store(qp->wr_flags, flags, detail::order::relaxed);
 }
 
 // What the batch-form operations of a MemoryWindow or IndirectKey applied at post time, to take

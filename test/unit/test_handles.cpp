@@ -430,7 +430,7 @@ TEST_CASE("counted core: the last holder finishes the object, once", "[handle]")
     CHECK(finished_thing::finished == 0);
   }
   CHECK(finished_thing::finished == 1);
-  detail::ref_count<std::atomic<std::uint32_t>> n;
+  detail::ref_count<detail::atomic<std::uint32_t>> n;
   n.add();
   CHECK(n.holders() == 2);
   CHECK(n.drop() == 1);

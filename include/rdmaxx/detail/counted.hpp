@@ -11,7 +11,7 @@
 /// holder; the last one deletes the object (or calls its finish(T *) where it has one).
 #pragma once
 
-#include <atomic>
+#include "atomic.hpp"
 #include <cstdint>
 #include <type_traits>
 #include <utility>
@@ -19,7 +19,7 @@
 namespace rdmaxx::detail {
 
 /// A count of holders, 1 at construction (the creator). Count: an unsigned integer (one thread)
-/// or std::atomic of one (any thread: acquire-release, as a shared pointer's count).
+/// or detail::atomic of one (any thread: acquire-release, as a shared pointer's count).
 template <class Count = std::uint32_t>
 class ref_count {
   static constexpr bool atomic = !std::is_integral_v<Count>;
@@ -31,18 +31,18 @@ public:
 
   /// One more holder (relaxed: the new holder got the object from one that holds it).
   void add() noexcept {
-    if constexpr (atomic) n_.fetch_add(1, std::memory_order_relaxed);
+    if constexpr (atomic) n_.fetch_add(1, detail::order::relaxed);
     else ++n_;
   }
   /// One holder fewer. Returns the holders left: 0 for the one that dropped the last, which
   /// finishes the object (the others must not touch it after this call).
   [[nodiscard]] std::uint32_t drop() noexcept {
-    if constexpr (atomic) return std::uint32_t(n_.fetch_sub(1, std::memory_order_acq_rel) - 1);
+    if constexpr (atomic) return std::uint32_t(n_.fetch_sub(1, detail::order::acq_rel) - 1);
     else return std::uint32_t(--n_);
   }
   /// The holders now (acquire; exact only while no other thread adds or drops).
   [[nodiscard]] std::uint32_t holders() const noexcept {
-    if constexpr (atomic) return std::uint32_t(n_.load(std::memory_order_acquire));
+    if constexpr (atomic) return std::uint32_t(n_.load(detail::order::acquire));
     else return std::uint32_t(n_);
   }
 

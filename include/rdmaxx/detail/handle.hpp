@@ -24,7 +24,7 @@
 #include "../error.hpp"
 #include "counted.hpp"
 
-#include <atomic>
+#include "atomic.hpp"
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -117,10 +117,10 @@ struct after_destroy {
 /// let go while children remain (deferred destruction), what the last of them must do. An orphan
 /// carries every parent it had, so each of them stays counted until the orphan is destroyed.
 struct parent_node {
-  ref_count<std::atomic<std::uint32_t>> refs; // the owning handle's + one per live child
+  ref_count<detail::atomic<std::uint32_t>> refs; // the owning handle's + one per live child
   // Live children by kind (index: child_kind): what the report names, and what a region's rereg
   // tells grants from windows by (MemoryRegion::rereg).
-  std::atomic<std::uint32_t> kinds[child_kind_count] = {};
+  detail::atomic<std::uint32_t> kinds[child_kind_count] = {};
   child_kind kind = child_kind::other; // the orphan's own kind in its parents' counters
   // Written by the owning handle before it drops its reference; read by whoever drops the last.
   void *native = nullptr;              // the C object; null: released, only the node is freed
@@ -163,7 +163,7 @@ inline void release_ref(parent_node *p) noexcept {
 }
 /// A child of kind `k` gone: its kind's counter first (the node is alive until release_ref).
 inline void release_child(parent_node *p, child_kind k) noexcept {
-  p->kinds[std::size_t(k)].fetch_sub(1, std::memory_order_relaxed);
+  p->kinds[std::size_t(k)].fetch_sub(1, detail::order::relaxed);
   release_ref(p);
 }
 
@@ -176,7 +176,7 @@ public:
   /// Register a child of kind `k` with `p` (null: none).
   explicit child_link(parent_node *p, child_kind k = child_kind::other) noexcept : p_(p), kind_(k) {
     if (p) {
-      p->kinds[std::size_t(k)].fetch_add(1, std::memory_order_relaxed);
+      p->kinds[std::size_t(k)].fetch_add(1, detail::order::relaxed);
       p->refs.add();
     }
   }
@@ -287,7 +287,7 @@ public:
   }
   /// Live children of kind `k` (relaxed: exact on the thread that creates and destroys them).
   [[nodiscard]] std::uint32_t live_children(child_kind k) const noexcept {
-    return node_.get() ? node_.get()->kinds[std::size_t(k)].load(std::memory_order_relaxed) : 0;
+    return node_.get() ? node_.get()->kinds[std::size_t(k)].load(detail::order::relaxed) : 0;
   }
 
   /// Register with parent `p` in slot S (null: no parent there), releasing the one it replaces
@@ -356,7 +356,7 @@ public:
       // The kinds are read while this handle's reference keeps the node alive.
       destroy_failure f{Traits::object, Traits::verb, make_error_code(errc::busy), 0, {}};
       for (std::size_t k = 0; k < child_kind_count; ++k)
-        f.children[k] = node->kinds[k].load(std::memory_order_relaxed);
+        f.children[k] = node->kinds[k].load(detail::order::relaxed);
       const std::uint32_t left = node->refs.drop();
       if (left == 0) {
         finish_orphan(node);

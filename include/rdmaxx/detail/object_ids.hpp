@@ -13,7 +13,7 @@
 #include "../error.hpp"
 #include "../work_request.hpp"
 
-#include <atomic>
+#include "atomic.hpp"
 #include <cstdint>
 #include <system_error>
 
@@ -39,13 +39,13 @@ class object_ids {
 public:
   /// A new id, never handed out before in this process (object_wr_tag | n, n from 1).
   [[nodiscard]] static std::uint64_t acquire() noexcept {
-    const std::uint64_t n = counter().fetch_add(1, std::memory_order_relaxed) + 1;
+    const std::uint64_t n = counter().fetch_add(1, detail::order::relaxed) + 1;
     return object_wr_tag | (n & ~wr_tag_mask);
   }
 
 private:
-  static std::atomic<std::uint64_t> &counter() noexcept {
-    static std::atomic<std::uint64_t> c{0};
+  static detail::atomic<std::uint64_t> &counter() noexcept {
+    static detail::atomic<std::uint64_t> c{0};
     return c;
   }
 };

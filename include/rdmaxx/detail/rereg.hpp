@@ -9,7 +9,7 @@
 
 #include <infiniband/verbs.h>
 
-#include <atomic>
+#include "atomic.hpp"
 #include <cerrno>
 #include <cstddef>
 
@@ -25,8 +25,8 @@ namespace fault_injection {
 using rereg_mr_fn = int (*)(ibv_mr *mr, int flags, ibv_pd *pd, void *addr, std::size_t length,
                             int access);
 /// The installed substitute (nullptr: the real verb). Install through set_rereg_mr().
-inline std::atomic<rereg_mr_fn> &rereg_mr_override() noexcept {
-  static std::atomic<rereg_mr_fn> fn{nullptr};
+inline detail::atomic<rereg_mr_fn> &rereg_mr_override() noexcept {
+  static detail::atomic<rereg_mr_fn> fn{nullptr};
   return fn;
 }
 /// Install (or with nullptr remove) the substitute for ibv_rereg_mr. Returns the previous one.
@@ -38,7 +38,7 @@ namespace detail {
 /// ibv_rereg_mr, or the fault-injection substitute when a test installed one.
 inline int call_rereg_mr(ibv_mr *mr, int flags, ibv_pd *pd, void *addr, std::size_t length,
                          int access) noexcept {
-  if (auto fn = fault_injection::rereg_mr_override().load(std::memory_order_acquire)) [[unlikely]]
+  if (auto fn = fault_injection::rereg_mr_override().load(detail::order::acquire)) [[unlikely]]
     return fn(mr, flags, pd, addr, length, access);
   return ::ibv_rereg_mr(mr, flags, pd, addr, length, access);
 }

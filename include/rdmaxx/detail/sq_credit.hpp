@@ -53,7 +53,7 @@
 
 #include <infiniband/verbs.h>
 
-#include <atomic>
+#include "atomic.hpp"
 #include <cerrno>
 #include <cstdint>
 #include <new>
@@ -66,16 +66,16 @@ struct sq_credit {
   static constexpr int refused_rc = ENOSPC;
 
   std::uint32_t max_post = 0;         // the granted max_send_wr
-  std::atomic<std::uint32_t> head{0}; // WRs posted since creation or the last reset
-  std::atomic<std::uint32_t> tail{0}; // WRs retired by completions handed back
-  std::atomic<std::uint32_t> epoch{0}; // resets so far (a position is valid within its epoch)
+  detail::atomic<std::uint32_t> head{0}; // WRs posted since creation or the last reset
+  detail::atomic<std::uint32_t> tail{0}; // WRs retired by completions handed back
+  detail::atomic<std::uint32_t> epoch{0}; // resets so far (a position is valid within its epoch)
   // WRs admitted into the open batch: written under the provider's lock, read by used() on any
   // thread (relaxed: a batch still open elsewhere is seen approximately).
-  std::atomic<std::uint32_t> nreq{0};
+  detail::atomic<std::uint32_t> nreq{0};
   // Unconfirmed mlx5 key operations posted on the QP (IndirectKey's configure and invalidate,
   // mlx5/indirect_key_mlx5.hpp hold_credit / release_credit): QueuePair::to_reset() refuses
   // while any is (RESET would drop its completion, mlx5_cq_clean).
-  std::atomic<std::uint32_t> key_ops{0};
+  detail::atomic<std::uint32_t> key_ops{0};
   bool refused = false;               // the open batch met a full queue
   /// A posted operation whose owner went away unconfirmed (an mlx5 IndirectKey destroyed while
   /// its configure or invalidate was posted): adopt()ed by the credit, which calls settle(o)
@@ -89,7 +89,7 @@ struct sq_credit {
     void (*settle)(orphan *) noexcept = nullptr; ///< called once, when it ended
     void *owner = nullptr;     ///< for settle
   };
-  std::atomic<orphan *> orphans{nullptr}; // adopted, not settled yet (a stack)
+  detail::atomic<orphan *> orphans{nullptr}; // adopted, not settled yet (a stack)
   std::uint64_t *ids = nullptr;       // wr_id by position % max_post
   parent_node *qp_node = nullptr;     // the QP's child counter (a pending key operation holds it)
   ibv_qp_ex saved{};                  // the provider's entries (function pointers only)
@@ -98,14 +98,14 @@ struct sq_credit {
 
   /// Outstanding WRs (posted and not retired) plus those of the open batch.
   [[nodiscard]] std::uint32_t used() const noexcept {
-    return head.load(std::memory_order_relaxed) - tail.load(std::memory_order_acquire) +
-           nreq.load(std::memory_order_relaxed);
+    return head.load(detail::order::relaxed) - tail.load(detail::order::acquire) +
+           nreq.load(detail::order::relaxed);
   }
   /// No further WR can be admitted into the open batch.
   [[nodiscard]] bool full() const noexcept { return refused || used() >= max_post; }
   /// The position the next admitted WR takes.
   [[nodiscard]] std::uint32_t next_position() const noexcept {
-    return head.load(std::memory_order_relaxed) + nreq.load(std::memory_order_relaxed);
+    return head.load(detail::order::relaxed) + nreq.load(detail::order::relaxed);
   }
   /// Admit one WR (its wr_id is q->wr_id) into the open batch, or refuse the batch.
   [[nodiscard]] bool admit(const ibv_qp_ex *q) noexcept {
@@ -113,46 +113,46 @@ struct sq_credit {
       refused = true;
       return false;
     }
-    const std::uint32_t n = nreq.load(std::memory_order_relaxed);
-    ids[(head.load(std::memory_order_relaxed) + n) % max_post] = q->wr_id;
-    nreq.store(n + 1, std::memory_order_relaxed);
+    const std::uint32_t n = nreq.load(detail::order::relaxed);
+    ids[(head.load(detail::order::relaxed) + n) % max_post] = q->wr_id;
+    nreq.store(n + 1, detail::order::relaxed);
     return true;
   }
   /// Retire every WR up to and including `pos` (of epoch `ep`).
   void retire_through(std::uint32_t pos, std::uint32_t ep) noexcept {
-    if (ep != epoch.load(std::memory_order_relaxed)) return;
-    const std::uint32_t h = head.load(std::memory_order_acquire);
-    std::uint32_t t = tail.load(std::memory_order_relaxed);
+    if (ep != epoch.load(detail::order::relaxed)) return;
+    const std::uint32_t h = head.load(detail::order::acquire);
+    std::uint32_t t = tail.load(detail::order::relaxed);
     // only forward, and never past what was posted
-    while (pos - t < h - t && !tail.compare_exchange_weak(t, pos + 1, std::memory_order_release,
-                                                          std::memory_order_relaxed)) {
+    while (pos - t < h - t && !tail.compare_exchange_weak(t, pos + 1, detail::order::release,
+                                                          detail::order::relaxed)) {
     }
-    if (orphans.load(std::memory_order_acquire)) [[unlikely]] settle_orphans(false);
+    if (orphans.load(detail::order::acquire)) [[unlikely]] settle_orphans(false);
   }
   /// Take `o` (its settle, pos and epoch set): settled once its operation ended (see orphan);
   /// at once if it already has.
   void adopt(orphan *o) noexcept {
-    orphan *top = orphans.load(std::memory_order_relaxed);
+    orphan *top = orphans.load(detail::order::relaxed);
     do o->next = top;
-    while (!orphans.compare_exchange_weak(top, o, std::memory_order_acq_rel, std::memory_order_relaxed));
+    while (!orphans.compare_exchange_weak(top, o, detail::order::acq_rel, detail::order::relaxed));
     settle_orphans(false);
   }
   /// Settle the adopted operations that ended (`all`: every one: the QP was reset or destroyed).
   /// An operation that ends while another thread holds the list is settled at the next call.
   void settle_orphans(bool all) noexcept {
-    orphan *o = orphans.exchange(nullptr, std::memory_order_acq_rel);
-    const std::uint32_t ep = epoch.load(std::memory_order_relaxed);
-    const std::uint32_t t = tail.load(std::memory_order_acquire);
-    const std::uint32_t h = head.load(std::memory_order_acquire);
+    orphan *o = orphans.exchange(nullptr, detail::order::acq_rel);
+    const std::uint32_t ep = epoch.load(detail::order::relaxed);
+    const std::uint32_t t = tail.load(detail::order::acquire);
+    const std::uint32_t h = head.load(detail::order::acquire);
     while (o) {
       orphan *const next = o->next;
       // ended: the queue was reset since, or its position is no longer outstanding ([t, h))
       if (all || o->epoch != ep || o->pos - t >= h - t) {
         o->settle(o); // may free o
       } else {
-        orphan *top = orphans.load(std::memory_order_relaxed);
+        orphan *top = orphans.load(detail::order::relaxed);
         do o->next = top;
-        while (!orphans.compare_exchange_weak(top, o, std::memory_order_acq_rel, std::memory_order_relaxed));
+        while (!orphans.compare_exchange_weak(top, o, detail::order::acq_rel, detail::order::relaxed));
       }
       o = next;
     }
@@ -161,9 +161,9 @@ struct sq_credit {
   /// retired at least one WR.
   bool retire(const ibv_wc &wc) noexcept {
     if (wc.status != IBV_WC_SUCCESS || !is_send_opcode(wc.opcode)) return false;
-    const std::uint32_t ep = epoch.load(std::memory_order_relaxed);
-    const std::uint32_t h = head.load(std::memory_order_acquire);
-    const std::uint32_t t = tail.load(std::memory_order_relaxed);
+    const std::uint32_t ep = epoch.load(detail::order::relaxed);
+    const std::uint32_t h = head.load(detail::order::acquire);
+    const std::uint32_t t = tail.load(detail::order::relaxed);
     for (std::uint32_t p = t; p != h; ++p) {
       if (ids[p % max_post] == wc.wr_id) {
         retire_through(p, ep);
@@ -174,10 +174,10 @@ struct sq_credit {
   }
   /// The QP went through RESET: the provider starts its send queue anew.
   void reset() noexcept {
-    head.store(0, std::memory_order_relaxed);
-    tail.store(0, std::memory_order_relaxed);
-    epoch.fetch_add(1, std::memory_order_relaxed);
-    nreq.store(0, std::memory_order_relaxed);
+    head.store(0, detail::order::relaxed);
+    tail.store(0, detail::order::relaxed);
+    epoch.fetch_add(1, detail::order::relaxed);
+    nreq.store(0, detail::order::relaxed);
     refused = false;
     settle_orphans(true); // their work requests are gone
   }
@@ -287,27 +287,27 @@ private:
     // A transition rdmaxx did not make (reroute() not called) rewrote wr_complete: take it back
     // before anything of the batch is built (under the provider's lock).
     if (q->wr_complete != &complete) [[unlikely]] hook_to<&ibv_qp_ex::wr_complete>(q, c, &complete);
-    c->nreq.store(0, std::memory_order_relaxed);
+    c->nreq.store(0, detail::order::relaxed);
     c->refused = false;
   }
   static int complete(ibv_qp_ex *q) noexcept {
     sq_credit *c = of(q);
     if (!c) [[unlikely]] return EINVAL;
-    const std::uint32_t n = c->nreq.load(std::memory_order_relaxed);
-    c->nreq.store(0, std::memory_order_relaxed);
+    const std::uint32_t n = c->nreq.load(detail::order::relaxed);
+    c->nreq.store(0, detail::order::relaxed);
     if (c->refused) {
       c->refused = false;
       c->saved.wr_abort(q); // rolls the provider back and releases its lock
       return refused_rc;
     }
     const int rc = c->saved.wr_complete(q);
-    if (rc == 0) c->head.fetch_add(n, std::memory_order_release);
+    if (rc == 0) c->head.fetch_add(n, detail::order::release);
     return rc;
   }
   static void abort(ibv_qp_ex *q) noexcept {
     sq_credit *c = of(q);
     if (!c) [[unlikely]] return;
-    c->nreq.store(0, std::memory_order_relaxed);
+    c->nreq.store(0, detail::order::relaxed);
     c->refused = false;
     c->saved.wr_abort(q);
   }

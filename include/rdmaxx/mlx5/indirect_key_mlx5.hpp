@@ -69,7 +69,7 @@
 #include <infiniband/verbs.h>
 
 #include <algorithm>
-#include <atomic>
+#include "../detail/atomic.hpp"
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -193,10 +193,10 @@ using destroy_mkey_verb = int (*)(mlx5dv_mkey *);
 /// the tags of the key destroyed there. (With tags of their own each key still retires after
 /// 256 configures; two keys on one reused index can share a tag only when the earlier one used
 /// more tags than the variants given out in between.)
-inline std::atomic<std::uint32_t> mkey_variant{0};
+inline detail::atomic<std::uint32_t> mkey_variant{0};
 /// The next variant (relaxed: only its spread matters, not its order).
 [[nodiscard]] inline std::uint8_t next_variant() noexcept {
-  return std::uint8_t(mkey_variant.fetch_add(1, std::memory_order_relaxed));
+  return std::uint8_t(mkey_variant.fetch_add(1, detail::order::relaxed));
 }
 
 /// The quarantine of mkey indexes without tag update: without MLX5DV_MKEY_INIT_ATTR_FLAGS_UPDATE_TAG
@@ -219,38 +219,38 @@ public:
   /// The rkey's index was handed to the device before.
   [[nodiscard]] bool seen(std::uint32_t key) const noexcept {
     const std::uint32_t i = key >> 8;
-    return (bits_[i / 8].load(std::memory_order_acquire) >> (i % 8)) & 1u;
+    return (bits_[i / 8].load(detail::order::acquire) >> (i % 8)) & 1u;
   }
   /// Mark the rkey's index (a configure of it goes to the device).
   void mark(std::uint32_t key) noexcept {
     const std::uint32_t i = key >> 8;
-    bits_[i / 8].fetch_or(std::uint8_t(1u << (i % 8)), std::memory_order_acq_rel);
+    bits_[i / 8].fetch_or(std::uint8_t(1u << (i % 8)), detail::order::acq_rel);
   }
   /// Unmark it: the configure that marked it never reached the device (cancel_key).
   void unmark(std::uint32_t key) noexcept {
     const std::uint32_t i = key >> 8;
-    bits_[i / 8].fetch_and(std::uint8_t(~(1u << (i % 8))), std::memory_order_acq_rel);
+    bits_[i / 8].fetch_and(std::uint8_t(~(1u << (i % 8))), detail::order::acq_rel);
   }
   /// Forget every index (contract tests only: their stand-in devices share addresses).
   void clear() noexcept {
-    for (std::uint32_t i = 0; i < index_count / 8; ++i) bits_[i].store(0, std::memory_order_relaxed);
+    for (std::uint32_t i = 0; i < index_count / 8; ++i) bits_[i].store(0, detail::order::relaxed);
   }
   seen_indexes(const seen_indexes &) = delete;
   seen_indexes &operator=(const seen_indexes &) = delete;
 
 private:
-  seen_indexes() noexcept : bits_(new (std::nothrow) std::atomic<std::uint8_t>[index_count / 8]()) {}
+  seen_indexes() noexcept : bits_(new (std::nothrow) detail::atomic<std::uint8_t>[index_count / 8]()) {}
   ~seen_indexes() { delete[] bits_; }
-  std::atomic<std::uint8_t> *bits_;
+  detail::atomic<std::uint8_t> *bits_;
 };
 
 inline seen_indexes *seen_indexes::of(const void *dev) noexcept {
-  static std::atomic_flag lock = ATOMIC_FLAG_INIT;
+  static detail::atomic<bool> lock;
   static struct {
     const void *dev;
     seen_indexes *t;
   } tables[max_devices] = {};
-  while (lock.test_and_set(std::memory_order_acquire)) {
+  while (lock.exchange(true, detail::order::acquire)) {
   }
   seen_indexes *found = nullptr;
   for (auto &e : tables) {
@@ -269,7 +269,7 @@ inline seen_indexes *seen_indexes::of(const void *dev) noexcept {
       break;
     }
   }
-  lock.clear(std::memory_order_release);
+  lock.store(false, detail::order::release);
   return found;
 }
 
@@ -554,17 +554,17 @@ using to_dv_qp = mlx5dv_qp_ex *(*)(ibv_qp_ex *) noexcept;
 /// position there, and a link to the QP (see key_state::credit); the queue counts it among its
 /// unconfirmed key operations (sq_credit::key_ops: the QP's to_reset() answers errc::busy).
 inline void hold_credit(key_state &k, detail::sq_credit *c, std::uint32_t pos) noexcept {
-  if (c) c->key_ops.fetch_add(1, std::memory_order_acq_rel); // QueuePair::to_reset() refuses
+  if (c) c->key_ops.fetch_add(1, detail::order::acq_rel); // QueuePair::to_reset() refuses
   k.credit = c;
   k.sq_pos = pos;
-  k.sq_epoch = c ? c->epoch.load(std::memory_order_relaxed) : 0;
+  k.sq_epoch = c ? c->epoch.load(detail::order::relaxed) : 0;
   k.qp_link = detail::child_link(c ? c->qp_node : nullptr);
 }
 /// The unconfirmed operation is settled: a successful completion (`done`) retires it and every
 /// earlier WR of its QP's counted send queue (RC completes in order); then the QP is let go.
 inline void release_credit(key_state &k, bool done) noexcept {
   if (done && k.credit) k.credit->retire_through(k.sq_pos, k.sq_epoch);
-  if (k.credit) k.credit->key_ops.fetch_sub(1, std::memory_order_acq_rel);
+  if (k.credit) k.credit->key_ops.fetch_sub(1, detail::order::acq_rel);
   k.credit = nullptr;
   k.qp_link.drop();
 }
@@ -750,7 +750,7 @@ inline void orphan_key(key_state &k, detail::parent_node *own) noexcept {
   k.orphan.settle = &settle_orphan;
   k.orphan.owner = &k;
   k.credit = nullptr;
-  c->key_ops.fetch_sub(1, std::memory_order_acq_rel); // the QP's reset no longer waits for it
+  c->key_ops.fetch_sub(1, detail::order::acq_rel); // the QP's reset no longer waits for it
   detail::child_link qp = std::move(k.qp_link);
   c->adopt(&k.orphan); // may settle at once (already retired): the handle still holds the node
   qp.drop();           // last: the QP (and `c`) may go now; its destruction settles what is left
