@@ -348,43 +348,7 @@ public:
 
   /// A view of this key for a layout entry of another key (nesting). A key that is not
   /// configured gives a ref that validation refuses with errc::wrong_state.
-  operator region_ref() const noexcept { // NOLINT: implicit on purpose ({key, off, len})
-    region_ref r;
-    if (!h_) {
-      r.problem = errc::null_handle;
-      return r;
-    }
-    if (!st().configured) {
-      r.problem = errc::wrong_state;
-      return r;
-    }
-    if (!usable_locally()) {
-      r.problem = errc::operation_unconfirmed;
-      return r;
-    }
-    if (stale()) {
-      r.problem = errc::stale_key;
-      return r;
-    }
-    r.indirect = true;
-    r.pd = st().pd;
-    r.length = st().length;
-    r.access = st().access;
-    if (st().mkey) {
-      r.lkey = mkey_lkey();
-      r.rkey = mkey_rkey();
-      r.node = h_.node(); // an outer key configured over this one counts as its child
-#if RDMAXX_HAVE_MLX5
-      r.depth = st().depth;
-      r.hw_key = &st().mk; // an outer key tells when this one was re-tagged (mlx5::stale)
-#endif
-    } else {
-      r.segments = st().segs;
-      r.nsegments = st().nsegs;
-      if (st().all_mw_bind) r.access |= access::mw_bind;
-    }
-    return r;
-  }
+  operator region_ref() const noexcept; // NOLINT: implicit on purpose ({key, off, len})
 
   /// Configure the key with layout `l` and rights `acc`, as operations of `batch` (opened on
   /// `qp`; they take effect when it is submitted, in order with what follows on that QP).
@@ -641,27 +605,7 @@ private:
     static constexpr const char *object = "IndirectKey";
     static constexpr const char *verb = "ibv_dealloc_mw / mlx5dv_destroy_mkey";
     static constexpr std::size_t parents = 2; // PD, software: the QP the windows were bound through
-    static int destroy(native *s) noexcept {
-#if RDMAXX_HAVE_MLX5
-      // Never under a posted UMR or local invalidate: destroy() refuses before, the destructor
-      // and move assignment defer on a counted queue (orphan_pending) and reach here once the
-      // queue settled the operation; on a QP not counted the mkey, the state and the layout's
-      // links are kept (reported, EBUSY) and only the QP is let go (see the class comment).
-      if (s->mkey && s->mk.pending() && !s->mk.qp_settled) {
-        mlx5::abandon_key(s->mk);
-        return EBUSY;
-      }
-#endif
-      if (const int rc = s->destroy_all()) return rc;
-#if RDMAXX_HAVE_MLX5
-      if (s->mkey) {
-        if (const int rc = s->destroy_mkey(s->mkey)) return rc;
-        s->mkey = nullptr;
-      }
-#endif
-      delete s;
-      return 0;
-    }
+    static int destroy(native *s) noexcept; // impl/indirect_key.ipp
   };
   friend struct detail::test_access;
   IndirectKey(detail::ikey_state *s, const ProtectionDomain &pd, detail::parent_node *own = nullptr) noexcept
@@ -1131,3 +1075,5 @@ inline result<void> IndirectKey::bind_windows(SendBatch &batch, QueuePair &qp, a
 }
 
 } // namespace rdmaxx
+
+#include "impl/indirect_key.ipp"
