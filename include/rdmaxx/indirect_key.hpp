@@ -223,6 +223,9 @@ struct ikey_mlx5_verbs {
   mlx5::destroy_mkey_verb destroy_mkey = &::mlx5dv_destroy_mkey; ///< mlx5dv_destroy_mkey
 #endif
 };
+
+// IndirectKey's destroy function (impl/indirect_key.ipp): its windows or its mkey, then the state.
+inline int destroy_ikey(ikey_state *s) noexcept;
 } // namespace detail
 
 /// An indirect key (user-mode memory registration): one zero-based address space over several
@@ -600,13 +603,9 @@ public:
   }
 
 private:
-  struct traits {
-    using native = detail::ikey_state;
-    static constexpr const char *object = "IndirectKey";
-    static constexpr const char *verb = "ibv_dealloc_mw / mlx5dv_destroy_mkey";
-    static constexpr std::size_t parents = 2; // PD, software: the QP the windows were bound through
-    static int destroy(native *s) noexcept; // impl/indirect_key.ipp
-  };
+  // Two parents: the PD and, software, the QP the windows were bound through.
+  using traits = detail::deleter<detail::ikey_state, detail::destroy_ikey, "IndirectKey",
+                                 "ibv_dealloc_mw / mlx5dv_destroy_mkey", 2>;
   friend struct detail::test_access;
   IndirectKey(detail::ikey_state *s, const ProtectionDomain &pd, detail::parent_node *own = nullptr) noexcept
       : h_(s, detail::handle_access::node(pd), own) {}

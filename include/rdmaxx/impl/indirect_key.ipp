@@ -43,7 +43,7 @@ inline IndirectKey::operator region_ref() const noexcept {
   return r;
 }
 
-inline int IndirectKey::traits::destroy(native *s) noexcept {
+inline int detail::destroy_ikey(ikey_state *s) noexcept {
 #if RDMAXX_HAVE_MLX5
   // Never under a posted UMR or local invalidate: destroy() refuses before, the destructor
   // and move assignment defer on a counted queue (orphan_pending) and reach here once the
