@@ -79,10 +79,11 @@ class Run:
         self.records.append(r)
         return r
 
-    def append(self, path=None):
-        """Append this run's records (commit and load after the run filled in now)."""
+    def append(self, path=None, at=None):
+        """Append this run's records (commit and load after the run filled in now). `at`: the
+        commit measured, when that is not HEAD at the end (a run that cloned HEAD at its start)."""
         path = path or PATH
-        head, after = commit(), loadavg()
+        head, after = at or commit(), loadavg()
         for r in self.records:
             r["commit"] = r["recorded_in"] = head
             r["host"]["load_after"] = after
