@@ -6,6 +6,7 @@
 /// Allocation: none, except message() (a std::string).
 #pragma once
 
+#include "detail/atomic.hpp"
 #include "error.hpp"
 
 #include <rdma/rdma_cma.h>
@@ -14,7 +15,6 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
-#include "detail/atomic.hpp"
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>

@@ -10,6 +10,7 @@
 /// objects allocate.
 #pragma once
 
+#include "detail/atomic.hpp"
 #include "detail/handle.hpp"
 #include "error.hpp"
 
@@ -21,7 +22,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <array>
-#include "detail/atomic.hpp"
 #include <cstdio>
 #include <cstdlib>
 #include <poll.h>

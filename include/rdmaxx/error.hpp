@@ -15,10 +15,11 @@
 /// Allocation: nothing here allocates, except the categories' message() (a std::string).
 #pragma once
 
+#include "detail/atomic.hpp"
+
 #include <boost/outcome/std_result.hpp>
 #include <infiniband/verbs.h>
 
-#include "detail/atomic.hpp"
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>

@@ -60,6 +60,7 @@
 #pragma once
 
 #include "access.hpp"
+#include "detail/atomic.hpp"
 #include "detail/counted.hpp"
 #include "detail/grant_slot.hpp"
 #include "detail/handle.hpp"
@@ -73,7 +74,6 @@
 
 #include <algorithm>
 #include <array>
-#include "detail/atomic.hpp"
 #include <cstddef>
 #include <cstdint>
 #include "detail/owned_array.hpp"

@@ -10,6 +10,7 @@
 /// Allocation: none; every member is inline and noexcept.
 #pragma once
 
+#include "detail/atomic.hpp"
 #include "detail/flags.hpp"
 #include "detail/handle.hpp"
 #include "detail/sq_credit.hpp"
@@ -18,7 +19,6 @@
 
 #include <infiniband/verbs.h>
 
-#include "detail/atomic.hpp"
 #include <cstddef>
 #include <cstdint>
 #include <span>

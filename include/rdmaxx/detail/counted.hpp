@@ -12,6 +12,7 @@
 #pragma once
 
 #include "atomic.hpp"
+
 #include <cstdint>
 #include <type_traits>
 #include <utility>

@@ -21,10 +21,10 @@
 /// destroys the parent. Nothing is leaked, nothing is silent.
 #pragma once
 
-#include "../error.hpp"
-#include "counted.hpp"
-
 #include "atomic.hpp"
+#include "counted.hpp"
+#include "../error.hpp"
+
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>

@@ -10,10 +10,10 @@
 /// reused, hands them out round-robin for the same reason).
 #pragma once
 
+#include "atomic.hpp"
 #include "../error.hpp"
 #include "../work_request.hpp"
 
-#include "atomic.hpp"
 #include <cstdint>
 #include <system_error>
 

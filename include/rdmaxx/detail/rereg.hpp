@@ -5,11 +5,11 @@
 /// Allocation: none.
 #pragma once
 
+#include "atomic.hpp"
 #include "../error.hpp"
 
 #include <infiniband/verbs.h>
 
-#include "atomic.hpp"
 #include <cerrno>
 #include <cstddef>
 

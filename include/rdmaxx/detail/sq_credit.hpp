@@ -49,11 +49,11 @@
 /// atomic); to_reset must not run while another thread posts or retires.
 #pragma once
 
+#include "atomic.hpp"
 #include "handle.hpp"
 
 #include <infiniband/verbs.h>
 
-#include "atomic.hpp"
 #include <cerrno>
 #include <cstdint>
 #include <new>

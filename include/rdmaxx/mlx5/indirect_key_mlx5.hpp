@@ -58,10 +58,11 @@
 #if RDMAXX_HAVE_MLX5
 
 #include "../access.hpp"
-#include "../error.hpp"
-#include "../layout.hpp"
+#include "../detail/atomic.hpp"
 #include "../detail/handle.hpp"
 #include "../detail/sq_credit.hpp"
+#include "../error.hpp"
+#include "../layout.hpp"
 #include "../queue_pair.hpp"
 #include "umr_qp.hpp"
 
@@ -69,7 +70,6 @@
 #include <infiniband/verbs.h>
 
 #include <algorithm>
-#include "../detail/atomic.hpp"
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
