@@ -72,11 +72,11 @@
 #include "queue_pair.hpp"
 #include "remote_descriptor.hpp"
 
-#include <algorithm>
+#include "detail/owned_array.hpp"
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include "detail/owned_array.hpp"
 #include <new>
 #include <optional>
 #include <span>
@@ -205,13 +205,44 @@ public:
     while (n_ != 0) pop_back();
   }
   void erase(T *at) noexcept {
-    std::move(at + 1, end(), at);
+    for (T *p = at; p + 1 != end(); ++p) *p = std::move(p[1]);
     pop_back();
   }
   void insert(T *at, T v) noexcept {
-    std::move_backward(at, end(), end() + 1);
+    for (T *p = end(); p != at; --p) *p = std::move(p[-1]);
     *at = std::move(v);
     ++n_;
+  }
+  // The first element not less than v (elements sorted by <). Loops of our own instead of
+  // <algorithm>'s, which cost every TU that includes the pool more than the pool's own code.
+  [[nodiscard]] T *lower_bound(const T &v) const noexcept {
+    T *lo = begin();
+    for (std::size_t n = n_; n != 0;) {
+      const std::size_t half = n / 2;
+      if (lo[half] < v) {
+        lo += half + 1;
+        n -= half + 1;
+      } else {
+        n = half;
+      }
+    }
+    return lo;
+  }
+  // Sort by < (heapsort: O(n log n), no allocation).
+  void sort() noexcept {
+    T *a = begin();
+    const auto sift = [a](std::size_t i, std::size_t n) noexcept {
+      for (std::size_t c; (c = 2 * i + 1) < n; i = c) {
+        if (c + 1 < n && a[c] < a[c + 1]) ++c;
+        if (!(a[i] < a[c])) return;
+        std::swap(a[i], a[c]);
+      }
+    };
+    for (std::size_t i = n_ / 2; i-- > 0;) sift(i, n_);
+    for (std::size_t n = n_; n > 1; --n) {
+      std::swap(a[0], a[n - 1]);
+      sift(0, n - 1);
+    }
   }
   // Destroy the elements and the storage.
   void destroy_all() noexcept {
@@ -312,20 +343,20 @@ struct grant_pool_state {
     index.clear();
     for (std::uint32_t s = 0; s < slots.size(); ++s)
       if (slots[s].window) index.push_back({slots[s].window.native_handle()->rkey >> 8, s});
-    std::sort(index.begin(), index.end());
+    index.sort();
   }
   void reindex(std::uint32_t old_key, std::uint32_t s) noexcept {
-    const auto old = std::lower_bound(index.begin(), index.end(), std::pair{old_key >> 8, s});
+    const auto old = index.lower_bound(std::pair{old_key >> 8, s});
     if (old != index.end() && old->second == s) index.erase(old);
     add_to_index(s);
   }
   void add_to_index(std::uint32_t s) noexcept {
     if (!slots[s].window) return;
     const std::pair e{slots[s].window.native_handle()->rkey >> 8, s};
-    index.insert(std::lower_bound(index.begin(), index.end(), e), e); // capacity: slots.size()
+    index.insert(index.lower_bound(e), e); // capacity: slots.size()
   }
   [[nodiscard]] const grant_slot *find_key(std::uint32_t rkey) const noexcept {
-    const auto it = std::lower_bound(index.begin(), index.end(), std::pair{rkey >> 8, 0u});
+    const auto it = index.lower_bound(std::pair{rkey >> 8, 0u});
     if (it == index.end() || it->first != (rkey >> 8)) return nullptr;
     return &slots[it->second];
   }

@@ -99,7 +99,6 @@
 
 #include <infiniband/verbs.h>
 
-#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -808,7 +807,7 @@ inline result<void> IndirectKey::configure(SendBatch &batch, QueuePair &qp, cons
     if (!detail::batch_access::on_qp(batch)) return make_error_code(errc::wrong_state);
     RDMAXX_TRYV(mlx5::configure_key(s.mk, qp.mlx5_send_ops(), batch.native_handle(), s.pd, w, l,
                                     acc, umr_limits_for(qp), s.to_dv));
-    s.depth = std::uint8_t(std::min<std::uint32_t>(l.depth(), 255)); // validated against max_indirection
+    s.depth = std::uint8_t(l.depth() < 255 ? l.depth() : 255); // validated against max_indirection
     s.length = l.total_length();
     s.access = acc;
     s.configured = s.mk.live();

@@ -6,7 +6,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace rdmaxx;
@@ -150,4 +152,42 @@ TEST_CASE("GrantPool: a null pool and a null lease answer null_handle and hold n
   CHECK_FALSE(p.owns(wc[0]));
   GrantPool q(std::move(p));
   CHECK_FALSE(q);
+}
+
+// The pool's key index (detail::fixed_vector sorted by our own heapsort and searched by our own
+// lower_bound, not <algorithm>'s): against std::sort and std::lower_bound on the same data.
+TEST_CASE("GrantPool's key index: sort, lower_bound, insert and erase agree with the standard ones",
+          "[unit][grant-pool]") {
+  using entry = std::pair<std::uint32_t, std::uint32_t>;
+  for (std::size_t n : {0u, 1u, 2u, 3u, 7u, 64u, 1000u}) {
+    detail::fixed_vector<entry> v;
+    REQUIRE(v.allocate(n + 1, false));
+    std::vector<entry> ref;
+    std::uint32_t x = 12345;
+    for (std::size_t i = 0; i < n; ++i) {
+      x = x * 1103515245u + 12345u;
+      const entry e{(x >> 8) % 97, std::uint32_t(i)}; // repeated keys, distinct slots
+      v.push_back(e);
+      ref.push_back(e);
+    }
+    v.sort();
+    std::sort(ref.begin(), ref.end());
+    REQUIRE(std::equal(v.begin(), v.end(), ref.begin(), ref.end()));
+    for (std::uint32_t k = 0; k < 100; ++k) {
+      const entry probe{k, 0};
+      CHECK(v.lower_bound(probe) - v.begin() == std::lower_bound(ref.begin(), ref.end(), probe) - ref.begin());
+    }
+    const entry e{50, 7777};
+    v.insert(v.lower_bound(e), e);
+    ref.insert(std::lower_bound(ref.begin(), ref.end(), e), e);
+    REQUIRE(std::equal(v.begin(), v.end(), ref.begin(), ref.end()));
+    v.erase(v.begin());
+    ref.erase(ref.begin());
+    REQUIRE(std::equal(v.begin(), v.end(), ref.begin(), ref.end()));
+    if (!ref.empty()) {
+      v.erase(v.end() - 1);
+      ref.pop_back();
+      REQUIRE(std::equal(v.begin(), v.end(), ref.begin(), ref.end()));
+    }
+  }
 }

@@ -69,7 +69,6 @@
 #include <infiniband/mlx5dv.h>
 #include <infiniband/verbs.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -111,8 +110,12 @@ struct umr_limits {
   const std::uint32_t fit = inline_list_capacity(u.max_inline_data);
   const std::uint32_t cap = std::uint32_t(layout::capacity);
   layout_limits l;
-  l.max_entries = std::min({fit, u.mkey_max_entries, cap});
-  l.max_repeat_entries = std::min({fit > 0 ? fit - 1 : 0, u.mkey_max_entries > 0 ? u.mkey_max_entries - 1 : 0, cap});
+  const auto min3 = [](std::uint32_t a, std::uint32_t b, std::uint32_t c) {
+    const std::uint32_t ab = a < b ? a : b;
+    return ab < c ? ab : c;
+  };
+  l.max_entries = min3(fit, u.mkey_max_entries, cap);
+  l.max_repeat_entries = min3(fit > 0 ? fit - 1 : 0, u.mkey_max_entries > 0 ? u.mkey_max_entries - 1 : 0, cap);
   l.max_segments = UINT32_MAX; // the device resolves the layout: nothing is flattened
   l.interleave_16bit = true;
   l.nested_hardware_only = true;
