@@ -1,8 +1,8 @@
 /// \file
 /// rdmaxx/error.hpp: the error model of rdmaxx.
 ///
-/// Every fallible call returns result<T> (Boost.Outcome's std_result over std::error_code,
-/// [[nodiscard]] by construction). Codes come from five places:
+/// Every fallible call returns result<T> (result.hpp: a T or a std::error_code, [[nodiscard]]).
+/// Codes come from five places:
 ///   - errno from a verb: generic_category, built by errno_code() / last_errno();
 ///   - what rdmaxx itself detects: rdmaxx::errc in rdmaxx::error_category();
 ///   - a failed work completion: ibv_wc_status in rdmaxx::wc_category();
@@ -16,8 +16,8 @@
 #pragma once
 
 #include "detail/atomic.hpp"
+#include "result.hpp"
 
-#include <boost/outcome/std_result.hpp>
 #include <infiniband/verbs.h>
 
 #include <cerrno>
@@ -30,29 +30,6 @@
 #include <utility>
 
 namespace rdmaxx {
-
-/// Boost.Outcome (header-only), on which result is built.
-namespace outcome = BOOST_OUTCOME_V2_NAMESPACE;
-
-namespace detail {
-#if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
-// .value() on a failed result throws std::system_error (Outcome's default): the caller's choice.
-template <class T>
-using result_policy = outcome::policy::default_policy<T, std::error_code, void>;
-#else
-// Without exceptions, .value() on a failed result terminates; no boost::throw_exception needed.
-template <class T>
-using result_policy = outcome::policy::terminate;
-#endif
-} // namespace detail
-
-/// The result of every fallible rdmaxx call: a T or a std::error_code. [[nodiscard]].
-/// rdmaxx itself never calls .value() on a failed result: it throws nothing.
-template <class T>
-using result = outcome::std_result<T, std::error_code, detail::result_policy<T>>;
-
-/// success(): what a function returning result<void> returns when it succeeds.
-using outcome::success;
 
 // Propagate a failure from a function that itself returns a result. Our own macros, because
 // BOOST_OUTCOME_TRY changed meaning between Boost 1.74 and 1.76.
