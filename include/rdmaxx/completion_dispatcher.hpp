@@ -33,6 +33,7 @@
 #include "completion_queue.hpp"
 #include "detail/counted.hpp"
 #include "detail/completion_targets.hpp"
+#include "detail/owned_array.hpp"
 #include "error.hpp"
 #include "grant_pool.hpp"
 #include "indirect_key.hpp"
@@ -46,7 +47,6 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include "detail/owned_array.hpp"
 #include <new>
 #include <span>
 #include <utility>

@@ -29,6 +29,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <initializer_list>
 #include <span>
 #include <string>
@@ -44,11 +45,10 @@ class layout_category_impl final : public std::error_category {
 public:
   const char *name() const noexcept override { return "rdmaxx.layout"; }
   std::string message(int v) const override {
-    std::string m = "layout";
-    if (const int e = (v >> 8) & 0x7fffff) {
-      m += " entry ";
-      m += std::to_string(e - 1);
-    }
+    // snprintf, not std::to_string: to_string's templates cost every TU that includes this.
+    char head[32] = "layout";
+    if (const int e = (v >> 8) & 0x7fffff) std::snprintf(head, sizeof head, "layout entry %d", e - 1);
+    std::string m = head;
     m += ": ";
     m += rdmaxx::error_category().message(v & 0xff);
     return m;

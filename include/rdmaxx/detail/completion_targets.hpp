@@ -11,12 +11,12 @@
 #pragma once
 
 #include "../error.hpp"
+#include "owned_array.hpp"
 
 #include <infiniband/verbs.h>
 
 #include <concepts>
 #include <cstddef>
-#include "owned_array.hpp"
 #include <new>
 #include <span>
 #include <system_error>

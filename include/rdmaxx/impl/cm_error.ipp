@@ -41,8 +41,10 @@ inline std::string detail::cm_category_impl::message(int v) const {
   m += cm_event_step(ev - 1);
   m += ::rdma_event_str(static_cast<rdma_cm_event_type>(ev - 1));
   if (ev - 1 == RDMA_CM_EVENT_REJECTED) {
+    char n[16];
+    std::snprintf(n, sizeof n, "%d", st);
     m += " (reject reason ";
-    m += std::to_string(st);
+    m += n;
     m += ": ";
     m += cm_reject_reason_name(st);
     m += ")";

@@ -35,12 +35,16 @@ inline std::string detail::descriptor_category_impl::message(int v) const {
   std::string m = "descriptor: ";
   if (reason == 1) {
     const auto want = std::uint8_t((v >> 8) & 0xff), got = std::uint8_t((v >> 16) & 0xff);
-    m += "a descriptor of kind " + std::to_string(got) + " (" + descriptor_kind_name(got) +
-         ") where kind " + std::to_string(want) + " (" + descriptor_kind_name(want) +
-         ") was expected";
+    // snprintf, not std::to_string and string +: their templates cost every TU.
+    char b[160];
+    std::snprintf(b, sizeof b, "a descriptor of kind %d (%s) where kind %d (%s) was expected", int(got),
+                  descriptor_kind_name(got), int(want), descriptor_kind_name(want));
+    m += b;
   } else if (reason == 2) {
-    m += std::to_string((v >> 8) & 0xffff) +
-         " byte(s) after the descriptor: decode exactly descriptor_header::peek(in).total_size() "
+    char b[24];
+    std::snprintf(b, sizeof b, "%d", (v >> 8) & 0xffff);
+    m += b;
+    m += " byte(s) after the descriptor: decode exactly descriptor_header::peek(in).total_size() "
          "bytes (rdma_cm private data is padded with zeros)";
   } else {
     m += rdmaxx::error_category().message(e);
