@@ -43,11 +43,21 @@ namespace detail {
 #endif
 }
 
-// An enum that makes an error_code by ADL (std::errc, rdmaxx::errc, ibv_wc_status's wrappers...).
+// The traits below are the compilers' builtins (what <type_traits> is made of on g++ and clang)
+// and concepts, not std traits: every return statement of every rdmaxx function picks a
+// constructor here, and the std traits' helper classes, instantiated per type pair, cost every
+// translation unit more than result itself.
+
+// An enum that makes an error_code by ADL (std::errc, rdmaxx::errc, ...).
 template <class E>
-concept error_code_enum = std::is_enum_v<E> && requires(E e) {
-  requires std::is_same_v<decltype(make_error_code(e)), std::error_code>;
+concept error_code_enum = __is_enum(E) && requires(E e) {
+  requires __is_same(decltype(make_error_code(e)), std::error_code);
 };
+// Implicit conversion of a U&& to T (std::is_convertible, as a concept).
+template <class T>
+void result_accepts(T) noexcept;
+template <class U, class T>
+concept converts_to = requires(U &&u) { result_accepts<T>(static_cast<U &&>(u)); };
 
 // Trivially copyable: trivial copies, moves and destructor. The compiler's builtin (what
 // std::is_trivially_copyable is made of on g++ and clang) rather than five std traits: each
@@ -64,7 +74,7 @@ template <class T, bool = result_trivial<T>>
 class result_storage {
 protected:
   template <class... A>
-  constexpr explicit result_storage(value_tag, A &&...a) noexcept(std::is_nothrow_constructible_v<T, A &&...>)
+  constexpr explicit result_storage(value_tag, A &&...a) noexcept(__is_nothrow_constructible(T, A &&...))
       : v_(std::forward<A>(a)...), ok_(true) {}
   constexpr result_storage(error_tag, const std::error_code &e) noexcept : e_(e), ok_(false) {}
   union {
@@ -78,24 +88,24 @@ template <class T>
 class result_storage<T, false> {
 protected:
   template <class... A>
-  explicit result_storage(value_tag, A &&...a) noexcept(std::is_nothrow_constructible_v<T, A &&...>)
+  explicit result_storage(value_tag, A &&...a) noexcept(__is_nothrow_constructible(T, A &&...))
       : v_(std::forward<A>(a)...), ok_(true) {}
   result_storage(error_tag, const std::error_code &e) noexcept : e_(e), ok_(false) {}
 
 public:
-  result_storage(const result_storage &o) noexcept(std::is_nothrow_copy_constructible_v<T>)
-    requires std::is_copy_constructible_v<T>
+  result_storage(const result_storage &o) noexcept(__is_nothrow_constructible(T, const T &))
+    requires __is_constructible(T, const T &)
       : ok_(o.ok_) {
     if (ok_) ::new (static_cast<void *>(&v_)) T(o.v_);
     else ::new (static_cast<void *>(&e_)) std::error_code(o.e_);
   }
-  result_storage(result_storage &&o) noexcept(std::is_nothrow_move_constructible_v<T>) : ok_(o.ok_) {
+  result_storage(result_storage &&o) noexcept(__is_nothrow_constructible(T, T &&)) : ok_(o.ok_) {
     if (ok_) ::new (static_cast<void *>(&v_)) T(std::move(o.v_));
     else ::new (static_cast<void *>(&e_)) std::error_code(o.e_);
   }
-  result_storage &operator=(const result_storage &o) noexcept(std::is_nothrow_copy_constructible_v<T> &&
-                                                              std::is_nothrow_copy_assignable_v<T>)
-    requires std::is_copy_constructible_v<T> && std::is_copy_assignable_v<T>
+  result_storage &operator=(const result_storage &o) noexcept(__is_nothrow_constructible(T, const T &) &&
+                                                              __is_nothrow_assignable(T &, const T &))
+    requires __is_constructible(T, const T &) && __is_assignable(T &, const T &)
   {
     if (ok_ && o.ok_) v_ = o.v_;
     else if (this != &o) {
@@ -106,8 +116,8 @@ public:
     }
     return *this;
   }
-  result_storage &operator=(result_storage &&o) noexcept(std::is_nothrow_move_constructible_v<T> &&
-                                                         std::is_nothrow_move_assignable_v<T>) {
+  result_storage &operator=(result_storage &&o) noexcept(__is_nothrow_constructible(T, T &&) &&
+                                                         __is_nothrow_assignable(T &, T &&)) {
     if (ok_ && o.ok_) v_ = std::move(o.v_);
     else if (this != &o) {
       clear();
@@ -136,10 +146,10 @@ template <class T>
 class [[nodiscard]] result : public detail::result_storage<T> {
   using base = detail::result_storage<T>;
   template <class U>
-  static constexpr bool value_like = !std::is_same_v<std::remove_cvref_t<U>, result> &&
-                                     !std::is_same_v<std::remove_cvref_t<U>, std::error_code> &&
+  static constexpr bool value_like = !__is_same(std::remove_cvref_t<U>, result) &&
+                                     !__is_same(std::remove_cvref_t<U>, std::error_code) &&
                                      !detail::error_code_enum<std::remove_cvref_t<U>> &&
-                                     !std::is_same_v<std::remove_cvref_t<U>, success_type>;
+                                     !__is_same(std::remove_cvref_t<U>, success_type);
 
 public:
   using value_type = T;
@@ -147,13 +157,13 @@ public:
 
   /// A value, from anything that converts to T.
   template <class U = T>
-    requires value_like<U> && std::is_convertible_v<U &&, T>
-  constexpr result(U &&v) noexcept(std::is_nothrow_constructible_v<T, U &&>)
+    requires value_like<U> && detail::converts_to<U, T>
+  constexpr result(U &&v) noexcept(__is_nothrow_constructible(T, U &&))
       : base(detail::value_tag{}, std::forward<U>(v)) {}
   /// A value constructed in place from `a`.
   template <class... A>
-    requires std::is_constructible_v<T, A &&...>
-  constexpr explicit result(std::in_place_type_t<T>, A &&...a) noexcept(std::is_nothrow_constructible_v<T, A &&...>)
+    requires __is_constructible(T, A &&...)
+  constexpr explicit result(std::in_place_type_t<T>, A &&...a) noexcept(__is_nothrow_constructible(T, A &&...))
       : base(detail::value_tag{}, std::forward<A>(a)...) {}
   /// A failure. `e` should be non-empty (an empty code is kept, and reads as a failure).
   constexpr result(const std::error_code &e) noexcept : base(detail::error_tag{}, e) {}

@@ -225,6 +225,47 @@ template <class Traits>
 
 /// Which parents a handle has, by slot. Slot 0 is the creating parent (Context, PD); the others
 /// are the further objects the C object uses while it lives.
+// handle<T>::reset() for every handle type: one function, not one instantiation per type (the
+// destruction path is not the fast path; the indirect call to `destroy` costs nothing next to the
+// verb). Destroys the object at `p` (through `destroy`), or, while children still use `node`,
+// hands that to whoever drops the node's last reference.
+inline void reset_erased(void *p, parent_node *node, child_link *links, std::size_t parents,
+                         int (*destroy)(void *) noexcept, const char *object, const char *verb,
+                         child_kind kind, after_destroy after, bool report_deferral) noexcept {
+  if (node && node->refs.holders() != 1) {
+    // Children still use it: hand the destruction to whoever drops the last reference (it may
+    // be this thread, if the last child went in the meantime). The node is not touched after
+    // this thread's decrement.
+    node->native = p;
+    node->destroy = destroy;
+    node->object = object;
+    node->verb = verb;
+    node->after = after;
+    node->kind = kind;
+    for (std::size_t i = 0; i < parents; ++i) node->parents[i] = links[i].transfer();
+    // The kinds are read while this handle's reference keeps the node alive.
+    destroy_failure f{object, verb, make_error_code(errc::busy), 0, {}};
+    for (std::size_t k = 0; k < child_kind_count; ++k)
+      f.children[k] = node->kinds[k].load(detail::order::relaxed);
+    const std::uint32_t left = node->refs.drop();
+    if (left == 0) {
+      finish_orphan(node);
+    } else {
+      f.live_children = left;
+      if (report_deferral) report_destroy_failure(f);
+    }
+    return;
+  }
+  delete node;
+  if (const int rc = destroy(p); rc != 0) {
+    report_destroy_failure({object, verb, errno_code(rc), 0, {}});
+    for (std::size_t i = 0; i < parents; ++i) links[i].keep(); // still alive in its parents
+  } else {
+    for (std::size_t i = 0; i < parents; ++i) links[i].drop();
+    after.run();
+  }
+}
+
 enum class parent_slot : std::size_t { primary = 0, second = 1, third = 2 };
 
 /// One owned C object of type Traits::native, destroyed through Traits::destroy (a compile-time
@@ -339,41 +380,9 @@ public:
   /// A deferral is reported (destroy-failure hook) unless `report_deferral` is false (by
   /// default: reports_deferral, from the Traits).
   void reset(after_destroy after = {}, bool report_deferral = reports_deferral) noexcept {
-    native *p = p_.release();
-    if (!p) return;
-    parent_node *node = node_.release();
-    if (node && node->refs.holders() != 1) {
-      // Children still use it: hand the destruction to whoever drops the last reference (it may
-      // be this thread, if the last child went in the meantime). The node is not touched after
-      // this thread's decrement.
-      node->native = p;
-      node->destroy = &destroy_erased;
-      node->object = Traits::object;
-      node->verb = Traits::verb;
-      node->after = after;
-      node->kind = kind;
-      for (std::size_t i = 0; i < parents; ++i) node->parents[i] = links_[i].transfer();
-      // The kinds are read while this handle's reference keeps the node alive.
-      destroy_failure f{Traits::object, Traits::verb, make_error_code(errc::busy), 0, {}};
-      for (std::size_t k = 0; k < child_kind_count; ++k)
-        f.children[k] = node->kinds[k].load(detail::order::relaxed);
-      const std::uint32_t left = node->refs.drop();
-      if (left == 0) {
-        finish_orphan(node);
-      } else {
-        f.live_children = left;
-        if (report_deferral) report_destroy_failure(f);
-      }
-      return;
-    }
-    delete node;
-    if (const int rc = Traits::destroy(p); rc != 0) {
-      report_destroy_failure({Traits::object, Traits::verb, errno_code(rc), 0, {}});
-      for (auto &l : links_) l.keep(); // the object is still alive in its parents
-    } else {
-      drop_links();
-      after.run();
-    }
+    if (native *p = p_.release())
+      reset_erased(p, node_.release(), links_, parents, &destroy_erased, Traits::object, Traits::verb, kind,
+                   after, report_deferral);
   }
 
   void swap(handle &o) noexcept {
