@@ -221,27 +221,21 @@ public:
 
   /// A list layout. More than `capacity` entries is remembered and reported by validate().
   [[nodiscard]] static layout list(std::span<const layout_entry> entries) noexcept {
-    layout l;
-    for (const auto &e : entries) l.add(e);
-    return l;
+    return list_of(entries.data(), entries.size());
   }
   /// A list layout from a braced list of entries (as the span form).
   [[nodiscard]] static layout list(std::initializer_list<layout_entry> entries) noexcept {
-    return list(std::span<const layout_entry>(entries.begin(), entries.size()));
+    return list_of(entries.begin(), entries.size());
   }
   /// A repeat layout: `repeat_count` repetitions of the block `entries`.
   [[nodiscard]] static layout repeat(std::uint32_t repeat_count,
                                      std::span<const repeat_entry> entries) noexcept {
-    layout l;
-    l.kind_ = kind::repeat;
-    l.repeat_ = repeat_count;
-    for (const auto &e : entries) l.add(e);
-    return l;
+    return repeat_of(repeat_count, entries.data(), entries.size());
   }
   /// A repeat layout from a braced list of block entries (as the span form).
   [[nodiscard]] static layout repeat(std::uint32_t repeat_count,
                                      std::initializer_list<repeat_entry> entries) noexcept {
-    return repeat(repeat_count, std::span<const repeat_entry>(entries.begin(), entries.size()));
+    return repeat_of(repeat_count, entries.begin(), entries.size());
   }
 
   /// Append a list entry.
@@ -341,6 +335,20 @@ public:
   [[nodiscard]] result<std::size_t> expand(std::span<key_segment> out) const noexcept;
 
 private:
+  // list() and repeat() by pointer and count: constructing a std::span of a new element type
+  // costs every TU that includes this header (libstdc++'s contiguous_iterator check).
+  [[nodiscard]] static layout list_of(const layout_entry *e, std::size_t n) noexcept {
+    layout l;
+    for (std::size_t i = 0; i < n; ++i) l.add(e[i]);
+    return l;
+  }
+  [[nodiscard]] static layout repeat_of(std::uint32_t repeat_count, const repeat_entry *e, std::size_t n) noexcept {
+    layout l;
+    l.kind_ = kind::repeat;
+    l.repeat_ = repeat_count;
+    for (std::size_t i = 0; i < n; ++i) l.add(e[i]);
+    return l;
+  }
   layout &fail(errc e) noexcept {
     if (error_ == errc{}) {
       error_ = e;

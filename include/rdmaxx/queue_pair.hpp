@@ -285,22 +285,13 @@ public:
   ///   state).
   /// \mallocs None.
   result<void> post_recv(std::uint64_t wr_id, std::span<const ibv_sge> sges) noexcept {
-    if (!h_) [[unlikely]] return make_error_code(errc::null_handle);
-    ibv_recv_wr w{};
-    w.wr_id = wr_id;
-    w.sg_list = const_cast<ibv_sge *>(sges.data());
-    w.num_sge = int(sges.size());
-    ibv_recv_wr *bad = nullptr;
-    if (const int rc = ::ibv_post_recv(h_.get(), &w, &bad)) [[unlikely]] return errno_code(rc);
-    return success();
+    return post_recv(wr_id, sges.data(), sges.size());
   }
   /// ibv_post_recv of one receive with a single SGE.
   /// \errors
   /// - those of post_recv() with SGEs.
   /// \mallocs None.
-  result<void> post_recv(std::uint64_t wr_id, const ibv_sge &sge) noexcept {
-    return post_recv(wr_id, std::span<const ibv_sge>(&sge, 1));
-  }
+  result<void> post_recv(std::uint64_t wr_id, const ibv_sge &sge) noexcept { return post_recv(wr_id, &sge, 1); }
 
   // ---- connection ----
 
@@ -399,6 +390,20 @@ public:
   [[nodiscard]] std::uint32_t live_children() const noexcept { return h_.live_children(); }
 
 private:
+  // Both post_recv forms, by pointer and count: constructing a std::span of a new element type
+  // costs every TU that includes this header (libstdc++'s contiguous_iterator check).
+  // fast path
+  result<void> post_recv(std::uint64_t wr_id, const ibv_sge *sges, std::size_t n) noexcept {
+    if (!h_) [[unlikely]] return make_error_code(errc::null_handle);
+    ibv_recv_wr w{};
+    w.wr_id = wr_id;
+    w.sg_list = const_cast<ibv_sge *>(sges);
+    w.num_sge = int(n);
+    ibv_recv_wr *bad = nullptr;
+    if (const int rc = ::ibv_post_recv(h_.get(), &w, &bad)) [[unlikely]] return errno_code(rc);
+    return success();
+  }
+
   // The one construction path of every QueuePair: checks, the child node, the CQ links, the
   // granted caps. `create(ctx, attr)` is the creation verb (ibv_create_qp_ex, or
   // mlx5dv_create_qp for mlx5::create_umr_qp); `mlx5_ops` records the mlx5dv send operations it
