@@ -51,7 +51,7 @@ struct endpoint {
   /// The 36-byte encoding (layout above). Never fails.
   [[nodiscard]] std::array<std::byte, encoded_size> encode() const noexcept {
     std::array<std::byte, encoded_size> out{};
-    detail::wire_writer w(out);
+    detail::wire_writer w(out.data(), out.size());
     descriptor_header{descriptor_version, std::uint8_t(descriptor_kind::endpoint), body_size}.write(w);
     w.u32(qpn);
     w.u32(psn);

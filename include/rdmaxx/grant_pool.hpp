@@ -124,7 +124,7 @@ struct grant_offer {
   /// The 12-byte encoding. Never fails.
   [[nodiscard]] std::array<std::byte, encoded_size> encode() const noexcept {
     std::array<std::byte, encoded_size> out{};
-    detail::wire_writer w(out);
+    detail::wire_writer w(out.data(), out.size());
     descriptor_header{descriptor_version, std::uint8_t(descriptor_kind::grant_offer), 4}.write(w);
     w.u8(remote_invalidate ? 1 : 0);
     w.u8(0);
@@ -145,7 +145,7 @@ struct grant_offer {
     if (h.kind != std::uint8_t(descriptor_kind::grant_offer))
       return descriptor_kind_error(std::uint8_t(descriptor_kind::grant_offer), h.kind);
     if (h.body_length != 4 || in.size() < encoded_size) return make_error_code(errc::malformed_input);
-    detail::wire_reader r(in.subspan(descriptor_header::size, 4));
+    detail::wire_reader r(in.data() + descriptor_header::size, 4); // in.size() >= encoded_size
     const std::uint8_t fl = r.u8();
     const std::uint8_t r1 = r.u8();
     const std::uint16_t r2 = r.u16();

@@ -104,6 +104,7 @@
 #include <cstdint>
 #include <new>
 #include <span>
+#include <utility>
 
 struct mlx5dv_mkey;
 
@@ -937,10 +938,12 @@ inline result<ikey_descriptor> IndirectKey::descriptor() const noexcept {
   if (s.mkey) {
     if (s.length > UINT32_MAX) return make_error_code(errc::out_of_range);
     rs[0] = {0, std::uint32_t(s.length), mkey_rkey()};
-    return ikey_descriptor::make(std::span<const remote_segment>(rs.data(), 1), rights);
+    return ikey_descriptor::make(std::span<const remote_segment>(std::as_const(rs).data(), 1), rights);
   }
   for (std::uint32_t i = 0; i < s.nsegs; ++i) rs[i] = {s.segs[i].addr, s.segs[i].length, s.segs[i].rkey};
-  return ikey_descriptor::make(std::span<const remote_segment>(rs.data(), s.nsegs), rights);
+  // A const pointer, as ikey_descriptor::segments() builds its span from: one iterator type
+  // for the compiler to check (a std::span's constructor costs every TU per iterator type).
+  return ikey_descriptor::make(std::span<const remote_segment>(std::as_const(rs).data(), s.nsegs), rights);
 }
 
 inline bool IndirectKey::complete(const ibv_wc &wc) noexcept {

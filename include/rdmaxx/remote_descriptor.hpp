@@ -149,7 +149,12 @@ struct descriptor_header {
   /// - errc::wrong_version: a version other than descriptor_version.
   /// \mallocs None.
   [[nodiscard]] static result<descriptor_header> peek(std::span<const std::byte> in) noexcept {
-    detail::wire_reader r(in);
+    return peek(in.data(), in.size());
+  }
+  /// peek() of the `n` bytes at `in` (for the decoders, which reach a prefix of their input
+  /// without building a std::span of it).
+  [[nodiscard]] static result<descriptor_header> peek(const std::byte *in, std::size_t n) noexcept {
+    detail::wire_reader r(in, n);
     const std::uint32_t magic = r.u32();
     descriptor_header h;
     h.version = r.u8();
@@ -202,7 +207,7 @@ struct remote_descriptor {
   /// The 32-byte big-endian encoding (layout at the top of this header). Never fails.
   [[nodiscard]] std::array<std::byte, encoded_size> encode() const noexcept {
     std::array<std::byte, encoded_size> out{};
-    detail::wire_writer w(out);
+    detail::wire_writer w(out.data(), out.size());
     descriptor_header{descriptor_version, std::uint8_t(descriptor_kind::window), body_size}.write(w);
     w.u64(addr);
     w.u64(length);
@@ -234,7 +239,11 @@ struct remote_descriptor {
   /// - descriptor_kind_error() (wrong_type in descriptor_category()): a valid header of another
   ///   descriptor kind; the message names the kind expected and the kind found.
   /// \mallocs None.
-  [[nodiscard]] static result<remote_descriptor> decode(std::span<const std::byte> in) noexcept;
+  [[nodiscard]] static result<remote_descriptor> decode(std::span<const std::byte> in) noexcept {
+    return decode(in.data(), in.size());
+  }
+  /// decode() of the `n` bytes at `in`.
+  [[nodiscard]] static result<remote_descriptor> decode(const std::byte *in, std::size_t n) noexcept;
 
   /// Decode one window descriptor from rdma_cm private data (Connection::peer_private_data(),
   /// ConnectRequest::private_data()): rdma_cm transmits no length, so the receiver gets the bytes
@@ -251,10 +260,10 @@ struct remote_descriptor {
     for (std::size_t i = encoded_size; i < in.size(); ++i)
       if (in[i] != std::byte{0}) {
         // The descriptor's own errors first (another kind, a bad header): they say more.
-        RDMAXX_TRYV(decode(in.first(encoded_size)));
+        RDMAXX_TRYV(decode(in.data(), encoded_size));
         return make_error_code(errc::malformed_input);
       }
-    return decode(in.first(encoded_size));
+    return decode(in.data(), encoded_size);
   }
 
   /// Field-wise equality.

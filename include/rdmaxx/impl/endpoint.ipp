@@ -13,7 +13,7 @@ namespace rdmaxx {
     return descriptor_trailing_error(in.size() - encoded_size);
   if (h.body_length != body_size || in.size() != encoded_size)
     return make_error_code(errc::malformed_input);
-  detail::wire_reader r(in.subspan(descriptor_header::size));
+  auto r = detail::wire_reader::after(in, descriptor_header::size);
   endpoint e;
   e.qpn = r.u32();
   e.psn = r.u32();

@@ -9,7 +9,7 @@ namespace rdmaxx {
   if (count_ == 0) return make_error_code(errc::zero_length);
   const std::size_t n = encoded_size(count_);
   if (out.size() < n) return make_error_code(errc::buffer_too_small);
-  detail::wire_writer w(out.first(n));
+  detail::wire_writer w(out.data(), n);
   descriptor_header{descriptor_version, kind, std::uint16_t(n - descriptor_header::size)}.write(w);
   w.u8(std::uint8_t(count_));
   w.u8(0);
@@ -29,7 +29,7 @@ namespace rdmaxx {
   if (in.size() > h.total_size() && h.body_length >= 2)
     return descriptor_trailing_error(in.size() - h.total_size());
   if (in.size() != h.total_size() || h.body_length < 2) return make_error_code(errc::malformed_input);
-  detail::wire_reader r(in.subspan(descriptor_header::size));
+  auto r = detail::wire_reader::after(in, descriptor_header::size);
   const std::uint8_t count = r.u8();
   const std::uint8_t reserved = r.u8();
   if (count == 0 || count > max_grants || reserved != 0 ||

@@ -29,7 +29,7 @@ inline result<ikey_descriptor> ikey_descriptor::decode(std::span<const std::byte
   RDMAXX_TRY(h, descriptor_header::peek(in));
   if (h.kind != std::uint8_t(descriptor_kind::indirect_key))
     return descriptor_kind_error(std::uint8_t(descriptor_kind::indirect_key), h.kind);
-  detail::wire_reader r(in.subspan(descriptor_header::size));
+  auto r = detail::wire_reader::after(in, descriptor_header::size);
   const std::uint8_t bits = r.u8();
   const std::uint8_t reserved8 = r.u8();
   const std::uint16_t n = r.u16();

@@ -5,15 +5,14 @@
 
 namespace rdmaxx {
 
-[[nodiscard]] inline result<remote_descriptor> remote_descriptor::decode(std::span<const std::byte> in) noexcept {
-  RDMAXX_TRY(h, descriptor_header::peek(in));
+[[nodiscard]] inline result<remote_descriptor> remote_descriptor::decode(const std::byte *in,
+                                                                        std::size_t n) noexcept {
+  RDMAXX_TRY(h, descriptor_header::peek(in, n));
   if (h.kind != std::uint8_t(descriptor_kind::window))
     return descriptor_kind_error(std::uint8_t(descriptor_kind::window), h.kind);
-  if (h.body_length == body_size && in.size() > encoded_size)
-    return descriptor_trailing_error(in.size() - encoded_size);
-  if (h.body_length != body_size || in.size() != encoded_size)
-    return make_error_code(errc::malformed_input);
-  detail::wire_reader r(in.subspan(descriptor_header::size));
+  if (h.body_length == body_size && n > encoded_size) return descriptor_trailing_error(n - encoded_size);
+  if (h.body_length != body_size || n != encoded_size) return make_error_code(errc::malformed_input);
+  detail::wire_reader r(in + descriptor_header::size, n - descriptor_header::size); // n == encoded_size
   remote_descriptor d;
   d.addr = r.u64();
   d.length = r.u64();
