@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <array>
+#include <span>
 #include <vector>
 
 using namespace rdmaxx;
@@ -213,4 +214,32 @@ TEST_CASE("descriptor: decode_private_data takes rdma_cm's zero padding and noth
   auto padded = exact;
   padded.resize(56);
   CHECK(descriptor_errc(remote_descriptor::decode(padded).error()) == errc::malformed_input);
+}
+
+// The pointer forms (what decode_private_data uses for its prefix) answer exactly as the span
+// forms, on every prefix of a valid descriptor, on the whole, and on a corrupted copy; a null
+// pointer with no bytes is truncated input, not a crash.
+TEST_CASE("descriptor: decode and peek by pointer and size answer as the span forms", "[unit][descriptor]") {
+  const auto good = bytes_of(sample());
+  auto bad = good;
+  bad[4] = std::byte{9}; // version
+  const std::vector<std::byte> *inputs[] = {&good, &bad};
+  for (const auto *v : inputs) {
+    for (std::size_t n = 0; n <= v->size(); ++n) {
+      const std::span<const std::byte> s(v->data(), n);
+      const auto a = remote_descriptor::decode(s);
+      const auto b = remote_descriptor::decode(v->data(), n);
+      REQUIRE(a.has_value() == b.has_value());
+      if (a) CHECK(a.value() == b.value());
+      else CHECK(a.error() == b.error());
+      const auto h1 = descriptor_header::peek(s);
+      const auto h2 = descriptor_header::peek(v->data(), n);
+      REQUIRE(h1.has_value() == h2.has_value());
+      if (h1) CHECK(h1.value().total_size() == h2.value().total_size());
+      else CHECK(h1.error() == h2.error());
+    }
+  }
+  CHECK(remote_descriptor::decode(good.data(), good.size()).value() == sample());
+  CHECK(remote_descriptor::decode(nullptr, 0).error() == errc::malformed_input);
+  CHECK(descriptor_header::peek(nullptr, 0).error() == errc::malformed_input);
 }

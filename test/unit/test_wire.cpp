@@ -40,3 +40,22 @@ TEST_CASE("wire: overflow and truncation are reported, never overrun", "[unit][w
   CHECK(r.u8() == 0); // stays failed
   CHECK(r.position() == 0);
 }
+
+TEST_CASE("wire: a reader after more bytes than there are reads nothing", "[unit][wire]") {
+  const std::array<std::byte, 6> in{std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}, std::byte{5}, std::byte{6}};
+  auto r = wire_reader::after(in, 2);
+  CHECK(r.remaining() == 4);
+  CHECK(r.u32() == 0x03040506u);
+  CHECK(!r.failed());
+  auto at_end = wire_reader::after(in, 6);
+  CHECK(at_end.remaining() == 0);
+  CHECK(at_end.u8() == 0);
+  CHECK(at_end.failed());
+  auto past = wire_reader::after(in, 7); // before: subspan(7) of 6 bytes, a precondition violation
+  CHECK(past.remaining() == 0);
+  CHECK(past.u8() == 0);
+  CHECK(past.failed());
+  wire_writer w(nullptr, 0);
+  w.u8(1);
+  CHECK(w.overflow());
+}
