@@ -152,8 +152,8 @@ class [[nodiscard]] result : public detail::result_storage<T> {
                                      !__is_same(std::remove_cvref_t<U>, success_type);
 
 public:
-  using value_type = T;
-  using error_type = std::error_code;
+  using value_type = T;               ///< what a successful result holds
+  using error_type = std::error_code; ///< what a failed result holds
 
   /// A value, from anything that converts to T.
   template <class U = T>
@@ -170,8 +170,11 @@ public:
   /// A failure, from an error-code enum (std::errc, rdmaxx::errc, ...).
   template <detail::error_code_enum E>
   result(E e) noexcept : base(detail::error_tag{}, make_error_code(e)) {}
+  /// True when it holds a value.
   [[nodiscard]] constexpr explicit operator bool() const noexcept { return this->ok_; }
+  /// True when it holds a value.
   [[nodiscard]] constexpr bool has_value() const noexcept { return this->ok_; }
+  /// True when it holds an error.
   [[nodiscard]] constexpr bool has_error() const noexcept { return !this->ok_; }
   /// Outcome's name for has_error().
   [[nodiscard]] constexpr bool has_failure() const noexcept { return !this->ok_; }
@@ -181,23 +184,27 @@ public:
     if (!this->ok_) detail::result_value_of_failure(this->e_);
     return this->v_;
   }
+  /// The value; a failure throws std::system_error(error()) (without exceptions: terminates).
   constexpr const T &value() const & {
     if (!this->ok_) detail::result_value_of_failure(this->e_);
     return this->v_;
   }
+  /// The value, moved out; a failure throws std::system_error(error()) (without exceptions:
+  /// terminates).
   constexpr T &&value() && {
     if (!this->ok_) detail::result_value_of_failure(this->e_);
     return std::move(this->v_);
   }
+  /// The value; a failure throws std::system_error(error()) (without exceptions: terminates).
   constexpr const T &&value() const && {
     if (!this->ok_) detail::result_value_of_failure(this->e_);
     return std::move(this->v_);
   }
   /// The value; the result must hold one.
   constexpr T &assume_value() & noexcept { return this->v_; }
-  constexpr const T &assume_value() const & noexcept { return this->v_; }
-  constexpr T &&assume_value() && noexcept { return std::move(this->v_); }
-  constexpr const T &&assume_value() const && noexcept { return std::move(this->v_); }
+  constexpr const T &assume_value() const & noexcept { return this->v_; } ///< as assume_value() &
+  constexpr T &&assume_value() && noexcept { return std::move(this->v_); } ///< moved out
+  constexpr const T &&assume_value() const && noexcept { return std::move(this->v_); } ///< as above
 
   /// The error; empty when the result holds a value.
   [[nodiscard]] std::error_code error() const noexcept { return this->ok_ ? std::error_code() : this->e_; }
@@ -211,11 +218,12 @@ public:
 template <>
 class [[nodiscard]] result<void> {
 public:
-  using value_type = void;
-  using error_type = std::error_code;
+  using value_type = void;            ///< nothing: success carries no value
+  using error_type = std::error_code; ///< what a failed result holds
 
-  /// Success (also what success() converts to).
+  /// Success.
   result() noexcept : ok_(true) {}
+  /// Success: what success() converts to.
   result(success_type) noexcept : ok_(true) {}
   /// A failure. `e` should be non-empty (an empty code is kept, and reads as a failure).
   constexpr result(const std::error_code &e) noexcept : e_(e), ok_(false) {}
@@ -226,18 +234,20 @@ public:
   template <class U>
   explicit result(const result<U> &o) noexcept : e_(o.error()), ok_(o.has_value()) {}
 
-  [[nodiscard]] constexpr explicit operator bool() const noexcept { return ok_; }
-  [[nodiscard]] constexpr bool has_value() const noexcept { return ok_; }
-  [[nodiscard]] constexpr bool has_error() const noexcept { return !ok_; }
-  [[nodiscard]] constexpr bool has_failure() const noexcept { return !ok_; }
+  [[nodiscard]] constexpr explicit operator bool() const noexcept { return ok_; } ///< true on success
+  [[nodiscard]] constexpr bool has_value() const noexcept { return ok_; }        ///< true on success
+  [[nodiscard]] constexpr bool has_error() const noexcept { return !ok_; }       ///< true on failure
+  [[nodiscard]] constexpr bool has_failure() const noexcept { return !ok_; }     ///< as has_error()
   /// Nothing; a failure throws std::system_error(error()) (without exceptions: terminates).
   constexpr void value() const {
     if (!ok_) detail::result_value_of_failure(e_);
   }
-  constexpr void assume_value() const noexcept {}
+  constexpr void assume_value() const noexcept {} ///< nothing (Outcome's name, for generic code)
   /// The error; empty on success.
   [[nodiscard]] std::error_code error() const noexcept { return e_; }
+  /// The error; the result must hold one.
   [[nodiscard]] constexpr const std::error_code &assume_error() const noexcept { return e_; }
+  /// The error, to return from a function whose result takes an error_code (BOOST_OUTCOME_TRY).
   [[nodiscard]] std::error_code as_failure() const noexcept { return e_; }
 
 private:
