@@ -95,43 +95,41 @@ protected:
 public:
   result_storage(const result_storage &o) noexcept(__is_nothrow_constructible(T, const T &))
     requires __is_constructible(T, const T &)
-      : ok_(o.ok_) {
-    if (ok_) ::new (static_cast<void *>(&v_)) T(o.v_);
-    else ::new (static_cast<void *>(&e_)) std::error_code(o.e_);
+  {
+    construct(o);
   }
-  result_storage(result_storage &&o) noexcept(__is_nothrow_constructible(T, T &&)) : ok_(o.ok_) {
-    if (ok_) ::new (static_cast<void *>(&v_)) T(std::move(o.v_));
-    else ::new (static_cast<void *>(&e_)) std::error_code(o.e_);
-  }
+  result_storage(result_storage &&o) noexcept(__is_nothrow_constructible(T, T &&)) { construct(std::move(o)); }
   result_storage &operator=(const result_storage &o) noexcept(__is_nothrow_constructible(T, const T &) &&
                                                               __is_nothrow_assignable(T &, const T &))
     requires __is_constructible(T, const T &) && __is_assignable(T &, const T &)
   {
-    if (ok_ && o.ok_) v_ = o.v_;
-    else if (this != &o) {
-      clear();
-      if (o.ok_) ::new (static_cast<void *>(&v_)) T(o.v_);
-      else ::new (static_cast<void *>(&e_)) std::error_code(o.e_);
-      ok_ = o.ok_;
-    }
-    return *this;
+    return assign(o);
   }
   result_storage &operator=(result_storage &&o) noexcept(__is_nothrow_constructible(T, T &&) &&
                                                          __is_nothrow_assignable(T &, T &&)) {
-    if (ok_ && o.ok_) v_ = std::move(o.v_);
-    else if (this != &o) {
-      clear();
-      if (o.ok_) ::new (static_cast<void *>(&v_)) T(std::move(o.v_));
-      else ::new (static_cast<void *>(&e_)) std::error_code(o.e_);
-      ok_ = o.ok_;
-    }
-    return *this;
+    return assign(std::move(o));
   }
   ~result_storage() { clear(); }
 
 protected:
   void clear() noexcept {
     if (ok_) v_.~T();
+  }
+  // The copy and the move: S is const result_storage & or result_storage.
+  template <class S>
+  void construct(S &&o) {
+    ok_ = o.ok_;
+    if (ok_) ::new (static_cast<void *>(&v_)) T(std::forward<S>(o).v_);
+    else ::new (static_cast<void *>(&e_)) std::error_code(o.e_);
+  }
+  template <class S>
+  result_storage &assign(S &&o) {
+    if (ok_ && o.ok_) v_ = std::forward<S>(o).v_;
+    else if (this != &o) {
+      clear();
+      construct(std::forward<S>(o));
+    }
+    return *this;
   }
   union {
     T v_;
