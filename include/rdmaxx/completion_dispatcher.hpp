@@ -34,6 +34,7 @@
 #include "detail/counted.hpp"
 #include "detail/completion_targets.hpp"
 #include "detail/owned_array.hpp"
+#include "detail/span.hpp"
 #include "error.hpp"
 #include "grant_pool.hpp"
 #include "indirect_key.hpp"
@@ -164,8 +165,8 @@ public:
     if (out.empty()) return make_error_code(errc::zero_length);
     std::size_t k = unstash(out);
     if (k == out.size()) return k;
-    RDMAXX_TRY(n, cq_->poll(out.subspan(k)));
-    return k + route_in_place(out.subspan(k, n));
+    RDMAXX_TRY(n, cq_->poll(detail::span_from(out, k)));
+    return k + route_in_place(detail::span_of(out.data() + k, n));
   }
 
   /// Wait up to `timeout_ms` for at least one completion of the program's (CompletionQueue::wait:
@@ -185,7 +186,7 @@ public:
     for (;;) {
       const std::int64_t left = deadline - detail::monotonic_ms();
       RDMAXX_TRY(n, cq_->wait(out, left > 0 ? int(left) : 0));
-      if (std::size_t k = route_in_place(out.first(n))) return k;
+      if (std::size_t k = route_in_place(detail::span_of(out.data(), n))) return k;
       if (left <= 0) return make_error_code(errc::timeout);
     }
   }

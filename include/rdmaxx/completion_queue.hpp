@@ -11,6 +11,7 @@
 
 #include "detail/clock.hpp"
 #include "detail/handle.hpp"
+#include "detail/span.hpp"
 #include "device.hpp"
 #include "error.hpp"
 
@@ -206,7 +207,7 @@ public:
     RDMAXX_TRY(n, poll(out));
     if (n == out.size()) return n;
     RDMAXX_TRYV(arm(solicited_only));
-    RDMAXX_TRY(m, poll(out.subspan(n)));
+    RDMAXX_TRY(m, poll(detail::span_from(out, n)));
     return n + m;
   }
 

@@ -12,6 +12,7 @@
 
 #include "detail/atomic.hpp"
 #include "detail/handle.hpp"
+#include "detail/span.hpp"
 #include "error.hpp"
 
 #include <infiniband/verbs.h>
@@ -62,7 +63,9 @@ public:
   /// Device `i` (`i < size()`, not checked).
   [[nodiscard]] ibv_device *operator[](std::size_t i) const noexcept { return h_.get()[i]; }
   /// All devices, for range-for.
-  [[nodiscard]] std::span<ibv_device *const> devices() const noexcept { return {h_.get(), n_}; }
+  [[nodiscard]] std::span<ibv_device *const> devices() const noexcept {
+    return detail::span_of(static_cast<ibv_device *const *>(h_.get()), n_);
+  }
   /// The list as ibv_get_device_list returned it (owned by this object).
   [[nodiscard]] ibv_device **native_handle() const noexcept { return h_.get(); }
   /// The device called `name`, or nullptr.

@@ -168,10 +168,28 @@ enum class errc : int {
 };
 
 namespace detail {
+// The parts of a message, joined (empty parts add nothing). The categories build their messages
+// here from `const char *`s: a string literal appended to a std::string directly instantiates
+// libstdc++'s string_view-conversion checks once per literal length, in every TU.
+[[nodiscard]] inline std::string join_text(const char *a, const char *b = "", const char *c = "",
+                                           const char *d = "", const char *e = "", const char *f = "",
+                                           const char *g = "") {
+  const char *parts[] = {a, b, c, d, e, f, g};
+  std::size_t n = 0;
+  for (const char *x : parts) n += std::strlen(x);
+  std::string m;
+  m.reserve(n);
+  for (const char *x : parts) m.append(x, std::strlen(x));
+  return m;
+}
+
+// The text of an rdmaxx::errc ("unknown rdmaxx error" for other values).
+[[nodiscard]] inline const char *errc_text(int c) noexcept;
+
 class rdmaxx_category_impl final : public std::error_category {
 public:
   const char *name() const noexcept override { return "rdmaxx"; }
-  std::string message(int c) const override;
+  std::string message(int c) const override { return join_text(errc_text(c)); }
   std::error_condition default_error_condition(int c) const noexcept override;
 };
 } // namespace detail
@@ -474,14 +492,9 @@ class qp_transition_category_impl final : public packed_errno_category {
 public:
   const char *name() const noexcept override { return "rdmaxx.qp_transition"; }
   std::string message(int v) const override {
-    std::string m = qp_state_name((v >> 24) & 0xf);
-    m += "->";
-    m += qp_state_name((v >> 28) & 0x7);
-    m += " failed: ";
-    m += qp_attr_name(((v >> 16) & 0xff) - 1);
-    m += ": ";
-    m += std::generic_category().message(v & 0xffff);
-    return m;
+    const std::string why = std::generic_category().message(v & 0xffff);
+    return join_text(qp_state_name((v >> 24) & 0xf), "->", qp_state_name((v >> 28) & 0x7), " failed: ",
+                     qp_attr_name(((v >> 16) & 0xff) - 1), ": ", why.c_str());
   }
 };
 } // namespace detail

@@ -22,6 +22,7 @@
 /// Allocation: none (a fixed array of descriptors).
 #pragma once
 
+#include "detail/span.hpp"
 #include "detail/wire.hpp"
 #include "error.hpp"
 #include "remote_descriptor.hpp"
@@ -65,7 +66,7 @@ struct grant_list {
   }
 
   /// The grants.
-  [[nodiscard]] std::span<const remote_descriptor> grants() const noexcept { return {grants_.data(), count_}; }
+  [[nodiscard]] std::span<const remote_descriptor> grants() const noexcept { return detail::span_of(grants_.data(), count_); }
   /// Number of grants.
   [[nodiscard]] std::size_t size() const noexcept { return count_; }
   /// Grant `i` (unchecked).

@@ -73,12 +73,12 @@
 #include "remote_descriptor.hpp"
 
 #include "detail/owned_array.hpp"
+#include "detail/span.hpp"
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <new>
-#include <optional>
 #include <span>
 #include <utility>
 
@@ -262,17 +262,18 @@ private:
 class pool_ids {
 public:
   static constexpr std::uint32_t count = 1u << 16;
-  // A free id, or nullopt when `count` pools are alive.
-  [[nodiscard]] static std::optional<std::uint16_t> acquire() noexcept {
+  static constexpr std::int32_t none = -1;
+  // A free id, or `none` when `count` pools are alive.
+  [[nodiscard]] static std::int32_t acquire() noexcept {
     const std::uint32_t start = cursor().fetch_add(1, detail::order::relaxed);
     for (std::uint32_t k = 0; k < count; ++k) {
       const std::uint32_t id = (start + k) % count;
       const std::uint64_t bit = std::uint64_t(1) << (id % 64);
       detail::atomic<std::uint64_t> &w = words()[id / 64];
       if ((w.load(detail::order::relaxed) & bit) == 0 && (w.fetch_or(bit, detail::order::acq_rel) & bit) == 0)
-        return std::uint16_t(id);
+        return std::int32_t(id);
     }
-    return std::nullopt;
+    return none;
   }
   static void give_back(std::uint16_t id) noexcept {
     words()[id / 64].fetch_and(~(std::uint64_t(1) << (id % 64)), detail::order::acq_rel);
@@ -296,9 +297,9 @@ struct grant_pool_state {
   grant_pool_state(const grant_pool_state &) = delete;
   grant_pool_state &operator=(const grant_pool_state &) = delete;
   ~grant_pool_state() {
-    if (id) pool_ids::give_back(*id);
+    if (id != pool_ids::none) pool_ids::give_back(std::uint16_t(id));
   }
-  std::optional<std::uint16_t> id; // held while the state lives (leases included)
+  std::int32_t id = pool_ids::none; // held while the state lives (leases included)
 
   fixed_vector<grant_slot> slots;
   fixed_vector<std::uint32_t> free;                            // capacity slots.size()
@@ -402,7 +403,7 @@ public:
   [[nodiscard]] result<std::span<std::byte>> buffer() const noexcept {
     if (!st_ || !st_->open) return make_error_code(errc::null_handle);
     if (state() != lease_state::ready) return make_error_code(errc::grant_outstanding);
-    return std::span<std::byte>{st_->slots[slot_].data, std::size_t(st_->slot_size)};
+    return detail::span_of(st_->slots[slot_].data, std::size_t(st_->slot_size));
   }
   /// The grant as the peer must use it (meaningful while granted).
   [[nodiscard]] remote_descriptor descriptor() const noexcept {

@@ -19,6 +19,7 @@
 #pragma once
 
 #include "access.hpp"
+#include "detail/span.hpp"
 #include "detail/wire.hpp"
 #include "error.hpp"
 #include "remote_descriptor.hpp"
@@ -95,7 +96,7 @@ public:
   /// The remote rights granted.
   [[nodiscard]] access_flags rights() const noexcept { return rights_; }
   /// The segments, in address-space order.
-  [[nodiscard]] std::span<const remote_segment> segments() const noexcept { return {s_.data(), n_}; }
+  [[nodiscard]] std::span<const remote_segment> segments() const noexcept { return detail::span_of(s_.data(), n_); }
 
   /// Encode into the front of `out`; returns the bytes written (encoded_size of the segments).
   /// \errors

@@ -85,6 +85,7 @@
 #include "detail/grant_slot.hpp"
 #include "detail/handle.hpp"
 #include "detail/object_ids.hpp"
+#include "detail/span.hpp"
 #include "device.hpp"
 #include "error.hpp"
 #include "ikey_descriptor.hpp"
@@ -331,7 +332,7 @@ public:
   [[nodiscard]] std::uint32_t rkey() const noexcept { return h_ && st().mkey ? mkey_rkey() : 0; }
   /// Software: the flat segments (rkey: the window's when configured with remote rights).
   [[nodiscard]] std::span<const key_segment> segments() const noexcept {
-    return configured() ? std::span<const key_segment>(st().segs, st().nsegs) : std::span<const key_segment>{};
+    return configured() ? detail::span_of<const key_segment>(st().segs, st().nsegs) : std::span<const key_segment>{};
   }
   /// Software: the grant mechanism chosen at create() (Capabilities::grant, or ikey_options::grant's
   /// choice): how configure() grants each segment remotely; none without a safe window type.
@@ -817,7 +818,7 @@ inline result<void> IndirectKey::configure(SendBatch &batch, QueuePair &qp, cons
   }
 #endif
   if (auto ec = l.validate(limits(qp), acc, s.pd)) return ec;
-  RDMAXX_TRY(n, l.expand(std::span<key_segment>(s.segs, s.max_segments)));
+  RDMAXX_TRY(n, l.expand(detail::span_of(s.segs, s.max_segments)));
   const access_flags remote = acc & ikey_descriptor::remote_rights;
   bool all_bind = true;
   for (const auto &e : l.entries()) all_bind = all_bind && e.source.access.any(access::mw_bind);
@@ -938,12 +939,12 @@ inline result<ikey_descriptor> IndirectKey::descriptor() const noexcept {
   if (s.mkey) {
     if (s.length > UINT32_MAX) return make_error_code(errc::out_of_range);
     rs[0] = {0, std::uint32_t(s.length), mkey_rkey()};
-    return ikey_descriptor::make(std::span<const remote_segment>(std::as_const(rs).data(), 1), rights);
+    return ikey_descriptor::make(detail::span_of(std::as_const(rs).data(), 1), rights);
   }
   for (std::uint32_t i = 0; i < s.nsegs; ++i) rs[i] = {s.segs[i].addr, s.segs[i].length, s.segs[i].rkey};
   // A const pointer, as ikey_descriptor::segments() builds its span from: one iterator type
   // for the compiler to check (a std::span's constructor costs every TU per iterator type).
-  return ikey_descriptor::make(std::span<const remote_segment>(std::as_const(rs).data(), s.nsegs), rights);
+  return ikey_descriptor::make(detail::span_of(std::as_const(rs).data(), s.nsegs), rights);
 }
 
 inline bool IndirectKey::complete(const ibv_wc &wc) noexcept {

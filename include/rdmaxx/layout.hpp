@@ -21,6 +21,7 @@
 #pragma once
 
 #include "access.hpp"
+#include "detail/span.hpp"
 #include "error.hpp"
 #include "memory_region.hpp"
 
@@ -48,10 +49,7 @@ public:
     // snprintf, not std::to_string: to_string's templates cost every TU that includes this.
     char head[32] = "layout";
     if (const int e = (v >> 8) & 0x7fffff) std::snprintf(head, sizeof head, "layout entry %d", e - 1);
-    std::string m = head;
-    m += ": ";
-    m += rdmaxx::error_category().message(v & 0xff);
-    return m;
+    return join_text(head, ": ", errc_text(v & 0xff));
   }
   std::error_condition default_error_condition(int v) const noexcept override {
     return rdmaxx::error_category().default_error_condition(v & 0xff);
@@ -280,7 +278,7 @@ public:
   /// Entry `i` (unchecked: i < size()).
   [[nodiscard]] const entry &operator[](std::size_t i) const noexcept { return e_[i]; }
   /// The entries held, in order.
-  [[nodiscard]] std::span<const entry> entries() const noexcept { return {e_.data(), n_}; }
+  [[nodiscard]] std::span<const entry> entries() const noexcept { return detail::span_of(e_.data(), n_); }
 
   /// Bytes of the zero-based address space (0 when it would overflow; validate() refuses that).
   [[nodiscard]] std::uint64_t total_length() const noexcept {

@@ -9,6 +9,7 @@
 #include "access.hpp"
 #include "completion_queue.hpp"
 #include "detail/clock.hpp"
+#include "detail/span.hpp"
 #include "device.hpp"
 #include "error.hpp"
 #include "memory_region.hpp"
@@ -57,7 +58,7 @@ namespace rdmaxx {
   auto wait = [&](ibv_wc &wc) -> bool {
     const std::int64_t deadline = detail::monotonic_ms() + 5000;
     while (detail::monotonic_ms() < deadline) {
-      auto n = cq.poll(std::span<ibv_wc>(&wc, 1));
+      auto n = cq.poll(detail::span_of(&wc, 1));
       if (!n) return false;
       if (n.value() == 1) return true;
     }

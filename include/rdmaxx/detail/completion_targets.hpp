@@ -12,6 +12,7 @@
 
 #include "../error.hpp"
 #include "owned_array.hpp"
+#include "span.hpp"
 
 #include <infiniband/verbs.h>
 
@@ -50,7 +51,7 @@ struct target_ops {
   static bool take(T &o, ibv_wc &wc) noexcept {
     if constexpr (requires { o.owns(wc); }) {
       const bool own = o.owns(wc);
-      (void)o.complete(std::span<ibv_wc>(&wc, 1));
+      (void)o.complete(span_of(&wc, 1));
       return own;
     } else {
       return o.complete(wc) && !is_receive(wc);

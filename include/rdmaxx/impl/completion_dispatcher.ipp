@@ -18,7 +18,7 @@ inline result<void> CompletionDispatcher::settle_impl(T &obj, int timeout_ms, On
     const std::size_t r = room() < wcs.size() ? room() : wcs.size();
     if (r == 0) return make_error_code(errc::unexpected_completion);
     const std::int64_t left = deadline - detail::monotonic_ms();
-    RDMAXX_TRY(n, cq_->wait(std::span<ibv_wc>(wcs.data(), r), left > 0 ? int(left) : 0));
+    RDMAXX_TRY(n, cq_->wait(detail::span_of(wcs.data(), r), left > 0 ? int(left) : 0));
     std::size_t k = 0;
     for (std::size_t i = 0; i < n; ++i) {
       ibv_wc wc = wcs[i];
@@ -28,7 +28,7 @@ inline result<void> CompletionDispatcher::settle_impl(T &obj, int timeout_ms, On
         wcs[k++] = wc;
       }
     }
-    if (k) on_other(std::span<ibv_wc>(wcs.data(), k));
+    if (k) on_other(detail::span_of(wcs.data(), k));
   }
   if (failed) return failed;
   return success();

@@ -60,7 +60,7 @@ inline result<ibv_wc> CompletionQueue::wait_for(std::uint64_t wr_id, int timeout
   std::array<ibv_wc, 16> wcs;
   for (;;) {
     const std::int64_t left = deadline - detail::monotonic_ms();
-    RDMAXX_TRY(n, wait(wcs, left > 0 ? int(left) : 0));
+    RDMAXX_TRY(n, wait(detail::span_of(wcs.data(), wcs.size()), left > 0 ? int(left) : 0));
     bool found = false;
     ibv_wc hit{};
     std::size_t k = 0;
@@ -72,7 +72,7 @@ inline result<ibv_wc> CompletionQueue::wait_for(std::uint64_t wr_id, int timeout
         wcs[k++] = wcs[i];
       }
     }
-    if (k != 0) on_other(std::span<ibv_wc>(wcs.data(), k));
+    if (k != 0) on_other(detail::span_of(wcs.data(), k));
     if (found) {
       if (auto ec = wc_error(hit)) return ec;
       return hit;

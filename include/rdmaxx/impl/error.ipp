@@ -6,23 +6,18 @@
 namespace rdmaxx {
 
 inline std::string detail::rereg_category_impl::message(int v) const {
-  std::string m = "re-registration failed";
-  if (const int rc = (v >> 20) & 0xf) {
-    static const char *const names[] = {"", "IBV_REREG_MR_ERR_INPUT", "IBV_REREG_MR_ERR_DONT_FORK_NEW",
-                                        "IBV_REREG_MR_ERR_DO_FORK_OLD", "IBV_REREG_MR_ERR_CMD",
-                                        "IBV_REREG_MR_ERR_CMD_AND_DO_FORK_NEW"};
-    m += " (";
-    m += rc <= 5 ? names[rc] : "?";
-    m += ")";
-  }
+  static const char *const names[] = {"", " (IBV_REREG_MR_ERR_INPUT)", " (IBV_REREG_MR_ERR_DONT_FORK_NEW)",
+                                      " (IBV_REREG_MR_ERR_DO_FORK_OLD)", " (IBV_REREG_MR_ERR_CMD)",
+                                      " (IBV_REREG_MR_ERR_CMD_AND_DO_FORK_NEW)", " (?)"};
+  const int rc = (v >> 20) & 0xf;
+  const char *left = "";
   switch (static_cast<rereg_state>((v >> 16) & 0xf)) {
-  case rereg_state::old_valid: m += "; the old MR is unchanged and valid"; break;
-  case rereg_state::new_valid: m += "; the new MR is in place and valid"; break;
-  case rereg_state::unusable: m += "; the MR is unusable and can only be deregistered"; break;
+  case rereg_state::old_valid: left = "; the old MR is unchanged and valid"; break;
+  case rereg_state::new_valid: left = "; the new MR is in place and valid"; break;
+  case rereg_state::unusable: left = "; the MR is unusable and can only be deregistered"; break;
   }
-  m += ": ";
-  m += std::generic_category().message(v & 0xffff);
-  return m;
+  const std::string why = std::generic_category().message(v & 0xffff);
+  return join_text("re-registration failed", names[rc <= 5 ? rc : 6], left, ": ", why.c_str());
 }
 
 inline std::error_condition detail::wc_category_impl::default_error_condition(int c) const noexcept {
@@ -43,7 +38,7 @@ inline std::error_condition detail::wc_category_impl::default_error_condition(in
   }
 }
 
-inline std::string detail::rdmaxx_category_impl::message(int c) const {
+inline const char *detail::errc_text(int c) noexcept {
   switch (static_cast<errc>(c)) {
   case errc::invalid_argument: return "invalid argument";
   case errc::null_address: return "null address: a registered range needs real memory";

@@ -30,8 +30,8 @@ namespace rdmaxx {
   st.pd_link = detail::child_link(detail::handle_access::node(pd), child_kind::grant_pool);
   st.buffers_link = detail::child_link(detail::handle_access::node(buffers), child_kind::grant_pool);
   st.id = detail::pool_ids::acquire();
-  if (!st.id) return make_error_code(errc::too_many_entries);
-  st.tag = grant_pool_wr_tag | (std::uint64_t(*st.id) << 32);
+  if (st.id == detail::pool_ids::none) return make_error_code(errc::too_many_entries);
+  st.tag = grant_pool_wr_tag | (std::uint64_t(st.id) << 32);
   if (!st.slots.allocate(n, true) || !st.free.allocate(n, false) || !st.index.allocate(n, false))
     return std::make_error_code(std::errc::not_enough_memory);
   st.region_access = (buffers.access() & access::local_write) | access::mw_bind;
@@ -64,7 +64,7 @@ inline std::span<ibv_wc> GrantPool::complete(std::span<ibv_wc> wcs) noexcept {
     if (&wcs[k] != &wc) wcs[k] = wc;
     ++k;
   }
-  return wcs.first(k);
+  return detail::span_of(wcs.data(), k);
 }
 
 inline result<void> GrantPool::revoke_all() noexcept {

@@ -31,24 +31,21 @@ namespace rdmaxx {
 
 inline std::string detail::descriptor_category_impl::message(int v) const {
   const int e = v & 0xff, reason = (v >> 24) & 0xf;
-  std::string m = "descriptor: ";
+  // snprintf and join_text, not std::to_string and string +: their templates cost every TU.
+  char b[160];
   if (reason == 1) {
     const auto want = std::uint8_t((v >> 8) & 0xff), got = std::uint8_t((v >> 16) & 0xff);
-    // snprintf, not std::to_string and string +: their templates cost every TU.
-    char b[160];
     std::snprintf(b, sizeof b, "a descriptor of kind %d (%s) where kind %d (%s) was expected", int(got),
                   descriptor_kind_name(got), int(want), descriptor_kind_name(want));
-    m += b;
-  } else if (reason == 2) {
-    char b[24];
-    std::snprintf(b, sizeof b, "%d", (v >> 8) & 0xffff);
-    m += b;
-    m += " byte(s) after the descriptor: decode exactly descriptor_header::peek(in).total_size() "
-         "bytes (rdma_cm private data is padded with zeros)";
-  } else {
-    m += rdmaxx::error_category().message(e);
+    return join_text("descriptor: ", b);
   }
-  return m;
+  if (reason == 2) {
+    std::snprintf(b, sizeof b, "%d", (v >> 8) & 0xffff);
+    return join_text("descriptor: ", b,
+                     " byte(s) after the descriptor: decode exactly descriptor_header::peek(in).total_size() "
+                     "bytes (rdma_cm private data is padded with zeros)");
+  }
+  return join_text("descriptor: ", errc_text(e));
 }
 
 } // namespace rdmaxx
