@@ -17,11 +17,11 @@
 #include "detail/pages.hpp"
 #include "detail/rereg.hpp"
 #include "error.hpp"
+#include "maybe.hpp"
 #include "protection_domain.hpp"
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 
 namespace rdmaxx {
 
@@ -61,9 +61,9 @@ struct mr_range {
 /// What MemoryRegion::rereg should change; any combination. Fields left empty stay as they are.
 /// Build with change_translation(), change_pd(), change_access(), combined with `|`.
 struct rereg_changes {
-  std::optional<mr_range> translation;  ///< new memory (the IOVA becomes its address)
+  maybe<mr_range> translation;  ///< new memory (the IOVA becomes its address)
   const ProtectionDomain *pd = nullptr; ///< new protection domain
-  std::optional<access_flags> access;   ///< new access rights
+  maybe<access_flags> access;   ///< new access rights
 
   /// Both sets of changes; where both name a field, the right-hand one wins.
   friend rereg_changes operator|(rereg_changes a, const rereg_changes &b) noexcept {

@@ -58,6 +58,7 @@
 #include "detail/object_ids.hpp"
 #include "device.hpp"
 #include "error.hpp"
+#include "maybe.hpp"
 #include "memory_region.hpp"
 #include "protection_domain.hpp"
 #include "queue_pair.hpp"
@@ -65,7 +66,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <utility>
 
 namespace rdmaxx {
@@ -146,13 +146,13 @@ inline constexpr access_flags window_rights =
 /// a receive without immediate data whose invalidated_rkey equals `expected` counts too. Only
 /// there: elsewhere (mlx5) a plain send's completion does not write that field, so it can still
 /// hold the immediate data of an earlier completion in the same ibv_wc, which the peer chose.
-[[nodiscard]] inline std::optional<std::uint32_t> invalidated_rkey(const ibv_wc &wc, std::uint32_t expected,
+[[nodiscard]] inline maybe<std::uint32_t> invalidated_rkey(const ibv_wc &wc, std::uint32_t expected,
                                                                    bool device_omits_with_inv = false) noexcept {
-  if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RECV) return std::nullopt;
+  if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RECV) return {};
   if (wc.wc_flags & IBV_WC_WITH_INV) return wc.invalidated_rkey;
   if (device_omits_with_inv && !(wc.wc_flags & IBV_WC_WITH_IMM) && expected != 0 && wc.invalidated_rkey == expected)
     return wc.invalidated_rkey;
-  return std::nullopt;
+  return {};
 }
 
 namespace detail {
