@@ -7,6 +7,7 @@
 #pragma once
 
 #include "cm_error.hpp"
+#include "detail/span.hpp"
 #include "device.hpp"
 #include "endpoint.hpp" // detail::gid_is_v4_mapped
 #include "error.hpp"
@@ -187,7 +188,7 @@ struct cm_private_data {
   /// Bytes of the area in use: the transport's limit for the event (the peer's, then zeros).
   std::uint8_t size = 0;
   /// The first `size` bytes.
-  [[nodiscard]] std::span<const std::byte> span() const noexcept { return {bytes.data(), size}; }
+  [[nodiscard]] std::span<const std::byte> span() const noexcept { return detail::span_of(bytes.data(), size); }
 };
 
 } // namespace rdmaxx

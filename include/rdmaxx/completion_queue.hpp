@@ -275,7 +275,7 @@ public:
   [[nodiscard]] result<ibv_wc> wait_for(std::uint64_t wr_id, int timeout_ms, ibv_wc *other = nullptr) noexcept {
     if (!h_) return make_error_code(errc::null_handle);
     ibv_wc wc{};
-    RDMAXX_TRY(n, wait(std::span(&wc, 1), timeout_ms)); // one at a time: nothing polled is held back
+    RDMAXX_TRY(n, wait(detail::span_of(&wc, 1), timeout_ms)); // one at a time: nothing polled is held back
     (void)n;
     if (wc.wr_id != wr_id) {
       if (other) *other = wc;

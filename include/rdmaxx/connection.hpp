@@ -404,7 +404,7 @@ private:
   }
 
   // The next event of this connection (its own channel, or its queue on the shared one).
-  [[nodiscard]] result<std::optional<detail::cm_event_copy>> next_event() noexcept {
+  [[nodiscard]] result<maybe<detail::cm_event_copy>> next_event() noexcept {
     if (!slot_) return detail::next_cm_event(channel_.get());
     if (slot_.get()->overflow) {
       state_ = conn_state::failed;

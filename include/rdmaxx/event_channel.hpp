@@ -22,6 +22,7 @@
 #include "detail/clock.hpp"
 #include "detail/handle.hpp"
 #include "error.hpp"
+#include "maybe.hpp"
 
 #include <rdma/rdma_cma.h>
 
@@ -33,7 +34,6 @@
 #include <cstdint>
 #include <cstring>
 #include <new>
-#include <optional>
 #include <span>
 #include <utility>
 
@@ -62,11 +62,11 @@ struct cm_event_copy {
   std::uint8_t initiator_depth = 0;
 };
 
-// rdma_get_cm_event on a non-blocking channel: nullopt when no event is pending.
-[[nodiscard]] inline result<std::optional<cm_event_copy>> next_cm_event(rdma_event_channel *ch) noexcept {
+// rdma_get_cm_event on a non-blocking channel: empty when no event is pending.
+[[nodiscard]] inline result<maybe<cm_event_copy>> next_cm_event(rdma_event_channel *ch) noexcept {
   rdma_cm_event *ev = nullptr;
   if (::rdma_get_cm_event(ch, &ev)) {
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return std::optional<cm_event_copy>{};
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return maybe<cm_event_copy>{};
     return last_errno();
   }
   cm_event_copy c;
@@ -90,7 +90,7 @@ struct cm_event_copy {
     c.initiator_depth = p.initiator_depth;
   }
   ::rdma_ack_cm_event(ev);
-  return std::optional<cm_event_copy>{c};
+  return maybe<cm_event_copy>{c};
 }
 
 // Wait until `fd` is readable or the deadline passes; false on timeout.
@@ -214,11 +214,11 @@ inline void cm_route(cm_hub &h, const cm_event_copy &e) noexcept {
   return n;
 }
 
-// The next event of `s`, pumping its hub when none waits; nullopt when none is pending.
-[[nodiscard]] inline result<std::optional<cm_event_copy>> cm_next(cm_slot &s) noexcept {
+// The next event of `s`, pumping its hub when none waits; empty when none is pending.
+[[nodiscard]] inline result<maybe<cm_event_copy>> cm_next(cm_slot &s) noexcept {
   if (!s.count) RDMAXX_TRYV(cm_pump(*s.hub, cm_pump_batch));
-  if (!s.count) return std::optional<cm_event_copy>{};
-  return std::optional<cm_event_copy>{cm_pop(s)};
+  if (!s.count) return maybe<cm_event_copy>{};
+  return maybe<cm_event_copy>{cm_pop(s)};
 }
 
 /// A user's slot, owned: freed (off the ready list; a Listener's queued requests refused with

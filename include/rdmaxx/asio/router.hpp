@@ -7,6 +7,7 @@
 #include "cm_steps.hpp"
 #include "../completion_queue.hpp"
 #include "../detail/completion_targets.hpp"
+#include "../detail/span.hpp"
 #include "../grant_pool.hpp"
 #include "../queue_pair.hpp"
 #include "../route.hpp"
@@ -427,14 +428,14 @@ inline void router_core::route(ibv_wc &wc) noexcept {
   for (std::size_t i = 0; i < n_pools; ++i) {
     pool_entry &e = pools[i];
     if (e.pool->owns(wc)) { // its bind, unbind or invalidate, from any QP it posted on
-      (void)e.pool->complete(std::span(&wc, 1));
+      (void)e.pool->complete(rdmaxx::detail::span_of(&wc, 1));
       check_leases(e.pool);
       ++stats.to_pools;
       return;
     }
     if (e.qp_num == wc.qp_num && e.pool->mechanism() == grant_mechanism::type2_window) {
       const std::uint64_t inv = e.pool->stats().remote_invalidations;
-      (void)e.pool->complete(std::span(&wc, 1)); // the peer's send-with-invalidate
+      (void)e.pool->complete(rdmaxx::detail::span_of(&wc, 1)); // the peer's send-with-invalidate
       if (e.pool->stats().remote_invalidations != inv) check_leases(e.pool);
     }
   }
