@@ -19,7 +19,7 @@ class maybe {
   static_assert(__is_trivially_copyable(T), "maybe<T> holds trivially copyable values");
 
 public:
-  using value_type = T;
+  using value_type = T; ///< what it may hold
 
   /// Nothing.
   constexpr maybe() noexcept = default;
