@@ -99,7 +99,6 @@
 #include <cstdint>
 #include <cstring>
 #include <new>
-#include <optional>
 #include <span>
 
 namespace rdmaxx {
