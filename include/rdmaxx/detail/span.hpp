@@ -1,9 +1,9 @@
 /// \file
 /// rdmaxx/detail/span.hpp: `span_of(p, n)`, the `std::span<T>` of n elements at p, built without
 /// std::span's (iterator, count) constructor. That constructor checks
-/// `std::contiguous_iterator<T *>`, a concept whose satisfaction costs a g++ 12 translation unit
-/// about 13 ms per element type (bench/results/records.json, goal compile-time), and the headers
-/// build spans of a dozen types of their own. Every public accessor and internal slice goes through
+/// `std::contiguous_iterator<T *>`, a concept whose satisfaction costs every g++ translation unit
+/// about as much as a small header, once per element type (bench/results/records.json, goal
+/// compile-time), and the headers build spans of a dozen types of their own. Every public accessor and internal slice goes through
 /// here; a span the user builds (`cq.poll({wc, n})`) is the user's.
 #pragma once
 
