@@ -235,12 +235,16 @@ public:
       for (std::size_t c; (c = 2 * i + 1) < n; i = c) {
         if (c + 1 < n && a[c] < a[c + 1]) ++c;
         if (!(a[i] < a[c])) return;
-        std::swap(a[i], a[c]);
+        const T t = a[i];
+        a[i] = a[c];
+        a[c] = t;
       }
     };
     for (std::size_t i = n_ / 2; i-- > 0;) sift(i, n_);
     for (std::size_t n = n_; n > 1; --n) {
-      std::swap(a[0], a[n - 1]);
+      const T t = a[0];
+      a[0] = a[n - 1];
+      a[n - 1] = t;
       sift(0, n - 1);
     }
   }
@@ -253,6 +257,18 @@ public:
 private:
   detail::owned_array<T> p_;
   std::size_t cap_ = 0, n_ = 0;
+};
+
+// An entry of a pool's key index: a window's key (rkey >> 8, the part a rebind keeps) and its
+// slot, ordered by key then slot (std::pair's ordering, without its three-way comparison
+// machinery in every TU).
+struct key_entry {
+  std::uint32_t key = 0;
+  std::uint32_t slot = 0;
+  friend constexpr bool operator<(key_entry a, key_entry b) noexcept {
+    return a.key < b.key || (a.key == b.key && a.slot < b.slot);
+  }
+  friend constexpr bool operator==(key_entry a, key_entry b) noexcept { return a.key == b.key && a.slot == b.slot; }
 };
 
 // The 16-bit ids of the pools alive in this process: a pool's work request ids carry its id, so
@@ -303,7 +319,7 @@ struct grant_pool_state {
 
   fixed_vector<grant_slot> slots;
   fixed_vector<std::uint32_t> free;                            // capacity slots.size()
-  fixed_vector<std::pair<std::uint32_t, std::uint32_t>> index; // (rkey >> 8, slot), sorted
+  fixed_vector<key_entry> index; // by (rkey >> 8, slot)
   child_link pd_link;                                         // windows are reallocated on it
   child_link buffers_link; // the region the slots' bytes belong to: not moved while the pool lives
   ibv_pd *pd = nullptr;
@@ -343,23 +359,23 @@ struct grant_pool_state {
   void rebuild_index() noexcept {
     index.clear();
     for (std::uint32_t s = 0; s < slots.size(); ++s)
-      if (slots[s].window) index.push_back({slots[s].window.native_handle()->rkey >> 8, s});
+      if (slots[s].window) index.push_back(key_entry{slots[s].window.native_handle()->rkey >> 8, s});
     index.sort();
   }
   void reindex(std::uint32_t old_key, std::uint32_t s) noexcept {
-    const auto old = index.lower_bound(std::pair{old_key >> 8, s});
-    if (old != index.end() && old->second == s) index.erase(old);
+    const auto old = index.lower_bound(key_entry{old_key >> 8, s});
+    if (old != index.end() && old->slot == s) index.erase(old);
     add_to_index(s);
   }
   void add_to_index(std::uint32_t s) noexcept {
     if (!slots[s].window) return;
-    const std::pair e{slots[s].window.native_handle()->rkey >> 8, s};
+    const key_entry e{slots[s].window.native_handle()->rkey >> 8, s};
     index.insert(index.lower_bound(e), e); // capacity: slots.size()
   }
   [[nodiscard]] const grant_slot *find_key(std::uint32_t rkey) const noexcept {
-    const auto it = index.lower_bound(std::pair{rkey >> 8, 0u});
-    if (it == index.end() || it->first != (rkey >> 8)) return nullptr;
-    return &slots[it->second];
+    const auto it = index.lower_bound(key_entry{rkey >> 8, 0u});
+    if (it == index.end() || it->key != (rkey >> 8)) return nullptr;
+    return &slots[it->slot];
   }
 };
 } // namespace detail

@@ -154,11 +154,12 @@ TEST_CASE("GrantPool: a null pool and a null lease answer null_handle and hold n
   CHECK_FALSE(q);
 }
 
-// The pool's key index (detail::fixed_vector sorted by our own heapsort and searched by our own
-// lower_bound, not <algorithm>'s): against std::sort and std::lower_bound on the same data.
+// The pool's key index (detail::fixed_vector of key_entry sorted by our own heapsort and searched
+// by our own lower_bound, not <algorithm>'s): against std::sort and std::lower_bound on the same
+// data, and key_entry's order against std::pair's.
 TEST_CASE("GrantPool's key index: sort, lower_bound, insert and erase agree with the standard ones",
           "[unit][grant-pool]") {
-  using entry = std::pair<std::uint32_t, std::uint32_t>;
+  using entry = detail::key_entry;
   for (std::size_t n : {0u, 1u, 2u, 3u, 7u, 64u, 1000u}) {
     detail::fixed_vector<entry> v;
     REQUIRE(v.allocate(n + 1, false));
@@ -170,6 +171,8 @@ TEST_CASE("GrantPool's key index: sort, lower_bound, insert and erase agree with
       v.push_back(e);
       ref.push_back(e);
     }
+    for (std::size_t i = 0; i + 1 < ref.size(); ++i) // the order std::pair gave
+      CHECK((ref[i] < ref[i + 1]) == (std::pair{ref[i].key, ref[i].slot} < std::pair{ref[i + 1].key, ref[i + 1].slot}));
     v.sort();
     std::sort(ref.begin(), ref.end());
     REQUIRE(std::equal(v.begin(), v.end(), ref.begin(), ref.end()));

@@ -310,8 +310,12 @@ public:
   }
   handle(handle &&) noexcept = default;
   handle &operator=(handle &&o) noexcept {
-    handle tmp(std::move(o));
-    swap(tmp);
+    if (this != &o) {
+      reset(); // as the destructor: deferred while children use it
+      for (std::size_t i = 0; i < parents; ++i) links_[i] = std::move(o.links_[i]);
+      p_ = std::move(o.p_);
+      node_ = std::move(o.node_);
+    }
     return *this;
   }
   ~handle() { reset(); }

@@ -57,7 +57,6 @@
 #include <cerrno>
 #include <cstdint>
 #include <new>
-#include <type_traits>
 
 namespace rdmaxx::detail {
 
@@ -250,36 +249,35 @@ private:
     c->saved.*F = q->*F;
     q->*F = ours;
   }
-  template <auto F, kind K>
-  static void hook(ibv_qp_ex *q, sq_credit *c) noexcept {
-    using fn = std::remove_reference_t<decltype(q->*F)>;
-    hook_to<F>(q, c, fn(&entry<F, K, fn>::call));
-  }
+// hook_to() of ibv_qp_ex::M with our entry of kind K: a macro, not a function template per
+// member (one instantiation fewer per hooked member in every TU that includes the header).
+#define RDMAXX_SQ_HOOK_(M, K) hook_to<&ibv_qp_ex::M>(q, c, &entry<&ibv_qp_ex::M, K, decltype(ibv_qp_ex::M)>::call)
   // Every entry the credit counts through: the op entries admit, the setters follow a refusal,
   // and the batch verbs open, ring and abort.
   static void route(ibv_qp_ex *q, sq_credit *c) noexcept {
-    hook<&ibv_qp_ex::wr_atomic_cmp_swp, op>(q, c);
-    hook<&ibv_qp_ex::wr_atomic_fetch_add, op>(q, c);
-    hook<&ibv_qp_ex::wr_bind_mw, op>(q, c);
-    hook<&ibv_qp_ex::wr_local_inv, op>(q, c);
-    hook<&ibv_qp_ex::wr_rdma_read, op>(q, c);
-    hook<&ibv_qp_ex::wr_rdma_write, op>(q, c);
-    hook<&ibv_qp_ex::wr_rdma_write_imm, op>(q, c);
-    hook<&ibv_qp_ex::wr_send, op>(q, c);
-    hook<&ibv_qp_ex::wr_send_imm, op>(q, c);
-    hook<&ibv_qp_ex::wr_send_inv, op>(q, c);
-    hook<&ibv_qp_ex::wr_send_tso, op>(q, c);
-    hook<&ibv_qp_ex::wr_atomic_write, op>(q, c);
-    hook<&ibv_qp_ex::wr_set_ud_addr, setter>(q, c);
-    hook<&ibv_qp_ex::wr_set_xrc_srqn, setter>(q, c);
-    hook<&ibv_qp_ex::wr_set_inline_data, setter>(q, c);
-    hook<&ibv_qp_ex::wr_set_inline_data_list, setter>(q, c);
-    hook<&ibv_qp_ex::wr_set_sge, setter>(q, c);
-    hook<&ibv_qp_ex::wr_set_sge_list, setter>(q, c);
+    RDMAXX_SQ_HOOK_(wr_atomic_cmp_swp, op);
+    RDMAXX_SQ_HOOK_(wr_atomic_fetch_add, op);
+    RDMAXX_SQ_HOOK_(wr_bind_mw, op);
+    RDMAXX_SQ_HOOK_(wr_local_inv, op);
+    RDMAXX_SQ_HOOK_(wr_rdma_read, op);
+    RDMAXX_SQ_HOOK_(wr_rdma_write, op);
+    RDMAXX_SQ_HOOK_(wr_rdma_write_imm, op);
+    RDMAXX_SQ_HOOK_(wr_send, op);
+    RDMAXX_SQ_HOOK_(wr_send_imm, op);
+    RDMAXX_SQ_HOOK_(wr_send_inv, op);
+    RDMAXX_SQ_HOOK_(wr_send_tso, op);
+    RDMAXX_SQ_HOOK_(wr_atomic_write, op);
+    RDMAXX_SQ_HOOK_(wr_set_ud_addr, setter);
+    RDMAXX_SQ_HOOK_(wr_set_xrc_srqn, setter);
+    RDMAXX_SQ_HOOK_(wr_set_inline_data, setter);
+    RDMAXX_SQ_HOOK_(wr_set_inline_data_list, setter);
+    RDMAXX_SQ_HOOK_(wr_set_sge, setter);
+    RDMAXX_SQ_HOOK_(wr_set_sge_list, setter);
     hook_to<&ibv_qp_ex::wr_start>(q, c, &start);
     hook_to<&ibv_qp_ex::wr_complete>(q, c, &complete);
     hook_to<&ibv_qp_ex::wr_abort>(q, c, &abort);
   }
+#undef RDMAXX_SQ_HOOK_
   static void start(ibv_qp_ex *q) noexcept {
     sq_credit *c = of(q);
     if (!c) [[unlikely]] return;
