@@ -113,9 +113,18 @@ public:
   [[nodiscard]] int begin_attempt(int timeout_ms) noexcept {
     ++n_;
     if (r_.attempts) *r_.attempts = n_;
+    clipped_ = false;
     if (r_.total_ms == 0) return timeout_ms;
     const std::int64_t left = deadline_ - monotonic_ms();
+    clipped_ = left < timeout_ms;
     return left < 1 ? 1 : left < timeout_ms ? int(left) : timeout_ms;
+  }
+  // After a failed attempt: the error the call returns if it gives up now. A timeout of an
+  // attempt whose bound was the time left (below the caller's timeout) says only that the
+  // deadline came first: the answer of the attempt before it (e.g. REJECTED, reason 8) stands.
+  [[nodiscard]] std::error_code failed(const std::error_code &ec) noexcept {
+    if (!(clipped_ && is_cm_timeout(ec) && answer_)) answer_ = ec;
+    return answer_;
   }
   // After a failed attempt: the pause before the next one, in milliseconds, or -1 when the
   // error is not worth retrying (retry_hint_of) or the deadline has passed.
@@ -135,6 +144,8 @@ private:
   std::int64_t deadline_;
   int pause_;
   int n_ = 0;
+  bool clipped_ = false;   // the current attempt's bound is the time left
+  std::error_code answer_; // what failed() reports
 };
 } // namespace detail
 

@@ -204,7 +204,8 @@ public:
   /// - an error that is not worth retrying, at once: those of connect() (e.g. REJECTED with
   ///   reason 28, the peer application refused; a wildcard address; private data too long).
   /// - at the deadline, the last attempt's error (e.g. REJECTED with reason 8: still nobody
-  ///   listens).
+  ///   listens); when the deadline cut the last attempt short and it timed out, the error of the
+  ///   attempt before it.
   /// \mallocs As connect(), per attempt.
   [[nodiscard]] static result<Connection> connect(const address &to, const conn_options &o,
                                                   const retry_options &r) noexcept {
@@ -215,10 +216,11 @@ public:
       a.timeout_ms = s.begin_attempt(o.timeout_ms);
       auto c = connect(to, a);
       if (c) return c;
+      const std::error_code ec = s.failed(c.error());
       const int pause = s.pause_after(c.error());
-      if (pause < 0) return c;
+      if (pause < 0) return ec;
       detail::sleep_ms(pause);
-      if (s.expired()) return c;
+      if (s.expired()) return ec;
     }
   }
 

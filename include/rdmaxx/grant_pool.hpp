@@ -235,16 +235,12 @@ public:
       for (std::size_t c; (c = 2 * i + 1) < n; i = c) {
         if (c + 1 < n && a[c] < a[c + 1]) ++c;
         if (!(a[i] < a[c])) return;
-        const T t = a[i];
-        a[i] = a[c];
-        a[c] = t;
+        exchange(a[i], a[c]);
       }
     };
     for (std::size_t i = n_ / 2; i-- > 0;) sift(i, n_);
     for (std::size_t n = n_; n > 1; --n) {
-      const T t = a[0];
-      a[0] = a[n - 1];
-      a[n - 1] = t;
+      exchange(a[0], a[n - 1]);
       sift(0, n - 1);
     }
   }
@@ -255,6 +251,12 @@ public:
   }
 
 private:
+  // Swap two elements by copy (trivially copyable here), not std::swap's constrained template.
+  static void exchange(T &x, T &y) noexcept {
+    const T t = x;
+    x = y;
+    y = t;
+  }
   detail::owned_array<T> p_;
   std::size_t cap_ = 0, n_ = 0;
 };

@@ -874,6 +874,44 @@ TEST_CASE("retry_hint_of for cm codes: nobody listens, unreachable, a resolution
   CHECK(retry_hint_of(std::make_error_code(std::errc::connection_refused)) == retry_hint::no);
 }
 
+// The error a retrying connect gives up with (detail::retry_schedule, both connect forms): an
+// attempt that the deadline cut short and that timed out does not hide the answer before it
+// (on rxe under load a last attempt started a few ms before the deadline timed out, and the
+// call reported that instead of reject reason 8). No device: the schedule alone.
+TEST_CASE("retry_schedule: a timeout cut short by the deadline gives way to the answer before it", "[cm]") {
+  const std::error_code rejected = cm_error(RDMA_CM_EVENT_REJECTED, 8);
+  const std::error_code timed_out = cm_timeout(cm_step::connect);
+  REQUIRE(is_cm_timeout(timed_out));
+  REQUIRE_FALSE(is_cm_timeout(rejected));
+  {
+    const retry_options r{.total_ms = 60000};
+    rdmaxx::detail::retry_schedule s(r);
+    CHECK(s.begin_attempt(100000) <= 60000); // bound: the time left, below the caller's
+    CHECK(s.failed(rejected) == rejected);
+    (void)s.begin_attempt(100000);
+    CHECK(s.failed(timed_out) == rejected); // cut short: the reject stands
+    (void)s.begin_attempt(100000);
+    const std::error_code unreachable = cm_error(RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
+    CHECK(s.failed(unreachable) == unreachable); // a new answer replaces it
+  }
+  {
+    const retry_options r{.total_ms = 60000};
+    rdmaxx::detail::retry_schedule s(r);
+    CHECK(s.begin_attempt(100) == 100); // the caller's bound: not cut short
+    CHECK(s.failed(rejected) == rejected);
+    CHECK(s.begin_attempt(100) == 100);
+    CHECK(s.failed(timed_out) == timed_out); // its own timeout: the peer's silence, reported
+  }
+  {
+    const retry_options r{.total_ms = 60000};
+    rdmaxx::detail::retry_schedule s(r);
+    (void)s.begin_attempt(100000);
+    CHECK(s.failed(timed_out) == timed_out); // nothing answered before: the timeout it is
+    (void)s.begin_attempt(100000);
+    CHECK(s.failed(timed_out) == timed_out);
+  }
+}
+
 // Connection::connect(to, o, retry_options): a listener that comes up late is waited for; nobody
 // listening for the whole deadline gives reason 8 back at the deadline, after several attempts;
 // a deadline of 0 is one attempt; a reject by the application and a wildcard address return at

@@ -316,10 +316,11 @@ inline task<result<Connection>> connect_retrying(EventPump *p, address to, conn_
     if (p) c = co_await connect(*p, to, o); // (no co_await inside ?: : GCC 12 mishandles it)
     else c = co_await connect(to, o);
     if (c) co_return std::move(c).value();
+    const std::error_code ec = s.failed(c.error());
     const int pause = s.pause_after(c.error());
-    if (pause < 0) co_return c.error();
+    if (pause < 0) co_return ec;
     co_await pause_ms(pause);
-    if (s.expired()) co_return c.error();
+    if (s.expired()) co_return ec;
   }
 }
 } // namespace detail
@@ -334,7 +335,8 @@ inline task<result<Connection>> connect_retrying(EventPump *p, address to, conn_
 /// - errc::invalid_argument: r.total_ms < 0, r.backoff_ms < 1, r.max_backoff_ms below it, or
 ///   o.channel set (use the EventPump overload); nothing was attempted.
 /// - an error not worth retrying, at once (those of connect(): e.g. REJECTED with reason 28, the
-///   peer application refused); at the deadline, the last attempt's error.
+///   peer application refused); at the deadline, the last attempt's error (the one
+///   before it when the deadline cut the last short and it timed out).
 /// \mallocs As connect(), per attempt; Asio's frame and timer operation per pause.
 inline task<result<Connection>> connect(address to, conn_options o, retry_options r) {
   if (o.channel) co_return make_error_code(errc::invalid_argument);

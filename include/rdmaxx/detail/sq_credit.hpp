@@ -249,8 +249,9 @@ private:
     c->saved.*F = q->*F;
     q->*F = ours;
   }
-// hook_to() of ibv_qp_ex::M with our entry of kind K: a macro, not a function template per
-// member (one instantiation fewer per hooked member in every TU that includes the header).
+/// hook_to() of ibv_qp_ex::M with our entry of kind K, inside route() only (undefined after it):
+/// a macro, not a function template per member (one instantiation fewer per hooked member in
+/// every TU that includes the header).
 #define RDMAXX_SQ_HOOK_(M, K) hook_to<&ibv_qp_ex::M>(q, c, &entry<&ibv_qp_ex::M, K, decltype(ibv_qp_ex::M)>::call)
   // Every entry the credit counts through: the op entries admit, the setters follow a refusal,
   // and the batch verbs open, ring and abort.
