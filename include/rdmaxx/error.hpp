@@ -189,7 +189,7 @@ namespace detail {
 class rdmaxx_category_impl final : public std::error_category {
 public:
   const char *name() const noexcept override { return "rdmaxx"; }
-  std::string message(int c) const override { return join_text(errc_text(c)); }
+  std::string message(int c) const override { return errc_text(c); }
   std::error_condition default_error_condition(int c) const noexcept override;
 };
 } // namespace detail
